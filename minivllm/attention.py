@@ -1,0 +1,110 @@
+"""Attention over a block-addressed KV cache: the torch reference backend.
+
+Every token's K and V live in a pool of fixed-size blocks, one pool per layer:
+
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+
+A sequence's `block_table` lists its blocks in order, so token j of that sequence sits in block
+block_table[j // block_size], at offset j % block_size. Its *slot* is the flat index
+block * block_size + offset. One step of the model does two things per layer:
+
+  1. write the K/V of this step's new tokens into their slots (`slot_mapping`), then
+  2. let each new token attend to every earlier token of its own sequence, wherever its blocks
+     are (`block_tables`), causally.
+
+The batch is flat: the new tokens of all sequences are concatenated ([num_tokens, ...]), and
+`query_start_loc` marks where each sequence's tokens begin, as FlashAttention's varlen API and
+vLLM do. A sequence may bring one token (decode), its whole prompt (prefill), or a chunk of it
+over K/V already cached (chunked prefill, prefix-cache hits): the same code handles all three.
+
+This file is the reference: clear, and fast enough on a CPU. It gathers each sequence's K/V
+into a padded rectangle and calls torch's scaled_dot_product_attention with a mask. The Triton
+kernels in kernels/ compute the same thing without the gather and are checked against this.
+A contiguous, per-request cache (lesson 01's baseline) is the special case block_size =
+max_model_len with one block per sequence, so it runs through the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Where this step's tokens go and what they may see. Built by the ModelRunner each step."""
+
+    slot_mapping: torch.Tensor      # [num_tokens] int64: cache slot of each new token
+    query_start_loc: torch.Tensor   # [num_seqs + 1] int64: cumulative new-token counts
+    seq_lens: torch.Tensor          # [num_seqs] int64: tokens in the cache after this step
+    block_tables: torch.Tensor      # [num_seqs, max_blocks] int64, padded with 0
+    max_query_len: int
+    max_seq_len: int
+
+
+# --8<-- [start:write_kv]
+def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Scatter new K/V ([num_tokens, kv_heads, head_dim]) into their slots of the block pool."""
+    num_kv_heads, head_dim = k.shape[1:]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+# --8<-- [end:write_kv]
+
+
+# --8<-- [start:paged_attention]
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    md: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Causal attention of the new tokens over their sequences' cached K/V.
+
+    q: [num_tokens, num_heads, head_dim] -> returns the same shape.
+    """
+    num_seqs = md.seq_lens.shape[0]
+    block_size = k_cache.shape[1]
+    device = q.device
+
+    # 1. Gather each sequence's K/V through its block table: [num_seqs, max_seq_len, kv_heads, D].
+    pos = torch.arange(md.max_seq_len, device=device)                   # (L,)
+    blocks = md.block_tables.gather(1, (pos // block_size).expand(num_seqs, -1))
+    slots = blocks * block_size + pos % block_size                      # (B, L)
+    k = k_cache.flatten(0, 1)[slots]                                    # (B, L, Hkv, D)
+    v = v_cache.flatten(0, 1)[slots]                                    # (B, L, Hkv, D)
+
+    # 2. Lay the flat queries out as a padded rectangle: [num_seqs, max_query_len, heads, D].
+    q_lens = md.query_start_loc[1:] - md.query_start_loc[:-1]           # (B,)
+    seq_idx = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens)
+    row_idx = torch.arange(q.shape[0], device=device) - md.query_start_loc[seq_idx]
+    q_pad = q.new_zeros(num_seqs, md.max_query_len, *q.shape[1:])
+    q_pad[seq_idx, row_idx] = q
+
+    # 3. Query i of a sequence sits at position (seq_len - q_len + i) and sees keys up to it.
+    q_pos = (md.seq_lens - q_lens)[:, None] + torch.arange(md.max_query_len, device=device)
+    mask = pos[None, None, :] <= q_pos[:, :, None]                     # (B, Lq, L)
+
+    out = F.scaled_dot_product_attention(
+        q_pad.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),   # (B, H, Lq|L, D)
+        attn_mask=mask[:, None], scale=scale, enable_gqa=True)
+    return out.transpose(1, 2)[seq_idx, row_idx]                        # (num_tokens, H, D)
+# --8<-- [end:paged_attention]
+
+
+class Attention(torch.nn.Module):
+    """One layer's attention: store this step's K/V, then attend over the cache.
+
+    The ModelRunner binds `k_cache` / `v_cache` (views into the engine's KV pool) after it has
+    sized the pool; until then the layer cannot run.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
+        # q: (T, H, D), k/v: (T, Hkv, D)
+        write_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
+        return paged_attention(q, self.k_cache, self.v_cache, md, self.scale)

@@ -1,0 +1,127 @@
+"""Configuration: what the model is (ModelConfig) and how the engine runs it (EngineConfig).
+
+ModelConfig is read from a Hugging Face `config.json` dict, the lingua franca of checkpoints, so
+a model converted from GGUF and a model downloaded from the hub look the same to the engine.
+Only the three Llama-family architectures are understood; anything else is refused by name.
+
+EngineConfig holds the knobs vLLM users know (max_model_len, max_num_seqs,
+max_num_batched_tokens, block_size, ...) and checks them once, at construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+           "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16}
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None = None     # {"rope_type": "llama3" | "linear", ...} or None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False         # Qwen2 always has q/k/v bias
+    qk_norm: bool = False                # Qwen3 normalizes q and k per head
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "ModelConfig":
+        archs = d.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(
+                f"unsupported architecture {archs or d.get('model_type')!r}: minivllm runs "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        # transformers >= 5 folds rope_theta and rope_scaling into one `rope_parameters` dict.
+        rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+        rope_theta = float(rope.pop("rope_theta", d.get("rope_theta", 10000.0)))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        n_heads = d["num_attention_heads"]
+        eos = d.get("eos_token_id")
+        return cls(
+            architecture=arch,
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=n_heads,
+            num_key_value_heads=d.get("num_key_value_heads") or n_heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // n_heads,
+            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            rope_scaling=None if rope_type == "default" else {**rope, "rope_type": rope_type},
+            tie_word_embeddings=d.get("tie_word_embeddings", False),
+            attention_bias=arch == "Qwen2ForCausalLM" or d.get("attention_bias", False),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+        )
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for, but torch sees no CUDA device")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto' means fp32 on CPU (exact, and CPUs have no fast bf16 matmul) and bf16 on CUDA."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """The engine's knobs, named as in vLLM. Validated once, here."""
+
+    max_model_len: int = 2048             # longest prompt + output one request may reach
+    max_num_seqs: int = 64                # sequences in one batch, at most
+    max_num_batched_tokens: int = 2048    # tokens in one forward pass, at most (the token budget)
+    block_size: int = 16                  # tokens per KV block
+    num_kv_blocks: int | None = None      # None: size the pool from kv_cache_memory
+    kv_cache_memory: int = 1 << 30        # bytes for the KV pool on CPU
+    gpu_memory_utilization: float = 0.9   # share of the GPU the engine may fill (CUDA)
+    enable_chunked_prefill: bool = True   # split long prompts to fit the token budget
+
+    def __post_init__(self):
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                     "kv_cache_memory"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill a whole prompt must fit one step: "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_model_len ({self.max_model_len})")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

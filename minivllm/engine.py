@@ -1,0 +1,203 @@
+"""LLMEngine: the loop that turns requests into tokens, one iteration at a time.
+
+    add_request(...)   tokenize, validate, make n Sequences, queue them
+    step()             schedule -> run the model once -> append tokens, finish, free blocks
+                       -> a RequestOutput for every request that made progress (streaming)
+
+LLM (minivllm/llm.py) is the offline front end on top: add everything, step until done.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+import torch
+
+from minivllm.block_manager import BlockManager, cdiv
+from minivllm.config import (EngineConfig, ModelConfig, resolve_device, resolve_dtype)
+from minivllm.kv_cache import ContiguousAllocator
+from minivllm.loader import load_hf_config, load_tokenizer, resolve_model_path
+from minivllm.model_runner import ModelRunner
+from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minivllm.sampling_params import SamplingParams
+from minivllm.scheduler import Scheduler
+from minivllm.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger("minivllm")
+
+
+class LLMEngine:
+    def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
+                 device: str = "auto", max_model_len: int | None = None,
+                 kv_layout: str = "paged", **engine_kwargs):
+        if kv_layout not in ("paged", "contiguous"):
+            raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {kv_layout!r}")
+        t0 = time.perf_counter()
+        self.model_path = resolve_model_path(model)
+        self.model_config = ModelConfig.from_hf_dict(load_hf_config(self.model_path))
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        limit = self.model_config.max_position_embeddings
+        if max_model_len is not None and max_model_len > limit:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's "
+                             f"max_position_embeddings ({limit})")
+        self.config = EngineConfig(max_model_len=max_model_len or limit, **engine_kwargs)
+
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.eos_token_ids = set(self.model_config.eos_token_id)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+
+        self.runner = ModelRunner(self.model_config, self.config, self.model_path,
+                                  self.device, self.dtype, kv_layout)
+        if kv_layout == "paged":
+            self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size)
+        else:
+            self.block_manager = ContiguousAllocator(self.runner.num_blocks,
+                                                     self.config.max_model_len)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.requests: dict[str, list[Sequence]] = {}
+        self._seq_ids = itertools.count()
+        self.load_time = time.perf_counter() - t0
+
+    def __repr__(self) -> str:
+        device = (torch.cuda.get_device_name(self.device) if self.device.type == "cuda"
+                  else "CPU")
+        return (f"LLMEngine(model={self.model_config.architecture} from {self.model_path.name}, "
+                f"device={device}, dtype={str(self.dtype).removeprefix('torch.')}, "
+                f"kv={self.runner.kv_layout} {self.runner.num_blocks}x{self.runner.block_size})")
+
+    # ---------------------------------------------------------------- requests in
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            text, token_ids = None, [int(t) for t in prompt]
+        self._validate_prompt(token_ids, params)
+        seqs = []
+        for i in range(params.n):
+            seed = None if params.seed is None else params.seed + i
+            seqs.append(Sequence(next(self._seq_ids), request_id, text, token_ids, params,
+                                 seed, self.device))
+        for seq in seqs:
+            self.scheduler.add(seq)
+        self.requests[request_id] = seqs
+
+    def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
+        max_len = self.config.max_model_len
+        if not token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if len(token_ids) >= max_len:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is "
+                             f"{max_len}: prompt + at least one new token must fit")
+        bad = [t for t in token_ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary "
+                             f"(size {self.model_config.vocab_size})")
+        # The request alone, at its longest, must fit the KV pool, or it could never finish.
+        longest = min(len(token_ids) + params.max_tokens, max_len)
+        bm = self.block_manager
+        need = cdiv(longest, bm.block_size)
+        if need > bm.num_blocks:
+            raise ValueError(
+                f"the request needs up to {longest} tokens of KV cache ({need} blocks of "
+                f"{bm.block_size}), but the pool has only {bm.num_blocks} blocks; lower "
+                "max_tokens or give the engine more KV memory")
+
+    def abort_request(self, request_id: str) -> None:
+        for seq in self.requests.pop(request_id, []):
+            if not seq.is_finished:
+                self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
+
+    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
+        seq = Sequence(-1, "score", None, token_ids, SamplingParams(), 0, self.device)
+        if not self.block_manager.can_allocate(seq):
+            raise RuntimeError(f"no free KV blocks to score {len(token_ids)} tokens right now")
+        self.block_manager.allocate(seq)
+        try:
+            return self.runner.prompt_logits(seq)
+        finally:
+            self.block_manager.free(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---------------------------------------------------------------- one iteration
+    # --8<-- [start:step]
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        self.runner.copy_blocks(batch.blocks_to_copy)
+        rows, token_ids, logprobs = self.runner.run(batch.seqs, batch.num_new_tokens)
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+        touched = {seq.request_id for seq in batch.seqs}
+        for row, token_id, lp in zip(rows, token_ids, logprobs):
+            seq = batch.seqs[row]
+            seq.append_token(token_id, lp)
+            status = self._check_stop(seq)
+            if status is not None:
+                self.scheduler.finish(seq, status)
+                seq.metrics.finished_time = time.perf_counter()
+        outputs = [self._request_output(rid) for rid in touched if rid in self.requests]
+        for out in outputs:
+            if out.finished:
+                del self.requests[out.request_id]
+        return outputs
+    # --8<-- [end:step]
+
+    def _check_stop(self, seq: Sequence) -> SequenceStatus | None:
+        params, token = seq.params, seq.token_ids[-1]
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return SequenceStatus.FINISHED_STOPPED
+        if params.stop:
+            text = self._detokenize(seq)
+            hits = [(text.find(s), s) for s in params.stop if s in text]
+            if hits:
+                seq.stop_string = min(hits)[1]
+                return SequenceStatus.FINISHED_STOPPED
+        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.config.max_model_len:
+            return SequenceStatus.FINISHED_LENGTH
+        return None
+
+    def _detokenize(self, seq: Sequence) -> str:
+        """The output text, cut before the stop string that ended it (if one did)."""
+        text = self.tokenizer.decode(seq.output_token_ids,
+                                     skip_special_tokens=seq.params.skip_special_tokens)
+        if seq.stop_string is not None:
+            keep = len(seq.stop_string) if seq.params.include_stop_str_in_output else 0
+            text = text[:text.find(seq.stop_string) + keep]
+        return text
+
+    def _request_output(self, request_id: str) -> RequestOutput:
+        seqs = self.requests[request_id]
+        outputs = []
+        for i, seq in enumerate(seqs):
+            seq.output_text = self._detokenize(seq)
+            outputs.append(CompletionOutput(
+                index=i, text=seq.output_text, token_ids=seq.output_token_ids,
+                logprobs=seq.output_logprobs if seq.params.logprobs is not None else None,
+                finish_reason=seq.status.value if seq.is_finished else None))
+        first = seqs[0]
+        m = first.metrics
+        metrics = RequestMetrics(
+            arrival_time=m.arrival_time,
+            first_scheduled_time=min((s.metrics.first_scheduled_time for s in seqs
+                                      if s.metrics.first_scheduled_time), default=None),
+            first_token_time=m.first_token_time,
+            finished_time=max((s.metrics.finished_time or 0 for s in seqs), default=None)
+            if all(s.is_finished for s in seqs) else None)
+        times = m.token_times
+        return RequestOutput(
+            request_id=request_id, prompt=first.prompt,
+            prompt_token_ids=first.prompt_token_ids, outputs=outputs,
+            finished=all(s.is_finished for s in seqs), metrics=metrics,
+            inter_token_latencies=[b - a for a, b in zip(times, times[1:])])

@@ -1,0 +1,83 @@
+"""The KV cache: how big it is, and the classic way to hold it (one slab per request).
+
+Every generated token needs the keys and values of every earlier token, at every layer. Storing
+them instead of recomputing turns each decode step from O(n^2) work into O(n), at a price in
+memory that this one formula gives:
+
+    bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element
+
+SmolLM2-135M in fp32: 2 x 30 x 3 x 64 x 4 = 46,080 bytes (45 KiB) per token.
+Llama-3-8B in bf16:   2 x 32 x 8 x 128 x 2 = 131,072 bytes (128 KiB) per token.
+
+`ContiguousAllocator` is the baseline vLLM replaced: each request reserves max_model_len slots
+when it starts, whether it will use 30 of them or 3,000. Lesson 01 measures what that wastes;
+lesson 02 replaces it with `block_manager.BlockManager`. Both hand the engine the same thing, a
+block table per sequence, so the attention code cannot tell them apart: a contiguous slab is one
+block of max_model_len tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.config import ModelConfig
+from minivllm.sequence import Sequence
+
+
+# --8<-- [start:bytes_per_token]
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float16) -> int:
+    """Bytes of K and V that one token occupies across all layers."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * elem
+# --8<-- [end:bytes_per_token]
+
+
+def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int,
+                      dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The KV pool: [layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim].
+
+    Zero-filled, not empty: attention masks unused slots, but a masked NaN would still poison
+    the weighted sum of V (0 x NaN = NaN), so the pool must never hold garbage.
+    """
+    return torch.zeros(config.num_hidden_layers, 2, num_blocks, block_size,
+                       config.num_key_value_heads, config.head_dim, dtype=dtype, device=device)
+
+
+# --8<-- [start:contiguous]
+class ContiguousAllocator:
+    """Static preallocation: every running request owns one slab of max_model_len slots.
+
+    Same interface as BlockManager (can_allocate / allocate / append_slots / free), with a
+    block as large as the longest request the engine accepts.
+    """
+
+    def __init__(self, num_slabs: int, max_model_len: int):
+        self.num_blocks = num_slabs
+        self.block_size = max_model_len
+        self.free_slabs = list(range(num_slabs - 1, -1, -1))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_slabs)
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        return bool(self.free_slabs)
+
+    def allocate(self, seq: Sequence) -> None:
+        seq.block_table = [self.free_slabs.pop()]
+
+    def can_append_slots(self, seq: Sequence) -> bool:
+        return True            # the slab already reserved room up to max_model_len
+
+    def append_slots(self, seq: Sequence) -> list[tuple[int, int]]:
+        return []
+
+    def free(self, seq: Sequence) -> None:
+        self.free_slabs.extend(reversed(seq.block_table))
+        seq.block_table = []
+# --8<-- [end:contiguous]
+
+
+def reserved_vs_used(seq_lens: list[int], max_model_len: int) -> tuple[int, int]:
+    """Slots a static cache reserves for these sequences vs slots they hold tokens in."""
+    return len(seq_lens) * max_model_len, sum(seq_lens)

@@ -1,0 +1,91 @@
+"""LLM: the offline front end, vLLM's `LLM` class in miniature.
+
+    llm = LLM()                                  # packaged SmolLM2-135M-Instruct, no network
+    outs = llm.generate(["The capital of France is"], SamplingParams(temperature=0))
+    outs[0].outputs[0].text
+"""
+
+from __future__ import annotations
+
+from tqdm.auto import tqdm
+
+from minivllm.engine import LLMEngine
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+Message = dict[str, str]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, dtype: str = "auto", device: str = "auto",
+                 **engine_kwargs):
+        self.engine = LLMEngine(model, dtype=dtype, device=device, **engine_kwargs)
+        self.tokenizer = self.engine.tokenizer
+        self._counter = 0
+
+    def __repr__(self) -> str:
+        return f"LLM({self.engine!r})"
+
+    def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in the order of `prompts`.
+
+        A prompt is a string or a list of token ids; one SamplingParams applies to all, or give
+        one per prompt.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} SamplingParams for "
+                             f"{len(prompts)} prompts")
+        ids = []
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                ids.append(f"gen-{self._counter}")
+                self._counter += 1
+                self.engine.add_request(ids[-1], prompt, params)
+        except Exception:
+            for rid in ids:                     # leave nothing half-queued behind
+                self.engine.abort_request(rid)
+            raise
+        return self._run(ids, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm,
+                   dynamic_ncols=True)
+        generated = 0
+        while len(finished) < len(ids):
+            for out in self.engine.step():
+                generated += 0 if out.finished else 0
+                if out.finished:
+                    finished[out.request_id] = out
+                    generated += sum(len(o.token_ids) for o in out.outputs)
+                    bar.update(1)
+            bar.set_postfix_str(f"{generated} tokens out", refresh=False)
+        bar.close()
+        return [finished[rid] for rid in ids]
+
+    def chat(self, messages: list[Message] | list[list[Message]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, and generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not conversations:
+            raise ValueError("chat() needs at least one conversation")
+        prompts = []
+        for conv in conversations:
+            if not conv:
+                raise ValueError("a conversation must have at least one message")
+            for i, m in enumerate(conv):
+                if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                    raise ValueError(f"message {i} must be a dict with 'role' and 'content', "
+                                     f"got {m!r}")
+            prompts.append(self.tokenizer.apply_chat_template(
+                conv, tokenize=False, add_generation_prompt=add_generation_prompt))
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)

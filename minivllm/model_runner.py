@@ -1,0 +1,126 @@
+"""ModelRunner: owns the model and the KV pool, and turns a scheduled batch into tokens.
+
+Each step it flattens the scheduled sequences into the four tensors every paged engine builds:
+
+    input_ids     (T,)   the new tokens of every sequence, concatenated
+    positions     (T,)   each token's position in its own sequence (RoPE needs it)
+    slot_mapping  (T,)   where each new token's K/V goes in the pool
+    block_tables  (B, max_blocks)   where each sequence's earlier K/V already is
+
+then runs the model once, computes logits only for the last token of each sequence that will
+sample this step, and samples.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from minivllm.attention import AttentionMetadata
+from minivllm.config import EngineConfig, ModelConfig
+from minivllm.kv_cache import allocate_kv_cache, kv_bytes_per_token
+from minivllm.loader import load_weights
+from minivllm.models import LlamaForCausalLM
+from minivllm.sampler import Sampler
+from minivllm.sequence import Sequence
+
+logger = logging.getLogger("minivllm")
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
+                 device: torch.device, dtype: torch.dtype, kv_layout: str = "paged"):
+        self.config, self.engine_config = model_config, engine_config
+        self.device, self.dtype = device, dtype
+        with torch.device("meta"):          # no time wasted on random init of real weights
+            model = LlamaForCausalLM(model_config)
+        model = model.to_empty(device=device).to(dtype)
+        if model_config.tie_word_embeddings:  # to_empty breaks the tie: restore it
+            model.lm_head.weight = model.model.embed_tokens.weight
+        load_weights(model, path)
+        model.model.rotary_emb.build(engine_config.max_model_len, device, dtype)
+        self.model = model.eval()
+        self.sampler = Sampler()
+
+        # The KV pool. "paged": blocks of block_size tokens; "contiguous": one slab of
+        # max_model_len tokens per sequence (lesson 01's baseline), addressed the same way.
+        self.kv_layout = kv_layout
+        self.block_size = (engine_config.block_size if kv_layout == "paged"
+                           else engine_config.max_model_len)
+        self.num_blocks = self._num_kv_blocks()
+        self.kv_cache = allocate_kv_cache(model_config, self.num_blocks, self.block_size,
+                                          dtype, device)
+        for i, attn in enumerate(model.attention_layers()):
+            attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+        logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
+                    self.num_blocks, self.block_size, self.num_blocks * self.block_size,
+                    self.kv_cache.numel() * self.kv_cache.element_size() / 2**20, kv_layout)
+
+    def _num_kv_blocks(self) -> int:
+        ec = self.engine_config
+        if ec.num_kv_blocks is not None and self.kv_layout == "paged":
+            return ec.num_kv_blocks
+        block_bytes = kv_bytes_per_token(self.config, self.dtype) * self.block_size
+        budget = ec.kv_cache_memory
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = int(free - total * (1 - ec.gpu_memory_utilization))
+        num_blocks = budget // block_bytes
+        if num_blocks < 1:
+            raise ValueError(f"the KV budget ({budget / 2**20:.1f} MiB) holds no block of "
+                             f"{block_bytes / 2**20:.2f} MiB; raise kv_cache_memory or lower "
+                             "max_model_len / block_size")
+        return num_blocks
+
+    # --8<-- [start:prepare]
+    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]):
+        """Flatten the step's work into input_ids, positions and attention metadata."""
+        input_ids, positions, slot_mapping, query_start_loc, seq_lens = [], [], [], [0], []
+        bs = self.block_size
+        for seq, n in zip(seqs, num_new_tokens):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slot_mapping += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
+            query_start_loc.append(query_start_loc[-1] + n)
+            seq_lens.append(end)
+        max_blocks = max(len(s.block_table) for s in seqs)
+        block_tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs]
+        as_tensor = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
+        md = AttentionMetadata(
+            slot_mapping=as_tensor(slot_mapping), query_start_loc=as_tensor(query_start_loc),
+            seq_lens=as_tensor(seq_lens), block_tables=as_tensor(block_tables),
+            max_query_len=max(num_new_tokens), max_seq_len=max(seq_lens))
+        return as_tensor(input_ids), as_tensor(positions), md
+    # --8<-- [end:prepare]
+
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Carry out copy-on-write: block dst becomes a copy of block src, in every layer."""
+        if pairs:
+            src, dst = (torch.tensor(x, device=self.device) for x in zip(*pairs))
+            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], num_new_tokens: list[int]):
+        """One forward pass. Returns (token ids, logprobs) for the sequences that sample, i.e.
+        those whose new tokens reach their end (a prefill chunk in the middle samples nothing)."""
+        input_ids, positions, md = self.prepare(seqs, num_new_tokens)
+        hidden = self.model(input_ids, positions, md)                  # (T, hidden)
+        sampling = [i for i, (s, n) in enumerate(zip(seqs, num_new_tokens))
+                    if s.num_computed_tokens + n == len(s)]
+        if not sampling:
+            return [], [], []
+        last_token_rows = md.query_start_loc[1:][sampling] - 1
+        logits = self.model.compute_logits(hidden[last_token_rows])   # (S, vocab)
+        token_ids, logprobs = self.sampler(logits, [seqs[i] for i in sampling])
+        return sampling, token_ids, logprobs
+
+    @torch.inference_mode()
+    def prompt_logits(self, seq: Sequence) -> torch.Tensor:
+        """Logits at every position of seq's uncomputed tokens: (n, vocab). For scoring and
+        for checking the model against a reference; the serving path never needs them."""
+        n = seq.num_uncomputed_tokens
+        input_ids, positions, md = self.prepare([seq], [n])
+        return self.model.compute_logits(self.model(input_ids, positions, md))

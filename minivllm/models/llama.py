@@ -1,0 +1,180 @@
+"""The Llama family as one readable module: Llama 2/3, SmolLM2, Qwen2 (q/k/v bias) and Qwen3
+(per-head RMSNorm on q and k).
+
+Unlike Hugging Face's implementation, which works on padded [batch, seq] rectangles, this model
+takes a *flat* batch: the new tokens of every sequence in the step, concatenated, each with its
+explicit position. Attention is the only layer that needs to know which token belongs to which
+sequence, and it learns that from AttentionMetadata. Everything else (norms, projections, MLP)
+is per-token and does not care. That is what lets one forward pass mix prefills and decodes.
+
+Parameter names match Hugging Face's, so checkpoints load by name.
+Follows: Llama (Touvron et al. 2023), RoPE (Su et al. 2021), GQA (Ainslie et al. 2023).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.attention import Attention, AttentionMetadata
+from minivllm.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()                        # the variance in fp32, as every reference does
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Rotation frequency of each pair of dimensions, with Llama 3's long-context rescaling."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type")
+    if kind is None:
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind != "llama3":
+        raise ValueError(f"unsupported rope_type {kind!r}: minivllm has default, linear, llama3")
+    # Llama 3: slow (long-wavelength) pairs are stretched by `factor`, fast ones are kept, and the
+    # band between is interpolated smoothly.
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for every position, computed once; rotate q and k by their positions."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.cos: torch.Tensor | None = None
+        self.sin: torch.Tensor | None = None
+
+    def build(self, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
+        inv_freq = rope_inv_freq(self.config).to(device)
+        freqs = torch.arange(max_positions, device=device).float()[:, None] * inv_freq[None]
+        emb = torch.cat([freqs, freqs], dim=-1)                         # (P, D)
+        self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([-x2, x1], dim=-1)
+
+    def forward(self, positions, q, k):
+        cos = self.cos[positions][:, None]                              # (T, 1, D)
+        sin = self.sin[positions][:, None]
+        return q * cos + self.rotate_half(q) * sin, k * cos + self.rotate_half(k) * sin
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        h, nh, nkv, hd = (config.hidden_size, config.num_attention_heads,
+                          config.num_key_value_heads, config.head_dim)
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(h, nh * hd, bias=bias)
+        self.k_proj = nn.Linear(h, nkv * hd, bias=bias)
+        self.v_proj = nn.Linear(h, nkv * hd, bias=bias)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.attn = Attention(nh, nkv, hd)
+
+    def forward(self, positions, x, md: AttentionMetadata, rope: RotaryEmbedding):
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.nh, self.hd)                    # (T, nh, hd)
+        k = self.k_proj(x).view(T, self.nkv, self.hd)                   # (T, nkv, hd)
+        v = self.v_proj(x).view(T, self.nkv, self.hd)                   # (T, nkv, hd)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(positions, q, k)
+        o = self.attn(q, k, v, md)                                      # (T, nh, hd)
+        return self.o_proj(o.reshape(T, self.nh * self.hd))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, positions, x, md, rope):
+        x = x + self.self_attn(positions, self.input_layernorm(x), md, rope)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+    def forward(self, input_ids, positions, md):
+        x = self.embed_tokens(input_ids)                                # (T, hidden)
+        for layer in self.layers:
+            x = layer(positions, x, md, self.rotary_emb)
+        return self.norm(x)
+
+
+# --8<-- [start:causal_lm]
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                md: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: (T,) flat over the batch -> hidden states (T, hidden)."""
+        return self.model(input_ids, positions, md)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # Only the rows that will be sampled reach here: a 500-token prefill needs 1 row of
+        # logits, not 500 x vocab (49,152 floats each for SmolLM2).
+        return self.lm_head(hidden).float()
+# --8<-- [end:causal_lm]
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]

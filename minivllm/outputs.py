@@ -1,0 +1,44 @@
+"""What a request gets back: RequestOutput with one CompletionOutput per sample (vLLM's shape)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int                                  # which of the n samples
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None     # per token: {token_id: logprob}, top-k + chosen
+    finish_reason: str | None                   # "stop", "length", "abort" or None (running)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token, seconds."""
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = None
+    inter_token_latencies: list[float] = field(default_factory=list)

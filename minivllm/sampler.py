@@ -1,0 +1,61 @@
+"""Sampler: turn one row of logits per sequence into its next token.
+
+Order of operations, as in vLLM: logprobs are read from the raw distribution; then temperature,
+top-k and top-p reshape it; then each row draws with its own torch.Generator. Drawing is the
+"exponential race": argmax(p / E) with E ~ Exp(1) picks token i with probability p_i, exactly
+like multinomial, but without a host sync on GPUs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.sequence import Sequence
+
+
+# --8<-- [start:top_k_top_p]
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+    """Mask (to -inf) what top-k and top-p discard. logits (B, V); top_k, top_p (B,)."""
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
+    # top-k: everything below the k-th largest logit goes.
+    kth = sorted_logits.gather(1, (top_k - 1).clamp(min=0)[:, None])
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    # top-p: keep the smallest prefix whose mass reaches top_p (always keep the first token).
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(1, sorted_idx, sorted_logits)
+# --8<-- [end:top_k_top_p]
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]):
+        """logits: (B, V) float32, row i for seqs[i] -> (token ids, per-token logprob dicts)."""
+        vocab = logits.shape[-1]
+        want_logprobs = any(s.params.logprobs is not None for s in seqs)
+        raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
+
+        tokens = logits.argmax(dim=-1)                      # greedy rows are done here
+        sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        if sampled:
+            rows = logits[sampled]
+            temp = torch.tensor([seqs[i].params.temperature for i in sampled],
+                                device=logits.device)
+            top_k = torch.tensor([seqs[i].params.top_k if seqs[i].params.top_k > 0 else vocab
+                                  for i in sampled], device=logits.device)
+            top_p = torch.tensor([seqs[i].params.top_p for i in sampled], device=logits.device)
+            rows = apply_top_k_top_p(rows / temp[:, None], top_k, top_p)
+            probs = rows.softmax(dim=-1)
+            for j, i in enumerate(sampled):
+                noise = torch.empty_like(probs[j]).exponential_(generator=seqs[i].generator)
+                tokens[i] = (probs[j] / noise).argmax()
+
+        token_ids = tokens.tolist()
+        logprobs = [None] * len(seqs)
+        for i, s in enumerate(seqs):
+            if s.params.logprobs is not None:
+                top = raw_logprobs[i].topk(s.params.logprobs) if s.params.logprobs else None
+                entry = dict(zip(top.indices.tolist(), top.values.tolist())) if top else {}
+                entry[token_ids[i]] = raw_logprobs[i, token_ids[i]].item()
+                logprobs[i] = entry
+        return token_ids, logprobs

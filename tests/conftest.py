@@ -1,0 +1,143 @@
+"""Shared fixtures. Heavy objects (the packaged model, transformers' reference) load once per
+session; tiny random checkpoints are built per architecture."""
+
+import os
+
+import torch
+
+# Triton kernels run on the CPU through the interpreter; it must be on before any @triton.jit.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import json  # noqa: E402
+import shutil  # noqa: E402
+
+import pytest  # noqa: E402
+
+from minivllm.loader import default_gguf_path, resolve_model_path  # noqa: E402
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+# Varied prompts for equivalence tests: prose, code, a list, numbers, another language, chat.
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea,",
+    "1, 1, 2, 3, 5, 8,",
+    "The three primary colors are",
+    "Le chat est assis sur",
+    "<|im_start|>user\nWhat is a KV cache?<|im_end|>\n<|im_start|>assistant\n",
+    "import torch\nx = torch.randn(3, 4)\nprint(x.",
+]
+
+
+@pytest.fixture(scope="session")
+def smol_path():
+    """The packaged SmolLM2-135M-Instruct, converted once to a checkpoint directory."""
+    return resolve_model_path(None)
+
+
+@pytest.fixture(scope="session")
+def smol_llm(smol_path):
+    from minivllm import LLM
+    return LLM(str(smol_path), max_model_len=1024, max_num_seqs=16)
+
+
+@pytest.fixture(scope="session")
+def hf_smol():
+    """transformers' own model from the same GGUF file, with its own GGUF loader."""
+    from transformers import AutoModelForCausalLM
+    path = default_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                 dtype=torch.float32)
+    return model.eval()
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Greedy decoding with transformers' model and its KV cache, EOS not special."""
+    ids = torch.tensor([prompt_ids])
+    out, past = [], None
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            res = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            nxt = int(res.logits[0, -1].argmax())
+            out.append(nxt)
+            ids = torch.tensor([[nxt]])
+    return out
+
+
+TINY_ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "llama3-rope": ("LlamaConfig", "LlamaForCausalLM", {"rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, smol_path):
+    """Build (once per arch) a tiny random checkpoint directory with transformers' classes,
+    sharing SmolLM2's tokenizer files. Returns (path, transformers model)."""
+    cache = {}
+
+    def build(arch: str):
+        if arch in cache:
+            return cache[arch]
+        import transformers
+        config_cls, model_cls, extra = TINY_ARCHS[arch]
+        config = getattr(transformers, config_cls)(
+            vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            tie_word_embeddings=arch == "qwen3", bos_token_id=1, eos_token_id=2, **extra)
+        torch.manual_seed(0)
+        model = getattr(transformers, model_cls)(config).eval()
+        with torch.no_grad():                     # non-trivial values everywhere, biases too
+            for name, p in model.named_parameters():
+                p.normal_(1.0 if "norm" in name else 0.0, 0.3 if "norm" in name else 0.08)
+        path = tmp_path_factory.mktemp(f"tiny-{arch}")
+        model.save_pretrained(path)
+        for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(smol_path / f, path / f)
+        assert json.loads((path / "config.json").read_text())["architectures"] == [model_cls]
+        cache[arch] = (path, model)
+        return cache[arch]
+
+    return build
+
+
+# =============================================================================================
+# Lesson harness (issue 3: site and lesson harness). Everything below this line belongs to it.
+# A lesson runs ONCE per session (and once per content hash across sessions): the run is cached
+# in build/lessons/ by docs/hooks/lesson_runner.py, which the mkdocs build reads too.
+# =============================================================================================
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "hooks"))
+import lesson_runner  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def lesson_run():
+    """lesson_run("01_kv_cache") -> LessonRun: the lesson's single headless run.
+
+    .ok, .error, .stdout, .cells, .tests (the notebook's own test_* results) and .findings (the
+    notebook's plain-valued globals, e.g. run.findings["waste_pct"]) are there to assert on.
+    """
+    runs: dict[str, lesson_runner.LessonRun] = {}
+
+    def get(name: str) -> lesson_runner.LessonRun:
+        if name not in runs:
+            matches = [p for p in lesson_runner.discover_lessons()
+                       if p.stem == name or p.stem.startswith(f"{name}_")]
+            if not matches:
+                pytest.fail(f"no lesson lessons/{name}*.py")
+            run = lesson_runner.run_lesson(matches[0])
+            assert run is not None
+            runs[name] = runs[matches[0].stem] = run
+        return runs[name]
+
+    return get
