@@ -26,6 +26,7 @@ max_model_len with one block per sequence, so it runs through the same code.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +91,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 # --8<-- [end:paged_attention]
 
 
+def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    """'auto' -> the Triton kernels on CUDA in bf16/fp16, this file's torch reference otherwise.
+    'triton' on a CPU runs the kernels through Triton's interpreter: exact, and very slow."""
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and dtype != torch.float32 else "torch"
+    if backend == "triton" and device.type == "cpu":
+        import kernels  # noqa: F401  (without CUDA, importing it turns TRITON_INTERPRET on)
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("attention_backend='triton' on device='cpu' runs Triton's "
+                             "interpreter; set TRITON_INTERPRET=1 before starting Python")
+    return backend
+
+
 class Attention(torch.nn.Module):
     """One layer's attention: store this step's K/V, then attend over the cache.
 
@@ -103,8 +117,12 @@ class Attention(torch.nn.Module):
         self.scale = head_dim ** -0.5
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
+        self.backend = "torch"          # or "triton", set by the ModelRunner
 
     def forward(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
         # q: (T, H, D), k/v: (T, Hkv, D)
+        if self.backend == "triton":    # the same two steps as fused kernels (kernels/backend.py)
+            from kernels.backend import triton_attention  # imported only when asked for
+            return triton_attention(q, k, v, self.k_cache, self.v_cache, md, self.scale)
         write_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
         return paged_attention(q, self.k_cache, self.v_cache, md, self.scale)

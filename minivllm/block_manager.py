@@ -35,10 +35,15 @@ class BlockManager:
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
         self.free_block_ids: deque[int] = deque(range(num_blocks))
+        self.num_copy_on_write = 0          # how many blocks were copied, for the lessons
 
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_block_ids)
+
+    @property
+    def num_shared_blocks(self) -> int:
+        return sum(1 for rc in self.ref_counts if rc > 1)
 
     def _take(self) -> int:
         block_id = self.free_block_ids.popleft()
@@ -77,6 +82,7 @@ class BlockManager:
             self._release(src)
             seq.block_table[i] = dst
             copies.append((src, dst))
+            self.num_copy_on_write += 1
         while len(seq.block_table) < cdiv(len(seq), self.block_size):
             seq.block_table.append(self._take())
         return copies

@@ -108,6 +108,7 @@ class EngineConfig:
     kv_cache_memory: int = 1 << 30        # bytes for the KV pool on CPU
     gpu_memory_utilization: float = 0.9   # share of the GPU the engine may fill (CUDA)
     enable_chunked_prefill: bool = True   # split long prompts to fit the token budget
+    attention_backend: str = "auto"       # "torch" | "triton" | "auto" (Triton on CUDA bf16/fp16)
 
     def __post_init__(self):
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
@@ -123,5 +124,8 @@ class EngineConfig:
                 f"without chunked prefill a whole prompt must fit one step: "
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_model_len ({self.max_model_len})")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got "
+                             f"{self.attention_backend!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

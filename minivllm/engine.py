@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +27,24 @@ from minivllm.scheduler import Scheduler
 from minivllm.sequence import Sequence, SequenceStatus
 
 logger = logging.getLogger("minivllm")
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot of the engine between steps."""
+
+    num_running: int
+    num_waiting: int
+    num_blocks_used: int
+    num_blocks_total: int
+    slots_reserved: int        # KV slots owned by running sequences (used blocks x block_size)
+    tokens_cached: int         # tokens whose K/V those slots actually hold
+    num_preemptions: int
+
+    @property
+    def kv_utilization(self) -> float:
+        """Share of reserved KV memory that holds real tokens."""
+        return self.tokens_cached / self.slots_reserved if self.slots_reserved else 0.0
 
 
 class LLMEngine:
@@ -67,7 +86,8 @@ class LLMEngine:
                   else "CPU")
         return (f"LLMEngine(model={self.model_config.architecture} from {self.model_path.name}, "
                 f"device={device}, dtype={str(self.dtype).removeprefix('torch.')}, "
-                f"kv={self.runner.kv_layout} {self.runner.num_blocks}x{self.runner.block_size})")
+                f"kv={self.runner.kv_layout} {self.runner.num_blocks}x{self.runner.block_size}, "
+                f"attention={self.runner.attention_backend})")
 
     # ---------------------------------------------------------------- requests in
     def add_request(self, request_id: str, prompt: str | list[int],
@@ -81,18 +101,27 @@ class LLMEngine:
             text, token_ids = None, [int(t) for t in prompt]
         self._validate_prompt(token_ids, params)
         seqs = []
-        for i in range(params.n):
+        for i in range(params.n):          # sample i draws with seed + i
             seed = None if params.seed is None else params.seed + i
             seqs.append(Sequence(next(self._seq_ids), request_id, text, token_ids, params,
                                  seed, self.device))
-        for seq in seqs:
-            self.scheduler.add(seq)
+        parent, *forks = seqs
+        parent.pending_forks = forks       # prefilled once, forked when the prompt is done
+        for fork in forks:
+            fork.parent = parent
+        self.scheduler.add(parent)
         self.requests[request_id] = seqs
 
     def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
         max_len = self.config.max_model_len
         if not token_ids:
             raise ValueError("the prompt is empty: give at least one token")
+        if params.n > 1 and isinstance(self.block_manager, ContiguousAllocator):
+            raise ValueError("parallel sampling (n > 1) shares the prompt's KV blocks, which "
+                             "needs kv_layout='paged'; the contiguous baseline cannot share")
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={params.n} samples exceed max_num_seqs "
+                             f"({self.config.max_num_seqs})")
         if len(token_ids) >= max_len:
             raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is "
                              f"{max_len}: prompt + at least one new token must fit")
@@ -126,6 +155,20 @@ class LLMEngine:
         finally:
             self.block_manager.free(seq)
 
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        used = bm.num_blocks - bm.num_free_blocks
+        filled: dict[int, int] = {}        # block -> tokens it holds (shared blocks once)
+        for s in self.scheduler.running:
+            for i, block in enumerate(s.block_table):
+                held = max(0, min(bm.block_size, s.num_computed_tokens - i * bm.block_size))
+                filled[block] = max(filled.get(block, 0), held)
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_blocks_used=used, num_blocks_total=bm.num_blocks,
+            slots_reserved=used * bm.block_size, tokens_cached=sum(filled.values()),
+            num_preemptions=self.scheduler.num_preemptions)
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -134,14 +177,18 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if not batch.seqs:
+            if self.has_unfinished_requests():     # admission checks make this unreachable
+                raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
             return []
         self.runner.copy_blocks(batch.blocks_to_copy)
-        rows, token_ids, logprobs = self.runner.run(batch.seqs, batch.num_new_tokens)
+        samples = self.runner.run(batch.seqs, batch.num_new_tokens)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
         touched = {seq.request_id for seq in batch.seqs}
-        for row, token_id, lp in zip(rows, token_ids, logprobs):
-            seq = batch.seqs[row]
+        for seq, _, _ in samples:      # forks first: they share the prompt's blocks
+            if seq.parent is not None and seq.status is SequenceStatus.WAITING:
+                self.scheduler.fork(seq.parent, seq)
+        for seq, token_id, lp in samples:
             seq.append_token(token_id, lp)
             status = self._check_stop(seq)
             if status is not None:

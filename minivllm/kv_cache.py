@@ -24,6 +24,27 @@ from minivllm.config import ModelConfig
 from minivllm.sequence import Sequence
 
 
+# Published shapes of well-known models (their config.json files): facts, no downloads needed.
+#                 layers, query heads, kv heads, head_dim, hidden
+REFERENCE_MODELS = {
+    "SmolLM2-135M": (30, 9, 3, 64, 576),
+    "Qwen3-0.6B": (28, 16, 8, 128, 1024),
+    "Qwen3-8B": (36, 32, 8, 128, 4096),
+    "Llama-3-8B": (32, 32, 8, 128, 4096),
+    "Qwen3-32B": (64, 64, 8, 128, 5120),
+    "Llama-3-70B": (80, 64, 8, 128, 8192),
+}
+
+
+def reference_config(name: str) -> ModelConfig:
+    """A ModelConfig with the attention shape of a well-known model (for KV-cache arithmetic)."""
+    layers, heads, kv_heads, head_dim, hidden = REFERENCE_MODELS[name]
+    return ModelConfig(architecture="LlamaForCausalLM", vocab_size=0, hidden_size=hidden,
+                       intermediate_size=0, num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=kv_heads, head_dim=head_dim,
+                       max_position_embeddings=0, rms_norm_eps=0.0, rope_theta=0.0)
+
+
 # --8<-- [start:bytes_per_token]
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float16) -> int:
     """Bytes of K and V that one token occupies across all layers."""

@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from minivllm.attention import AttentionMetadata
+from minivllm.attention import AttentionMetadata, resolve_attention_backend
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.loader import load_weights
@@ -33,6 +33,10 @@ class ModelRunner:
                  device: torch.device, dtype: torch.dtype, kv_layout: str = "paged"):
         self.config, self.engine_config = model_config, engine_config
         self.device, self.dtype = device, dtype
+        # Before the model is built: building it may import Triton (through torch), and on a CPU
+        # Triton must see TRITON_INTERPRET=1 before that (see kernels/__init__.py).
+        self.attention_backend = resolve_attention_backend(engine_config.attention_backend,
+                                                           device, dtype)
         with torch.device("meta"):          # no time wasted on random init of real weights
             model = LlamaForCausalLM(model_config)
         model = model.to_empty(device=device).to(dtype)
@@ -53,6 +57,7 @@ class ModelRunner:
                                           dtype, device)
         for i, attn in enumerate(model.attention_layers()):
             attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
+            attn.backend = self.attention_backend
         logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**20, kv_layout)
@@ -104,18 +109,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_new_tokens: list[int]):
-        """One forward pass. Returns (token ids, logprobs) for the sequences that sample, i.e.
-        those whose new tokens reach their end (a prefill chunk in the middle samples nothing)."""
+        """One forward pass; returns [(seq, token id, logprobs)] for every sequence that
+        samples: those whose new tokens reach their end (a prefill chunk in the middle samples
+        nothing), plus the pending forks of a prompt with n > 1 samples, which draw from the
+        same logits row with their own generators."""
         input_ids, positions, md = self.prepare(seqs, num_new_tokens)
         hidden = self.model(input_ids, positions, md)                  # (T, hidden)
         sampling = [i for i, (s, n) in enumerate(zip(seqs, num_new_tokens))
                     if s.num_computed_tokens + n == len(s)]
         if not sampling:
-            return [], [], []
+            return []
         last_token_rows = md.query_start_loc[1:][sampling] - 1
         logits = self.model.compute_logits(hidden[last_token_rows])   # (S, vocab)
-        token_ids, logprobs = self.sampler(logits, [seqs[i] for i in sampling])
-        return sampling, token_ids, logprobs
+        rows, samplers = [], []
+        for row, i in enumerate(sampling):
+            for seq in (seqs[i], *seqs[i].pending_forks):
+                rows.append(row)
+                samplers.append(seq)
+        token_ids, logprobs = self.sampler(logits[rows], samplers)
+        return list(zip(samplers, token_ids, logprobs))
 
     @torch.inference_mode()
     def prompt_logits(self, seq: Sequence) -> torch.Tensor:

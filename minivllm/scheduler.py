@@ -75,8 +75,10 @@ class Scheduler:
                 i += 1
 
         # 2. Waiting sequences, first come first served, while budget, cap and blocks allow.
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
+            if len(self.running) + 1 + len(seq.pending_forks) > self.config.max_num_seqs:
+                break
             if not self.config.enable_chunked_prefill and seq.num_uncomputed_tokens > budget:
                 break
             if not bm.can_allocate(seq):
@@ -93,6 +95,15 @@ class Scheduler:
             budget -= n
         return out
     # --8<-- [end:schedule]
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Parallel sampling: `child` joins running, sharing every block of `parent`."""
+        parent.pending_forks.remove(child)
+        self.block_manager.fork(parent, child)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.status = SequenceStatus.RUNNING
+        child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
+        self.running.append(child)
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute policy: drop the KV, keep the tokens, requeue at the front."""

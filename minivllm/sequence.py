@@ -58,6 +58,10 @@ class Sequence:
         self.block_table: list[int] = []
         self.output_text = ""
         self.stop_string: str | None = None      # the stop string that finished it, if any
+        # Parallel sampling: the prompt is prefilled once, by the first sample; the others wait
+        # here and are forked from it (sharing its blocks) when its first token is sampled.
+        self.pending_forks: list[Sequence] = []
+        self.parent: Sequence | None = None
         self.output_logprobs: list[dict[int, float]] = []
         self.metrics = SequenceMetrics()
         # Every sequence samples from its own generator, so its tokens do not depend on what

@@ -1,0 +1,352 @@
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="medium")
+
+
+@app.cell
+def _():
+    import time
+
+    import marimo as mo
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import torch
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.kv_cache import REFERENCE_MODELS, kv_bytes_per_token, reference_config
+    return (LLM, REFERENCE_MODELS, SamplingParams, kv_bytes_per_token, mo, np, plt,
+            reference_config, time, torch)
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    # 01 · The KV cache: where every optimization is aimed
+
+    After this lesson you can compute, for any model, how many bytes of memory one token of
+    context costs; you will have measured how much of that memory a classic per-request
+    cache wastes on a realistic mix of requests; and you will have seen on your own machine
+    why generating a token is limited by memory traffic, not arithmetic. Every later lesson
+    (paging, continuous batching, prefix caching, quantization) attacks one of these numbers.
+    """)
+    return
+
+
+@app.cell
+def _(LLM, mo, torch):
+    # Two engines on the packaged SmolLM2-135M-Instruct. `static` is the baseline this lesson
+    # dissects: every request reserves MAX_MODEL_LEN slots the moment it starts.
+    MAX_MODEL_LEN = 2048
+    static = LLM(max_model_len=MAX_MODEL_LEN, kv_layout="contiguous",
+                 kv_cache_memory=8 * MAX_MODEL_LEN * 46080)        # 8 slabs: 8 requests
+    paged = LLM(max_model_len=MAX_MODEL_LEN, max_num_seqs=64)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
+          f"({str(paged.engine.dtype).removeprefix('torch.')})  \n`{paged.engine!r}`")
+    return MAX_MODEL_LEN, device, paged, static
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## What the cache costs
+
+    To produce token *t + 1*, attention needs the keys and values of tokens *1..t* at every
+    layer. Recomputing them at each step would make generation quadratic, so every engine
+    keeps them: the **KV cache**. Its size follows from the attention shape alone:
+
+    $$\text{bytes per token} = 2\;(K\text{ and }V) \times \text{layers} \times
+      \text{KV heads} \times \text{head dim} \times \text{bytes per element}$$
+
+    Hidden size and vocabulary do not appear. The number of *KV* heads does, which is why
+    grouped-query attention (lesson 09) shrinks the cache so much.
+    """)
+    return
+
+
+@app.cell
+def _(REFERENCE_MODELS, kv_bytes_per_token, mo, reference_config, torch):
+    bytes_table = {_n: kv_bytes_per_token(reference_config(_n), torch.bfloat16)
+                   for _n in REFERENCE_MODELS}
+    _rows = [f"| {_n} | {_l} | {_h} / {_kv} | {_d} | {bytes_table[_n]:,} B "
+             f"| {bytes_table[_n] * 4096 / 2**30:.2f} GiB |"
+             for _n, (_l, _h, _kv, _d, _hid) in REFERENCE_MODELS.items()]
+    print("KV bytes per token, bf16:", bytes_table)
+    mo.md("| model | layers | query / KV heads | head dim | KV per token (bf16) "
+          "| one 4k-token request |\n|---|---|---|---|---|---|\n" + "\n".join(_rows))
+    return (bytes_table,)
+
+
+@app.cell
+def _(REFERENCE_MODELS, mo):
+    model_pick = mo.ui.dropdown(list(REFERENCE_MODELS), value="Llama-3-8B", label="model")
+    context = mo.ui.slider(512, 131072, step=512, value=8192, label="context tokens")
+    batch = mo.ui.slider(1, 256, value=32, label="concurrent requests")
+    dtype_pick = mo.ui.dropdown(["float32", "bfloat16", "float8_e4m3fn"], value="bfloat16",
+                                label="KV dtype")
+    mo.md(f"""
+    ### Try it: find the workload that no longer fits
+
+    The bar compares the KV cache a workload needs with what an 80 GB accelerator has left
+    after the model's bf16 weights. Push context or concurrency until it turns red: that wall
+    is what the rest of the course pushes back.
+
+    {model_pick} {dtype_pick}
+
+    {context} {batch}
+    """)
+    return batch, context, dtype_pick, model_pick
+
+
+@app.cell
+def _(batch, context, dtype_pick, kv_bytes_per_token, model_pick, plt, reference_config,
+      torch):
+    def kv_gib(name, tokens_each, requests, dtype="bfloat16"):
+        per_token = kv_bytes_per_token(reference_config(name), getattr(torch, dtype))
+        return per_token * tokens_each * requests / 2**30
+
+    _billions = {"SmolLM2-135M": 0.135, "Qwen3-0.6B": 0.6, "Qwen3-8B": 8.2,
+                 "Llama-3-8B": 8.0, "Qwen3-32B": 32.8, "Llama-3-70B": 70.6}
+    _need = kv_gib(model_pick.value, context.value, batch.value, dtype_pick.value)
+    _room = max(80e9 - _billions[model_pick.value] * 2e9, 0) / 2**30
+    _fig, _ax = plt.subplots(figsize=(7, 1.9))
+    _ax.barh(["KV needed", "free after weights"], [_need, _room],
+             color=["tab:red" if _need > _room else "tab:green", "tab:gray"])
+    _ax.set_xlabel("GiB")
+    _ax.set_title(f"{model_pick.value}: {batch.value} x {context.value:,} tokens, "
+                  f"{dtype_pick.value}: {_need:,.1f} GiB "
+                  f"({'does not fit' if _need > _room else 'fits'})")
+    _fig.tight_layout()
+    _fig
+    return (kv_gib,)
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## The problem, measured: a slab per request
+
+    The simplest cache gives each request one contiguous slab of `max_model_len` slots when
+    it starts, because nobody knows in advance how long the answer will be. The engine below
+    (`kv_layout="contiguous"`) does exactly that, with `max_model_len = 2048`. We send it a
+    realistic mix (short and long prompts, short and long answers, drawn from log-normal
+    distributions as chat traffic is) and, after every step, count the slots reserved by
+    running requests and the slots that actually hold a token.
+    """)
+    return
+
+
+@app.cell
+def _(np, paged):
+    # A seeded workload: prompt and output lengths with a long tail, like real chat traffic.
+    _rng = np.random.default_rng(0)
+    _text = paged.tokenizer.encode(
+        "Serving a language model is mostly a memory problem. Each request keeps the keys and "
+        "values of its context, and the engine must decide where they live. " * 40)
+    NUM_REQUESTS = 16
+    prompt_lens = np.clip(_rng.lognormal(3.8, 0.7, NUM_REQUESTS), 8, 400).astype(int)
+    output_lens = np.clip(_rng.lognormal(3.9, 0.6, NUM_REQUESTS), 4, 160).astype(int)
+    workload = [(_text[_i * 5: _i * 5 + _p], int(_o))
+                for _i, (_p, _o) in enumerate(zip(prompt_lens, output_lens))]
+    print(f"{NUM_REQUESTS} requests; prompt tokens: median {int(np.median(prompt_lens))}, "
+          f"max {prompt_lens.max()}; output tokens: median {int(np.median(output_lens))}, "
+          f"max {output_lens.max()}")
+    return NUM_REQUESTS, output_lens, prompt_lens, workload
+
+
+@app.cell
+def _(SamplingParams, static, workload):
+    def run_traced(llm, requests):
+        """Serve `requests` step by step; after each step record the engine's KV stats."""
+        engine = llm.engine
+        for _i, (_ids, _out) in enumerate(requests):
+            engine.add_request(f"req{_i}", _ids, SamplingParams(
+                temperature=0, max_tokens=_out, ignore_eos=True))
+        trace = []
+        while engine.has_unfinished_requests():
+            engine.step()
+            trace.append(engine.stats())
+        return trace
+
+    static_trace = run_traced(static, workload)
+    return run_traced, static_trace
+
+
+@app.cell
+def _(MAX_MODEL_LEN, np, plt, static_trace):
+    _reserved = np.array([s.slots_reserved for s in static_trace])
+    _used = np.array([s.tokens_cached for s in static_trace])
+    static_utilization = _used.sum() / _reserved.sum()
+    _fig, _ax = plt.subplots(figsize=(8, 3.2))
+    _ax.fill_between(range(len(_reserved)), _reserved, step="post", alpha=0.3,
+                     color="tab:red", label=f"slots reserved ({MAX_MODEL_LEN} per request)")
+    _ax.fill_between(range(len(_used)), _used, step="post", alpha=0.8, color="tab:blue",
+                     label="slots holding a token")
+    _ax.set_xlabel("engine step")
+    _ax.set_ylabel("KV slots")
+    _ax.set_title(f"Static preallocation: {static_utilization:.1%} of reserved KV memory "
+                  "is ever used")
+    _ax.legend(loc="upper right")
+    _fig.tight_layout()
+    print(f"static cache utilization: {static_utilization:.1%} "
+          f"(waste {1 - static_utilization:.1%}); at most "
+          f"{max(s.num_running for s in static_trace)} requests ran at once")
+    _fig
+    return (static_utilization,)
+
+
+@app.cell
+def _(mo, static_trace, static_utilization):
+    _waiting = max(s.num_waiting for s in static_trace)
+    mo.md(f"""
+    Only **{static_utilization:.1%}** of the memory reserved for KV ever held a token. The
+    rest is the gap between what each request might need (2048 slots) and what it used.
+    Worse, that reservation is what limits concurrency: with room for 8 slabs, up to
+    {_waiting} requests queued while most of the reserved memory sat empty. Since every decode
+    step costs about the same whether it serves 1 request or 8 (next section), requests that
+    could not be admitted are throughput thrown away. Lesson 02 keeps the cache in small
+    blocks handed out on demand and brings utilization close to 100%.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## Decode is memory-bound
+
+    In a decode step each running request contributes one new token. The model's weights
+    must still be read in full, once per step, whatever the batch: SmolLM2 in fp32 is
+    135 M parameters x 4 bytes = 540 MB per step. Arithmetic per step grows with the batch;
+    memory traffic barely does. So until the batch is large, a step takes about the same
+    time for 1 request as for 16, and throughput grows almost for free with batch size. That
+    is why the KV cache's size matters so much: it decides how many requests fit in a batch.
+    Measured live on this device:
+    """)
+    return
+
+
+@app.cell
+def _(SamplingParams, mo, np, paged, time):
+    _script = mo.app_meta().mode == "script"
+    batch_sizes = [1, 2, 4, 8, 16, 32] if _script else [1, 2, 4, 8, 16, 32, 64]
+    _ids = paged.tokenizer.encode("The key to fast inference is")
+    step_ms = []
+    for _b in batch_sizes:
+        _engine = paged.engine
+        for _i in range(_b):
+            _engine.add_request(f"t{_b}-{_i}", _ids, SamplingParams(
+                temperature=0, max_tokens=12, ignore_eos=True))
+        _engine.step()                                       # prefill
+        _times = []
+        while _engine.has_unfinished_requests():
+            _t = time.perf_counter()
+            _engine.step()                                   # decode: one token per request
+            _times.append(time.perf_counter() - _t)
+        step_ms.append(1000 * float(np.median(_times)))
+    tokens_per_s = [b / (ms / 1000) for b, ms in zip(batch_sizes, step_ms)]
+    weight_bytes = sum(p.numel() * p.element_size()
+                       for p in paged.engine.runner.model.parameters())
+    for _b, _ms, _tps in zip(batch_sizes, step_ms, tokens_per_s):
+        print(f"batch {_b:3d}: {_ms:7.1f} ms/step  {_tps:7.1f} tokens/s  "
+              f"weights read at {weight_bytes / (_ms / 1000) / 1e9:5.1f} GB/s")
+    return batch_sizes, step_ms, tokens_per_s, weight_bytes
+
+
+@app.cell
+def _(batch_sizes, device, plt, step_ms, tokens_per_s):
+    _fig, (_a, _b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    _a.plot(batch_sizes, step_ms, "o-")
+    _a.set_xscale("log", base=2)
+    _a.set_xlabel("requests in the batch")
+    _a.set_ylabel("ms per decode step")
+    _a.set_ylim(bottom=0)
+    _a.set_title("step time: nearly flat")
+    _b.plot(batch_sizes, tokens_per_s, "o-", color="tab:green")
+    _b.set_xscale("log", base=2)
+    _b.set_xlabel("requests in the batch")
+    _b.set_ylabel("tokens / s")
+    _b.set_title("throughput: grows with batch")
+    _fig.suptitle(f"Decode on {device}")
+    _fig.tight_layout()
+    decode_speedup = tokens_per_s[-1] / tokens_per_s[0]
+    step_time_growth = step_ms[-1] / step_ms[0]
+    print(f"batch {batch_sizes[-1]} vs 1: {decode_speedup:.1f}x the tokens/s for "
+          f"{step_time_growth:.1f}x the step time")
+    _fig
+    return decode_speedup, step_time_growth
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## Exercise
+
+    Llama-3-70B has 80 layers, 64 query heads, **8 KV heads** and a head dimension of 128.
+    How many bytes of KV cache does one token take in bf16? Type your answer; the checker
+    tells you what went wrong if it is off.
+    """)
+    answer = mo.ui.number(start=0, stop=10**9, value=0, label="bytes per token")
+    answer
+    return (answer,)
+
+
+@app.cell
+def _(bytes_table):
+    def check_kv_answer(value):
+        truth = bytes_table["Llama-3-70B"]
+        if value == truth:
+            return f"Correct: 2 x 80 x 8 x 128 x 2 = {truth:,} bytes (320 KiB) per token."
+        if value == truth * 8:
+            return "That used the 64 query heads: only the 8 KV heads are cached."
+        if value == truth // 2:
+            return "Missing a factor 2: both K and V are stored."
+        if value == truth * 2:
+            return "bf16 is 2 bytes per element, not 4."
+        if not value:
+            return "Enter a number of bytes."
+        return f"{value:,} is not it: multiply 2 (K, V) x layers x KV heads x head dim x bytes."
+    return (check_kv_answer,)
+
+
+@app.cell
+def _(answer, check_kv_answer, mo):
+    mo.callout(mo.md(check_kv_answer(answer.value)),
+               kind="success" if answer.value and "Correct" in check_kv_answer(answer.value)
+               else "neutral")
+    return
+
+
+@app.cell
+def _(decode_speedup, mo, static_utilization, step_time_growth):
+    findings = {
+        "static_kv_utilization": static_utilization,
+        "decode_speedup_at_max_batch": decode_speedup,
+        "decode_step_time_growth": step_time_growth,
+    }
+    mo.md(f"""
+    ## What we found
+
+    * A token of context costs 2 x layers x KV heads x head dim x bytes: 45 KiB for SmolLM2
+      in fp32, 128 KiB for Llama-3-8B and 320 KiB for Llama-3-70B in bf16.
+    * Reserving `max_model_len` slots per request used **{static_utilization:.1%}** of the
+      reserved memory on a realistic mix.
+    * Decode throughput grew **{decode_speedup:.1f}x** from batch 1 to the largest batch,
+      while each step became only **{step_time_growth:.1f}x** slower: decode is bound by
+      reading weights (and, at long contexts, the KV cache), not by arithmetic.
+
+    ## Where the code lives
+
+    * `minivllm/kv_cache.py`: `kv_bytes_per_token`, `ContiguousAllocator` (this lesson's slab
+      per request) and the KV pool layout.
+    * `minivllm/attention.py`: how attention finds a sequence's K/V through its block table;
+      a slab is one block of `max_model_len` slots, so both layouts share that code.
+    * `minivllm/engine.py`: `LLMEngine.step` and `LLMEngine.stats`, used above.
+    * Next: lesson 02 replaces the slab with pages (`minivllm/block_manager.py`).
+    """)
+    return (findings,)
+
+
+if __name__ == "__main__":
+    app.run()

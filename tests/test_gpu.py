@@ -1,0 +1,107 @@
+"""GPU tests: the Triton kernels compiled for the GPU at real sizes in bf16, and the engine on
+CUDA with its default backend. Marked `gpu` and skipped without CUDA; scripts/gpu_check.sh runs
+them with the benchmark. They need no packaged model and no network (random weights)."""
+
+import gc
+
+import pytest
+import torch
+
+from kernels.flash_attention import flash_attention, flash_attention_reference
+from kernels.paged_attention import paged_decode_attention, paged_decode_reference
+from kernels.paged_batch import random_paged_batch
+from kernels.write_kv import test_write_kv
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+BF16 = torch.bfloat16
+
+
+def test_write_kv_bf16():
+    test_write_kv("cuda", BF16)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(32, 8, 128), (16, 8, 128), (9, 3, 64),
+                                                     (32, 32, 128), (32, 1, 128), (18, 2, 64)])
+def test_flash_attention_real_sizes_bf16(heads, kv_heads, head_dim):
+    """A 2k-token prompt, a 512-token chunk over 1.5k cached tokens, two decodes, one batch."""
+    b = random_paged_batch([2048, 512, 1, 1], [0, 1536, 3000, 100], heads, kv_heads, head_dim,
+                           dtype=BF16, device="cuda")
+    args = (b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables)
+    out = flash_attention(*args, b.max_query_len, head_dim ** -0.5)
+    ref = flash_attention_reference(*args, head_dim ** -0.5)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(32, 8, 128), (16, 8, 128), (9, 3, 64),
+                                                     (32, 1, 128)])
+def test_paged_decode_real_sizes_bf16(heads, kv_heads, head_dim):
+    """64 sequences, contexts from 1 to 4k tokens (one to eight 512-token partitions)."""
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, 4096, (64,), generator=g).tolist()
+    ctx[:3] = [0, 511, 512]
+    b = random_paged_batch([1] * 64, ctx, heads, kv_heads, head_dim, dtype=BF16, device="cuda")
+    args = (b.q, b.k_cache, b.v_cache, b.seq_lens, b.block_tables)
+    out = paged_decode_attention(*args, b.max_seq_len, head_dim ** -0.5)
+    ref = paged_decode_reference(*args, head_dim ** -0.5)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+TINY = dict(model_type="llama", hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+            num_attention_heads=8, num_key_value_heads=2, head_dim=64, vocab_size=1000,
+            max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=1e4,
+            tie_word_embeddings=False)
+
+
+def _free():
+    """Return an engine's KV pool to the GPU before the next one sizes its own."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+@pytest.fixture(scope="module")
+def tiny_gpu_checkpoint(tmp_path_factory):
+    from kernels.bench import random_checkpoint
+    path = tmp_path_factory.mktemp("tiny-gpu")
+    random_checkpoint(TINY, path, dtype=torch.float32, device="cuda", std=0.08)
+    _free()
+    return path
+
+
+def test_engine_on_cuda_defaults_to_triton_and_matches_torch(tiny_gpu_checkpoint, monkeypatch):
+    """bf16 on CUDA picks the kernels. In fp32 with exact (IEEE, not TF32) dots both backends
+    give the same greedy tokens, through chunked prefill, mixed batches and split decodes."""
+    from minivllm import LLM, SamplingParams
+    path = str(tiny_gpu_checkpoint)
+    default = LLM(path, max_model_len=1024, gpu_memory_utilization=0.3)
+    assert "attention=triton" in repr(default) and "dtype=bfloat16" in repr(default)
+    del default
+    _free()
+    monkeypatch.setenv("TRITON_F32_DEFAULT", "ieee")
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 1000, (n,), generator=g).tolist() for n in (5, 100, 700)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outs = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(path, dtype="float32", max_model_len=1024, max_num_batched_tokens=256,
+                  gpu_memory_utilization=0.3, attention_backend=backend)
+        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params,
+                                                                      use_tqdm=False)]
+        del llm
+        _free()
+    assert outs["triton"] == outs["torch"]
+
+
+def test_engine_bf16_logits_close_to_torch_backend(tiny_gpu_checkpoint):
+    from minivllm import LLM
+    ids = torch.randint(3, 1000, (300,), generator=torch.Generator().manual_seed(2)).tolist()
+    logits = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(str(tiny_gpu_checkpoint), dtype="bfloat16", max_model_len=1024,
+                  gpu_memory_utilization=0.3, attention_backend=backend)
+        logits[backend] = llm.engine.prompt_logits(ids).float()
+        del llm
+        _free()
+    a, b = logits["triton"], logits["torch"]
+    assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.999
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.95

