@@ -15,6 +15,7 @@ Operations, with vLLM's names:
     can_append_slots / append_slots   make room for the tokens of the next step (+ CoW)
     fork      a child shares all of its parent's blocks (ref_count + 1 each)
     free      drop a sequence's references; blocks that reach 0 return to the free list
+    swap_out / swap_in   move a preempted sequence's blocks to a host-memory pool and back
 """
 
 from __future__ import annotations
@@ -97,4 +98,26 @@ class BlockManager:
         for block_id in reversed(seq.block_table):
             self._release(block_id)
         seq.block_table = []
+
+    # Swapping: `self` manages the device pool, `cpu` a second pool in host memory. A swapped
+    # sequence keeps its table, pointing into the CPU pool, until it is swapped back in.
+    def can_swap_out(self, seq: Sequence, cpu: "BlockManager") -> bool:
+        return len(seq.block_table) <= cpu.num_free_blocks
+
+    def swap_out(self, seq: Sequence, cpu: "BlockManager") -> list[tuple[int, int]]:
+        """Move seq's blocks to the CPU pool; return (device block, cpu block) copy pairs."""
+        pairs = [(block_id, cpu._take()) for block_id in seq.block_table]
+        self.free(seq)
+        seq.block_table = [cpu_block for _, cpu_block in pairs]
+        return pairs
+
+    def can_swap_in(self, seq: Sequence) -> bool:
+        return cdiv(len(seq), self.block_size) <= self.num_free_blocks
+
+    def swap_in(self, seq: Sequence, cpu: "BlockManager") -> list[tuple[int, int]]:
+        """Bring seq's blocks back from the CPU pool; return (cpu block, device block) pairs."""
+        pairs = [(cpu_block, self._take()) for cpu_block in seq.block_table]
+        cpu.free(seq)
+        seq.block_table = [block_id for _, block_id in pairs]
+        return pairs
 # --8<-- [end:block_manager]

@@ -108,6 +108,9 @@ class EngineConfig:
     kv_cache_memory: int = 1 << 30        # bytes for the KV pool on CPU
     gpu_memory_utilization: float = 0.9   # share of the GPU the engine may fill (CUDA)
     enable_chunked_prefill: bool = True   # split long prompts to fit the token budget
+    preemption_mode: str = "recompute"    # or "swap": park a preempted sequence's KV on host
+    swap_space: int = 1 << 30             # bytes of host memory for swapped KV blocks
+    scheduling: str = "continuous"        # or "static": a new batch only when one finishes
     attention_backend: str = "auto"       # "torch" | "triton" | "auto" (Triton on CUDA bf16/fp16)
 
     def __post_init__(self):
@@ -116,6 +119,12 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got "
+                             f"{self.preemption_mode!r}")
+        if self.scheduling not in ("continuous", "static"):
+            raise ValueError(f"scheduling must be 'continuous' or 'static', got "
+                             f"{self.scheduling!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")

@@ -35,6 +35,7 @@ class EngineStats:
 
     num_running: int
     num_waiting: int
+    num_swapped: int
     num_blocks_used: int
     num_blocks_total: int
     slots_reserved: int        # KV slots owned by running sequences (used blocks x block_size)
@@ -69,6 +70,9 @@ class LLMEngine:
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
 
+        if self.config.preemption_mode == "swap" and kv_layout != "paged":
+            raise ValueError("preemption_mode='swap' moves KV blocks, which needs "
+                             "kv_layout='paged'")
         self.runner = ModelRunner(self.model_config, self.config, self.model_path,
                                   self.device, self.dtype, kv_layout)
         if kv_layout == "paged":
@@ -76,7 +80,9 @@ class LLMEngine:
         else:
             self.block_manager = ContiguousAllocator(self.runner.num_blocks,
                                                      self.config.max_model_len)
-        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.cpu_block_manager = (BlockManager(self.runner.num_cpu_blocks, self.config.block_size)
+                                  if self.runner.num_cpu_blocks else None)
+        self.scheduler = Scheduler(self.config, self.block_manager, self.cpu_block_manager)
         self.requests: dict[str, list[Sequence]] = {}
         self._seq_ids = itertools.count()
         self.load_time = time.perf_counter() - t0
@@ -165,6 +171,7 @@ class LLMEngine:
                 filled[block] = max(filled.get(block, 0), held)
         return EngineStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_swapped=len(self.scheduler.swapped),
             num_blocks_used=used, num_blocks_total=bm.num_blocks,
             slots_reserved=used * bm.block_size, tokens_cached=sum(filled.values()),
             num_preemptions=self.scheduler.num_preemptions)
@@ -180,6 +187,8 @@ class LLMEngine:
             if self.has_unfinished_requests():     # admission checks make this unreachable
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
             return []
+        self.runner.swap_out(batch.blocks_to_swap_out)   # before their blocks are reused
+        self.runner.swap_in(batch.blocks_to_swap_in)
         self.runner.copy_blocks(batch.blocks_to_copy)
         samples = self.runner.run(batch.seqs, batch.num_new_tokens)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):

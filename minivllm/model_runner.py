@@ -23,6 +23,7 @@ from minivllm.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.loader import load_weights
 from minivllm.models import LlamaForCausalLM
 from minivllm.sampler import Sampler
+from minivllm.sampling_params import SamplingParams
 from minivllm.sequence import Sequence
 
 logger = logging.getLogger("minivllm")
@@ -55,12 +56,24 @@ class ModelRunner:
         self.num_blocks = self._num_kv_blocks()
         self.kv_cache = allocate_kv_cache(model_config, self.num_blocks, self.block_size,
                                           dtype, device)
-        for i, attn in enumerate(model.attention_layers()):
-            attn.k_cache, attn.v_cache = self.kv_cache[i, 0], self.kv_cache[i, 1]
-            attn.backend = self.attention_backend
+        self._bind_kv_cache(self.kv_cache)
         logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**20, kv_layout)
+        # The swap pool: same layout, in host memory (pinned, so copies can be asynchronous).
+        self.num_cpu_blocks, self.cpu_kv_cache = 0, None
+        if engine_config.preemption_mode == "swap":
+            block_bytes = kv_bytes_per_token(model_config, dtype) * self.block_size
+            self.num_cpu_blocks = engine_config.swap_space // block_bytes
+            self.cpu_kv_cache = allocate_kv_cache(model_config, self.num_cpu_blocks,
+                                                  self.block_size, dtype, torch.device("cpu"))
+            if device.type == "cuda":
+                self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
+
+    def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        for i, attn in enumerate(self.model.attention_layers()):
+            attn.k_cache, attn.v_cache = kv_cache[i, 0], kv_cache[i, 1]
+            attn.backend = self.attention_backend
 
     def _num_kv_blocks(self) -> int:
         ec = self.engine_config
@@ -69,14 +82,39 @@ class ModelRunner:
         block_bytes = kv_bytes_per_token(self.config, self.dtype) * self.block_size
         budget = ec.kv_cache_memory
         if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = int(free - total * (1 - ec.gpu_memory_utilization))
+            budget = self._profile_kv_budget()
         num_blocks = budget // block_bytes
         if num_blocks < 1:
             raise ValueError(f"the KV budget ({budget / 2**20:.1f} MiB) holds no block of "
                              f"{block_bytes / 2**20:.2f} MiB; raise kv_cache_memory or lower "
                              "max_model_len / block_size")
         return num_blocks
+
+    @torch.inference_mode()
+    def _profile_kv_budget(self) -> int:
+        """CUDA: what is left for KV after weights and the peak activations of the largest
+        step (a prefill of max_num_batched_tokens), within gpu_memory_utilization."""
+        n = min(self.engine_config.max_num_batched_tokens, self.engine_config.max_model_len)
+        scratch = allocate_kv_cache(self.config, -(-n // self.block_size), self.block_size,
+                                    self.dtype, self.device)
+        self._bind_kv_cache(scratch)
+        seq = Sequence(-1, "profile", None, [0] * n, SamplingParams(), 0, self.device)
+        seq.block_table = list(range(scratch.shape[2]))
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self.prompt_logits(seq)
+        torch.cuda.synchronize(self.device)
+        activations = torch.cuda.max_memory_allocated(self.device) - before
+        del scratch
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        used_by_others = total - free
+        budget = int(total * self.engine_config.gpu_memory_utilization - used_by_others
+                     - activations)
+        logger.info("profiled a %d-token step: %.0f MiB of activations; %.0f MiB left for KV",
+                    n, activations / 2**20, budget / 2**20)
+        return budget
 
     # --8<-- [start:prepare]
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]):
@@ -101,11 +139,22 @@ class ModelRunner:
     # --8<-- [end:prepare]
 
     @torch.inference_mode()
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Carry out copy-on-write: block dst becomes a copy of block src, in every layer."""
+    def copy_blocks(self, pairs: list[tuple[int, int]], src_cache=None, dst_cache=None) -> None:
+        """Block dst becomes a copy of block src, in every layer: copy-on-write within the
+        device pool, or a swap between the device pool and the host pool."""
         if pairs:
-            src, dst = (torch.tensor(x, device=self.device) for x in zip(*pairs))
-            self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+            src_cache = self.kv_cache if src_cache is None else src_cache
+            dst_cache = self.kv_cache if dst_cache is None else dst_cache
+            src, dst = zip(*pairs)
+            src = torch.tensor(src, device=src_cache.device)
+            dst = torch.tensor(dst, device=dst_cache.device)
+            dst_cache[:, :, dst] = src_cache[:, :, src].to(dst_cache.device)
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        self.copy_blocks(pairs, self.kv_cache, self.cpu_kv_cache)
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        self.copy_blocks(pairs, self.cpu_kv_cache, self.kv_cache)
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_new_tokens: list[int]):

@@ -9,9 +9,16 @@ budget, the cap and the free blocks allow. One forward pass can therefore carry 
 prefill chunks together.
 
 When a running sequence needs a block and none is free, the newest running sequence is
-preempted: its blocks are freed and it goes back to the front of `waiting`, to be recomputed
-from its tokens when there is room again (vLLM's recompute policy; newest first, so the oldest
-requests keep making progress).
+preempted (newest first, as in vLLM, so the oldest requests keep making progress), by one of
+two policies:
+
+    recompute  free its blocks and put it back at the front of `waiting`; its KV is computed
+               again from its tokens (prompt + output so far) when there is room
+    swap       copy its blocks to a pool in host memory and park it in `swapped`; it comes back
+               with a copy the other way, before any new request is admitted
+
+`scheduling="static"` turns continuous batching off: a batch is admitted only when the
+previous one has completely finished (the baseline of lesson 04).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ class SchedulerOutput:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)   # (cpu, device)
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -37,18 +46,28 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager):
+    def __init__(self, config: EngineConfig, block_manager, cpu_block_manager=None):
         self.config = config
         self.block_manager = block_manager
+        self.cpu_block_manager = cpu_block_manager       # the swap pool, if swapping is on
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
         self.num_preemptions = 0
+        self.num_swapped_out_blocks = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
+
+    def _run(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
+        """Schedule seq's next tokens (all it has left, or what the budget allows)."""
+        n = min(seq.num_uncomputed_tokens, budget)
+        out.seqs.append(seq)
+        out.num_new_tokens.append(n)
+        return budget - n
 
     # --8<-- [start:schedule]
     def schedule(self) -> SchedulerOutput:
@@ -62,19 +81,30 @@ class Scheduler:
             seq = self.running[i]
             while not bm.can_append_slots(seq):
                 victim = self.running.pop()          # the newest running sequence
-                self._preempt(victim)
-                out.preempted.append(victim)
+                self._preempt(victim, out)
                 if victim is seq:
                     break
             else:
-                n = min(seq.num_uncomputed_tokens, budget)
                 out.blocks_to_copy += bm.append_slots(seq)
-                out.seqs.append(seq)
-                out.num_new_tokens.append(n)
-                budget -= n
+                budget = self._run(seq, out, budget)
                 i += 1
 
-        # 2. Waiting sequences, first come first served, while budget, cap and blocks allow.
+        # 2. Swapped-out sequences come back first, oldest first, when their blocks fit.
+        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.swapped[0]
+            if not bm.can_swap_in(seq) or out.preempted:
+                break
+            self.swapped.popleft()
+            out.blocks_to_swap_in += bm.swap_in(seq, self.cpu_block_manager)
+            out.blocks_to_copy += bm.append_slots(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget = self._run(seq, out, budget)
+
+        # 3. Waiting sequences, first come first served, while budget, cap and blocks allow
+        #    (static batching: only into an empty batch; never while some are swapped out).
+        if self.swapped or (self.config.scheduling == "static" and self.running):
+            return out
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             if len(self.running) + 1 + len(seq.pending_forks) > self.config.max_num_seqs:
@@ -89,10 +119,7 @@ class Scheduler:
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = time.perf_counter()
             self.running.append(seq)
-            n = min(seq.num_uncomputed_tokens, budget)
-            out.seqs.append(seq)
-            out.num_new_tokens.append(n)
-            budget -= n
+            budget = self._run(seq, out, budget)
         return out
     # --8<-- [end:schedule]
 
@@ -105,20 +132,34 @@ class Scheduler:
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
         self.running.append(child)
 
-    def _preempt(self, seq: Sequence) -> None:
-        """Recompute policy: drop the KV, keep the tokens, requeue at the front."""
-        self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
-        seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        bm, cpu = self.block_manager, self.cpu_block_manager
+        if self.config.preemption_mode == "swap" and bm.can_swap_out(seq, cpu):
+            # Swap: keep the KV, in host memory.
+            pairs = bm.swap_out(seq, cpu)
+            out.blocks_to_swap_out += pairs
+            self.num_swapped_out_blocks += len(pairs)
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(seq)
+        else:
+            # Recompute (or swap space is full): drop the KV, keep the tokens, requeue first.
+            bm.free(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
+        out.preempted.append(seq)
         self.num_preemptions += 1
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
         """Take a sequence out of the engine for good and return its blocks."""
-        seq.status = status
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        if seq.status is SequenceStatus.SWAPPED:
+            self.swapped.remove(seq)
+            self.cpu_block_manager.free(seq)
+        else:
+            self.block_manager.free(seq)
+        seq.status = status
 

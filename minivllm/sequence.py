@@ -25,6 +25,7 @@ from minivllm.sampling_params import SamplingParams
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"            # preempted, its KV parked in host memory
     FINISHED_STOPPED = "stop"      # EOS, a stop token or a stop string
     FINISHED_LENGTH = "length"     # max_tokens or max_model_len reached
     FINISHED_ABORTED = "abort"

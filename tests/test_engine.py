@@ -1,6 +1,7 @@
 """The engine loop: chunked prefill, preemption, aborts, FCFS, and no leaked KV blocks."""
 
 import pytest
+import torch
 
 from conftest import PROMPTS
 from minivllm import LLM, SamplingParams
@@ -87,3 +88,54 @@ def test_streaming_steps_and_fcfs(smol_path):
     assert finished == ["r0", "r1", "r2"]
     assert partial_seen > 0          # outputs stream every step, not only at the end
     assert_pool_full(llm)
+
+
+def test_swap_preemption_gives_the_same_tokens(smol_path, reference):
+    llm = LLM(str(smol_path), max_model_len=512, num_kv_blocks=10, block_size=16,
+              preemption_mode="swap", swap_space=64 * 16 * 46080)
+    steps = record_steps(llm)
+    assert token_ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == reference
+    sched = llm.engine.scheduler
+    assert sched.num_preemptions > 0 and sched.num_swapped_out_blocks > 0
+    assert sum(p for _, _, p in steps) == sched.num_preemptions
+    assert_pool_full(llm)
+    cpu = llm.engine.cpu_block_manager
+    assert cpu.num_free_blocks == cpu.num_blocks
+
+
+def test_swap_out_and_in_restore_kv_bit_exactly(smol_path):
+    llm = LLM(str(smol_path), max_model_len=256, num_kv_blocks=32, block_size=16,
+              preemption_mode="swap", swap_space=32 * 16 * 46080)
+    engine = llm.engine
+    engine.add_request("s", "Swapping keeps the cache in host memory.", SamplingParams(
+        temperature=0, max_tokens=30, ignore_eos=True))
+    for _ in range(20):
+        engine.step()
+    seq = engine.scheduler.running[0]
+    kv = engine.runner.kv_cache
+    before = kv[:, :, seq.block_table].clone()
+    # Swap out, scribble over the device blocks it used, swap back in (to other blocks).
+    old_blocks = list(seq.block_table)
+    pairs_out = engine.block_manager.swap_out(seq, engine.cpu_block_manager)
+    engine.runner.swap_out(pairs_out)
+    blocker = [engine.block_manager._take() for _ in range(len(old_blocks))]
+    kv[:, :, old_blocks] = float("nan")
+    pairs_in = engine.block_manager.swap_in(seq, engine.cpu_block_manager)
+    engine.runner.swap_in(pairs_in)
+    assert seq.block_table != old_blocks
+    assert torch.equal(kv[:, :, seq.block_table], before)
+    for b in blocker:
+        engine.block_manager._release(b)
+    kv[:, :, old_blocks] = 0.0
+    engine.abort_request("s")
+    assert_pool_full(llm)
+
+
+def test_static_batching_admits_only_into_an_empty_batch(smol_path, reference):
+    llm = LLM(str(smol_path), max_model_len=512, max_num_seqs=4, scheduling="static")
+    steps = record_steps(llm)
+    assert token_ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == reference
+    sizes = [n for n, _, _ in steps]
+    # Two batches of 4: sizes never grow back within a batch; they only shrink as requests
+    # finish (here all finish together: equal max_tokens).
+    assert max(sizes) == 4 and len(steps) == 2 * 24
