@@ -2,6 +2,7 @@
 
     uv run python -m minivllm.bench load               # default model: first and cached load
     uv run python -m minivllm.bench decode             # decode tok/s at batch 1 and 8 vs HF
+    uv run python -m minivllm.bench throughput         # a mixed workload, minivllm vs HF
 
 Same weights (the converted checkpoint), same dtype, same prompts, greedy, EOS ignored so both
 produce exactly max_tokens per sequence. Each measurement is the best of --repeats runs after a
@@ -15,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import torch
@@ -87,6 +89,115 @@ def bench_decode(args) -> None:
         print(f"{batch:>5} {n / ours:>15.1f} {n / theirs:>19.1f} {theirs / ours:>6.2f}x")
 
 
+class PeakMemory:
+    """Peak memory while the block runs: CUDA allocator peak, or the process's resident set
+    sampled every 5 ms on a CPU."""
+
+    def __enter__(self):
+        self.peak = 0
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self):
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.wait(0.005):
+            with open("/proc/self/statm") as f:
+                self.peak = max(self.peak, int(f.read().split()[1]) * page)
+
+    def __exit__(self, *exc):
+        if torch.cuda.is_available():
+            self.peak = torch.cuda.max_memory_allocated()
+        else:
+            self._stop.set()
+            self._thread.join()
+
+
+def make_workload(tokenizer, num_requests: int, seed: int = 0):
+    """Seeded requests: (prompt token ids, output length). Log-normal lengths, like chat logs:
+    most requests short, a long tail of long ones."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    text = tokenizer.encode("Throughput is decided by how many sequences share each step. " * 200)
+    prompt_lens = np.clip(rng.lognormal(4.3, 0.6, num_requests), 16, 512).astype(int)
+    output_lens = np.clip(rng.lognormal(4.3, 0.7, num_requests), 8, 512).astype(int)
+    return [(text[i:i + int(p)], int(o)) for i, (p, o) in enumerate(zip(prompt_lens,
+                                                                        output_lens))]
+
+
+def run_minivllm(llm, workload):
+    from minivllm import SamplingParams
+    engine = llm.engine
+    for i, (ids, out_len) in enumerate(workload):
+        engine.add_request(f"bench-{i}", ids, SamplingParams(temperature=0, max_tokens=out_len,
+                                                             ignore_eos=True))
+    tokens = reserved = generated = steps = 0
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        generated += sum(len(o.outputs[0].token_ids) for o in outs if o.finished)
+        s = engine.stats()
+        tokens, reserved, steps = tokens + s.tokens_cached, reserved + s.slots_reserved, steps + 1
+    return generated, tokens / max(reserved, 1), steps
+
+
+def run_hf_static(model, workload, batch_size: int, pad_id: int) -> int:
+    """transformers' generate on padded static batches (arrival order), EOS ignored: each
+    batch runs until its longest request is done. Returns the useful tokens produced."""
+    useful = 0
+    for start in range(0, len(workload), batch_size):
+        chunk = workload[start:start + batch_size]
+        width = max(len(ids) for ids, _ in chunk)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p, _ in chunk])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
+        new = max(o for _, o in chunk)
+        with torch.no_grad():
+            model.generate(ids.to(model.device), attention_mask=mask.to(model.device),
+                           do_sample=False, max_new_tokens=new, min_new_tokens=new,
+                           pad_token_id=pad_id)
+        useful += sum(o for _, o in chunk)
+    return useful
+
+
+def bench_throughput(args) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from minivllm import LLM
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=1100,
+              max_num_seqs=args.max_num_seqs)
+    workload = make_workload(llm.tokenizer, args.num_requests, args.seed)
+    n_out = sum(o for _, o in workload)
+    print(f"{llm!r}\nthreads={torch.get_num_threads()}  {len(workload)} requests, "
+          f"{sum(len(p) for p, _ in workload)} prompt tokens, {n_out} output tokens "
+          f"(seed {args.seed}, EOS ignored)")
+    run_minivllm(llm, workload[:4])                             # warm-up
+    with PeakMemory() as mem:
+        t0 = time.perf_counter()
+        generated, kv_util, steps = run_minivllm(llm, workload)
+        ours = time.perf_counter() - t0
+    assert generated == n_out, (generated, n_out)
+    print(f"minivllm      : {n_out / ours:8.1f} output tok/s  ({ours:6.1f} s, {steps} steps, "
+          f"KV utilization {kv_util:.1%}, peak memory {mem.peak / 2**30:.2f} GiB)")
+
+    hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=llm.engine.dtype)
+    hf = hf.to(llm.engine.device).eval()
+    pad = llm.tokenizer.pad_token_id or 0
+    best = None
+    for bs in args.hf_batch_sizes:
+        run_hf_static(hf, workload[:2], 2, pad)                 # warm-up
+        with PeakMemory() as mem:
+            t0 = time.perf_counter()
+            useful = run_hf_static(hf, workload, bs, pad)
+            secs = time.perf_counter() - t0
+        print(f"transformers  : {useful / secs:8.1f} output tok/s  ({secs:6.1f} s, static "
+              f"batches of {bs}, peak memory {mem.peak / 2**30:.2f} GiB)")
+        best = max(best or 0, useful / secs)
+    print(f"ratio (minivllm / best transformers): {n_out / ours / best:.2f}x")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m minivllm.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -100,8 +211,16 @@ def main(argv=None) -> None:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p = sub.add_parser("throughput", help="mixed workload: minivllm vs transformers' generate")
+    p.add_argument("--model", default=None)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[8, 16, 32])
+    p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    {"load": bench_load, "decode": bench_decode}[args.command](args)
+    {"load": bench_load, "decode": bench_decode,
+     "throughput": bench_throughput}[args.command](args)
 
 
 if __name__ == "__main__":

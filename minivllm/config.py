@@ -108,6 +108,7 @@ class EngineConfig:
     kv_cache_memory: int = 1 << 30        # bytes for the KV pool on CPU
     gpu_memory_utilization: float = 0.9   # share of the GPU the engine may fill (CUDA)
     enable_chunked_prefill: bool = True   # split long prompts to fit the token budget
+    enable_prefix_caching: bool = True    # reuse the K/V blocks of shared prompt prefixes
     preemption_mode: str = "recompute"    # or "swap": park a preempted sequence's KV on host
     swap_space: int = 1 << 30             # bytes of host memory for swapped KV blocks
     scheduling: str = "continuous"        # or "static": a new batch only when one finishes

@@ -41,6 +41,13 @@ class EngineStats:
     slots_reserved: int        # KV slots owned by running sequences (used blocks x block_size)
     tokens_cached: int         # tokens whose K/V those slots actually hold
     num_preemptions: int
+    prefix_cache_queried_tokens: int = 0   # prompt tokens looked up at admission
+    prefix_cache_hit_tokens: int = 0       # of those, found in the cache (not computed)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        q = self.prefix_cache_queried_tokens
+        return self.prefix_cache_hit_tokens / q if q else 0.0
 
     @property
     def kv_utilization(self) -> float:
@@ -76,7 +83,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model_config, self.config, self.model_path,
                                   self.device, self.dtype, kv_layout)
         if kv_layout == "paged":
-            self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size)
+            self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
+                                              self.config.enable_prefix_caching)
         else:
             self.block_manager = ContiguousAllocator(self.runner.num_blocks,
                                                      self.config.max_model_len)
@@ -155,7 +163,7 @@ class LLMEngine:
         seq = Sequence(-1, "score", None, token_ids, SamplingParams(), 0, self.device)
         if not self.block_manager.can_allocate(seq):
             raise RuntimeError(f"no free KV blocks to score {len(token_ids)} tokens right now")
-        self.block_manager.allocate(seq)
+        self.block_manager.allocate(seq, use_prefix_cache=False)   # every position computed
         try:
             return self.runner.prompt_logits(seq)
         finally:
@@ -164,6 +172,7 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         bm = self.block_manager
         used = bm.num_blocks - bm.num_free_blocks
+        cache = getattr(bm, "prefix_cache", None)
         filled: dict[int, int] = {}        # block -> tokens it holds (shared blocks once)
         for s in self.scheduler.running:
             for i, block in enumerate(s.block_table):
@@ -174,7 +183,9 @@ class LLMEngine:
             num_swapped=len(self.scheduler.swapped),
             num_blocks_used=used, num_blocks_total=bm.num_blocks,
             slots_reserved=used * bm.block_size, tokens_cached=sum(filled.values()),
-            num_preemptions=self.scheduler.num_preemptions)
+            num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
+            prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -193,6 +204,7 @@ class LLMEngine:
         samples = self.runner.run(batch.seqs, batch.num_new_tokens)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
+            self.block_manager.cache_computed_blocks(seq)    # full blocks become reusable
         touched = {seq.request_id for seq in batch.seqs}
         for seq, _, _ in samples:      # forks first: they share the prompt's blocks
             if seq.parent is not None and seq.status is SequenceStatus.WAITING:

@@ -84,8 +84,11 @@ class ContiguousAllocator:
     def can_allocate(self, seq: Sequence) -> bool:
         return bool(self.free_slabs)
 
-    def allocate(self, seq: Sequence) -> None:
+    def allocate(self, seq: Sequence, use_prefix_cache: bool = False) -> None:
         seq.block_table = [self.free_slabs.pop()]
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Nothing to do: a private slab per request has nothing to share."""
 
     def can_append_slots(self, seq: Sequence) -> bool:
         return True            # the slab already reserved room up to max_model_len

@@ -57,6 +57,11 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        # Prefix caching: hashes of full blocks (they depend on tokens only), how many leading
+        # blocks of the table are already named in the cache, and keys that must also match.
+        self.block_hashes: list[int] = []
+        self.num_cached_blocks = 0
+        self.extra_keys: tuple = ()
         self.output_text = ""
         self.stop_string: str | None = None      # the stop string that finished it, if any
         # Parallel sampling: the prompt is prefilled once, by the first sample; the others wait

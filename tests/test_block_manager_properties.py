@@ -59,6 +59,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             for src, dst in self.bm.append_slots(seq):
                 self.pool[dst] = list(self.pool[src])
             self._compute(seq)
+            self.bm.cache_computed_blocks(seq)
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
@@ -107,3 +108,35 @@ class BlockManagerMachine(RuleBasedStateMachine):
 BlockManagerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40,
                                                  deadline=None)
 TestBlockManager = BlockManagerMachine.TestCase
+
+
+class CachingBlockManagerMachine(BlockManagerMachine):
+    """The same machine with prefix caching: prompts share prefixes, so admissions hit cached
+    blocks (ref 0 or shared), and evictions happen under pressure. Extra invariant: every
+    cached block still holds the tokens it is cached under."""
+
+    def __init__(self):
+        super().__init__()
+        self.bm = BlockManager(NUM_BLOCKS, BLOCK_SIZE, enable_prefix_caching=True)
+
+    @rule(prefix=st.sampled_from([(), (1, 2, 3, 4), (1, 2, 3, 4, 5, 6, 7, 8), (9, 9, 9, 9)]),
+          tail=st.integers(1, BLOCK_SIZE + 2))
+    def allocate_shared(self, prefix, tail):
+        seq = self._new_seq(list(prefix) + list(range(self.next_token, self.next_token + tail)))
+        self.next_token += tail
+        if self.bm.can_allocate(seq):
+            self.bm.allocate(seq)
+            assert seq.num_computed_tokens < len(seq)       # the last token is never a hit
+            self._compute(seq)
+            self.bm.cache_computed_blocks(seq)
+            self.seqs.append(seq)
+
+    @invariant()
+    def cached_blocks_hold_their_tokens(self):
+        cache = self.bm.prefix_cache
+        for block, key in cache.key_of_block.items():
+            assert tuple(self.pool[block]) == key.token_ids, (block, key)
+
+
+CachingBlockManagerMachine.TestCase.settings = BlockManagerMachine.TestCase.settings
+TestCachingBlockManager = CachingBlockManagerMachine.TestCase

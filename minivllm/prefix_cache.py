@@ -1,0 +1,85 @@
+"""Automatic prefix caching: find blocks whose K/V another request already computed.
+
+Causal attention makes the K/V of a token depend only on the tokens before it. So two requests
+that start with the same tokens (a system prompt, a few-shot preamble, the history of a chat)
+have bit-identical K/V for that prefix, and the second can reuse the first's blocks instead of
+recomputing them (vLLM's automatic prefix caching; SGLang gets the same effect with a radix
+tree).
+
+A *full* block is named by a hash of (its parent block's hash, its token ids, extra keys): the
+hash of block i covers the whole prefix up to the end of block i, so a lookup walks a prompt's
+blocks from the first and stops at the first miss. Extra keys keep apart blocks whose tokens
+match but whose K/V would not (a LoRA adapter id, a per-tenant cache salt).
+
+A hash is only a dict key, never trusted on its own: each cached block also remembers its
+tokens and the block it follows, and a lookup checks both, so a hash collision can cost a miss
+but never serves another prefix's K/V. Blocks stay cached after their last user frees them,
+and are evicted (least recently used first) only when the pool hands them out again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+# --8<-- [start:hash]
+def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...],
+                      extra_keys: tuple = ()) -> int:
+    """The name of a full block: its whole prefix, chained through the parent's hash."""
+    return hash((parent_hash, token_ids, extra_keys))
+# --8<-- [end:hash]
+
+
+@dataclass(slots=True, frozen=True)
+class BlockKey:
+    parent_block: int | None      # the cached block this one follows (None: first block)
+    token_ids: tuple[int, ...]
+    extra_keys: tuple
+
+
+class PrefixCache:
+    """hash -> block, for full blocks whose K/V is computed, plus hit metrics."""
+
+    def __init__(self):
+        self.block_of_hash: dict[int, int] = {}
+        self.hash_of_block: dict[int, int] = {}
+        self.key_of_block: dict[int, BlockKey] = {}
+        self.children: dict[int, set[int]] = {}   # evicting a block orphans what follows it
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
+        self.num_evictions = 0
+
+    def __len__(self) -> int:
+        return len(self.block_of_hash)
+
+    def lookup(self, block_hash: int, key: BlockKey) -> int | None:
+        block = self.block_of_hash.get(block_hash)
+        if block is None or self.key_of_block[block] != key:      # miss, or a collision
+            return None
+        return block
+
+    def insert(self, block: int, block_hash: int, key: BlockKey) -> None:
+        if block_hash in self.block_of_hash or block in self.hash_of_block:
+            return                       # the same prefix is cached already (or this block)
+        self.block_of_hash[block_hash] = block
+        self.hash_of_block[block] = block_hash
+        self.key_of_block[block] = key
+        if key.parent_block is not None:
+            self.children.setdefault(key.parent_block, set()).add(block)
+
+    def evict(self, block: int) -> None:
+        """Forget `block` (it is being reused for other tokens) and every block chained to it."""
+        block_hash = self.hash_of_block.pop(block, None)
+        if block_hash is None:
+            return
+        del self.block_of_hash[block_hash]
+        key = self.key_of_block.pop(block)
+        if key.parent_block is not None:
+            self.children.get(key.parent_block, set()).discard(block)
+        for child in self.children.pop(block, set()):
+            self.evict(child)
+        self.num_evictions += 1
+
+    @property
+    def hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
