@@ -319,6 +319,26 @@ def _(answer, check_kv_answer, mo):
 
 
 @app.cell
+def _(bytes_table, check_kv_answer, decode_speedup, static_utilization, step_time_growth):
+    def test_static_preallocation_wastes_most_of_the_cache():
+        assert static_utilization < 0.2
+
+    def test_decode_throughput_grows_faster_than_step_time():
+        assert decode_speedup > 4
+        assert step_time_growth < decode_speedup / 2
+
+    def test_bytes_per_token_of_known_models():
+        assert bytes_table["Llama-3-8B"] == 131072
+        assert bytes_table["Llama-3-70B"] == 327680
+
+    def test_exercise_checker():
+        assert check_kv_answer(327680).startswith("Correct")
+        assert "query heads" in check_kv_answer(327680 * 8)
+        assert "K and V" in check_kv_answer(327680 // 2)
+    return
+
+
+@app.cell
 def _(decode_speedup, mo, static_utilization, step_time_growth):
     findings = {
         "static_kv_utilization": static_utilization,

@@ -10,7 +10,7 @@ import torch
 from kernels.flash_attention import flash_attention, flash_attention_reference
 from kernels.paged_attention import paged_decode_attention, paged_decode_reference
 from kernels.paged_batch import random_paged_batch
-from kernels.write_kv import test_write_kv
+from kernels import write_kv as write_kv_module
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -18,7 +18,7 @@ BF16 = torch.bfloat16
 
 
 def test_write_kv_bf16():
-    test_write_kv("cuda", BF16)
+    write_kv_module.test_write_kv("cuda", BF16)
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(32, 8, 128), (16, 8, 128), (9, 3, 64),
