@@ -280,15 +280,14 @@ def _(batch_sizes, device, plt, step_ms, tokens_per_s):
 
 @app.cell
 def _(mo):
-    mo.md(r"""
+    answer = mo.ui.number(start=0, stop=10**9, value=0, label="bytes per token")
+    mo.vstack([mo.md(r"""
     ## Exercise
 
     Llama-3-70B has 80 layers, 64 query heads, **8 KV heads** and a head dimension of 128.
     How many bytes of KV cache does one token take in bf16? Type your answer; the checker
     tells you what went wrong if it is off.
-    """)
-    answer = mo.ui.number(start=0, stop=10**9, value=0, label="bytes per token")
-    answer
+    """), answer])
     return (answer,)
 
 

@@ -1,0 +1,303 @@
+"""The lesson harness: every lessons/NN_name.py runs headless, passes `marimo check`, and proves
+its own findings. A lesson that fails, hangs, or checks nothing is red.
+
+How a lesson states its findings: it defines `test_*` functions in its cells (taking no
+arguments, asserting on the notebook's variables), like
+
+    @app.cell
+    def _(paged_waste, static_waste):
+        def test_paged_wastes_less_than_static():
+            assert paged_waste < static_waste / 10
+        return
+
+marimo shows them as tests in the editor; here each one is a pytest item
+(`test_lesson_finding[01_kv_cache::test_paged_wastes_less_than_static]`). They are called after
+the lesson's single headless run (docs/hooks/lesson_runner.py), the same run the site's page is
+made from, so the model is not run twice. A test elsewhere in tests/ can instead use the
+`lesson_run("01_kv_cache")` fixture and assert on `run.findings` or `run.stdout`.
+
+The second half of this file tests the harness itself on tiny notebooks written to a temporary
+folder: that a failing cell, a hang and a failed finding are each reported, and that a page
+renders a recorded run.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+import lesson_page
+import lesson_runner
+from lesson_runner import discover_lessons, findings_tests_in_source
+
+REPO = lesson_runner.REPO
+LESSONS = discover_lessons()
+IDS = [p.stem for p in LESSONS]
+SLOW_LESSON_S = 90  # LESSONS.md: about a minute headless on a 2-core CPU
+
+
+def _external_lesson_tests(stem: str) -> list[str]:
+    """Test files (other than the harness's own) that check this lesson via `lesson_run`."""
+    pattern = re.compile(rf"""lesson_run\(\s*["']({re.escape(stem)}|{stem[:2]})["']\s*\)""")
+    own = {Path(__file__).name, "test_site.py", "conftest.py"}
+    return [
+        f.name
+        for f in sorted((REPO / "tests").glob("test_*.py"))
+        if f.name not in own and pattern.search(f.read_text(encoding="utf-8"))
+    ]
+
+
+FINDINGS = [
+    (path, name) for path in LESSONS for name in (findings_tests_in_source(path) or [None])
+]
+FINDING_IDS = [f"{p.stem}::{n or 'none'}" for p, n in FINDINGS]
+
+
+# ----------------------------------------------------------------------------- the lessons
+
+
+def test_lesson_files_are_numbered_marimo_notebooks():
+    """lessons/ holds NN_name.py marimo notebooks, numbers unique, names importable words."""
+    files = sorted(p for p in (REPO / "lessons").glob("*.py")) if (REPO / "lessons").is_dir() else []
+    numbers: dict[str, str] = {}
+    for f in files:
+        assert lesson_runner.LESSON_NAME.match(f.name), (
+            f"lessons/{f.name}: lesson files are named NN_name.py (two digits, lowercase words)"
+        )
+        assert f.name[:2] not in numbers, f"lessons/{f.name} and {numbers[f.name[:2]]} share a number"
+        numbers[f.name[:2]] = f.name
+        text = f.read_text(encoding="utf-8")
+        assert "marimo.App(" in text and 'if __name__ == "__main__":' in text, (
+            f"lessons/{f.name} is not a runnable marimo notebook (app = marimo.App(...) and a "
+            f"__main__ guard that calls app.run())"
+        )
+    assert [p.name for p in LESSONS] == [f.name for f in files]
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
+def test_marimo_check(lesson):
+    """`marimo check --strict`: no multiple definitions, cycles, or formatting drift."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "marimo", "check", "--strict", str(lesson)],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert proc.returncode == 0, (
+        f"marimo check found problems in {lesson.name} (fix: uv run marimo check --fix "
+        f"{lesson.relative_to(REPO)}):\n{proc.stdout}{proc.stderr}"
+    )
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
+def test_lesson_runs_headless(lesson, lesson_run):
+    """Every cell runs, as with `python lessons/NN_name.py`, within the time limit, and the
+    lesson prints its findings."""
+    run = lesson_run(lesson.stem)
+    assert not run.timed_out, run.error
+    failed = [c for c in run.cells if c["error"]]
+    assert not failed and run.cells, (
+        f"{run.error}\n--- last lines of build/lessons/{lesson.stem}/run.log ---\n{run.log_tail()}"
+    )
+    assert all(c["ran"] for c in run.cells), "some cells never ran: " + ", ".join(
+        str(c["index"]) for c in run.cells if not c["ran"]
+    )
+    assert run.stdout.strip(), f"{lesson.name} printed nothing: run headless, it must print its findings"
+    if run.seconds > SLOW_LESSON_S and not run.reused:
+        warnings.warn(f"{lesson.name} took {run.seconds:.0f} s headless (aim: about 60 s)")
+
+
+@pytest.mark.parametrize("lesson,check", FINDINGS, ids=FINDING_IDS)
+def test_lesson_finding(lesson, check, lesson_run):
+    """Each of the lesson's own test_* checks passes on its headless run."""
+    if check is None:
+        external = _external_lesson_tests(lesson.stem)
+        if external:
+            pytest.skip(f"{lesson.name} is checked by {', '.join(external)}")
+        pytest.fail(
+            f"{lesson.name} checks nothing: give it at least one test_* function that asserts "
+            f"on a finding (see the docstring of tests/test_lessons.py)"
+        )
+    run = lesson_run(lesson.stem)
+    result = next((t for t in run.tests if t["name"] == check), None)
+    if result is None:
+        pytest.fail(
+            f"{check} did not run: the lesson stopped before its checks.\n{run.error}\n"
+            f"{run.log_tail(30)}"
+        )
+    assert result["ok"], f"{lesson.name}: {check} failed:\n{result['error']}"
+
+
+# ----------------------------------------------------------------------------- the harness itself
+
+GOOD = '''
+import marimo
+
+__generated_with = "0.0.0"
+app = marimo.App()
+
+
+@app.cell
+def _():
+    import marimo as mo
+    import matplotlib.pyplot as plt
+    return mo, plt
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    # 99 · Harness demo
+
+    After this you can **check** a harness.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    mode = mo.app_meta().mode
+    tokens = 3 * 7
+    print(f"tokens: {tokens}, mode: {mode}")
+    return mode, tokens
+
+
+@app.cell
+def _(plt, tokens):
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.bar(["a", "b"], [tokens, 2])
+    fig
+    return
+
+
+@app.cell
+def _(mo, plt):
+    _fig, _ax = plt.subplots(figsize=(3, 2))
+    _ax.plot([1, 2, 3])
+    mo.vstack([_fig, mo.md("A figure inside a layout.")])
+    return
+
+
+@app.cell
+def _(mo):
+    knob = mo.ui.slider(1, 64, value=16, label="block size")
+    knob
+    return (knob,)
+
+
+@app.cell
+def _(knob, mo):
+    mo.md(f"Block size **{knob.value}**.")
+    return
+
+
+@app.cell
+def _(mode, tokens):
+    def test_tokens():
+        assert tokens == 21
+
+    def test_script_mode():
+        assert mode == "script"
+    return
+
+
+if __name__ == "__main__":
+    app.run()
+'''
+
+
+def _write(folder: Path, name: str, body: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(textwrap.dedent(body).lstrip(), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("harness")
+    path = _write(root / "lessons", "99_demo.py", GOOD)
+    run = lesson_runner.run_lesson(path, cache_dir=root / "cache", timeout=120)
+    return path, root / "cache", run
+
+
+def test_harness_records_prose_prints_figures_widgets_and_findings(demo):
+    path, _, run = demo
+    assert run.ok, f"{run.error}\n{run.log_tail()}"
+    prose = [c for c in run.cells if c["is_markdown"]]
+    assert prose[0]["output"]["mimetype"] == "text/markdown"
+    assert prose[0]["output"]["data"].startswith("# 99 · Harness demo")
+    assert "tokens: 21, mode: script" in run.stdout
+    figures = run.figures()
+    assert [f.name for f in figures] == ["cell03-1.png", "cell04-1.png"]
+    assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
+    widget = next(c["output"] for c in run.cells if "mo.ui.slider" in c["code"])
+    assert widget["data"] == {"kind": "slider", "label": "block size", "value": 16}
+    assert [(t["name"], t["ok"]) for t in run.tests] == [("test_tokens", True), ("test_script_mode", True)]
+    assert run.findings["tokens"] == 21
+    assert findings_tests_in_source(path) == ["test_tokens", "test_script_mode"]
+
+
+def test_harness_reuses_a_cached_run_until_the_notebook_changes(demo):
+    path, cache, first = demo
+    t0 = time.perf_counter()
+    again = lesson_runner.run_lesson(path, cache_dir=cache)
+    assert again.reused and again.started == first.started
+    assert time.perf_counter() - t0 < 2, "a cached run must not execute the notebook"
+    changed = path.with_name("98_changed.py")
+    changed.write_text(path.read_text().replace("3 * 7", "3 * 8"))
+    assert lesson_runner.lesson_key(changed) != lesson_runner.lesson_key(path)
+
+
+def test_harness_reports_a_failing_cell(tmp_path):
+    path = _write(tmp_path, "97_broken.py", GOOD.replace("tokens = 3 * 7", "tokens = 3 / 0"))
+    run = lesson_runner.run_lesson(path, cache_dir=tmp_path / "cache", timeout=120)
+    assert not run.ok and not run.timed_out
+    assert "ZeroDivisionError" in run.error and "cell 2" in run.error
+    broken = next(c for c in run.cells if c["error"])
+    assert "3 / 0" in broken["error"] or "ZeroDivisionError" in broken["error"]
+    assert not any(c["ran"] for c in run.cells if "plt.subplots" in c["code"])
+
+
+def test_harness_reports_a_failed_finding(tmp_path):
+    path = _write(tmp_path, "96_wrong.py", GOOD.replace("assert tokens == 21", "assert tokens == 22"))
+    run = lesson_runner.run_lesson(path, cache_dir=tmp_path / "cache", timeout=120)
+    assert not run.ok and "test_tokens" in run.error
+    failed = run.failed_tests
+    assert [t["name"] for t in failed] == ["test_tokens"] and "assert tokens == 22" in failed[0]["error"]
+
+
+def test_harness_kills_a_hanging_lesson(tmp_path):
+    body = GOOD.replace("tokens = 3 * 7", "import time\n    time.sleep(600)\n    tokens = 21")
+    path = _write(tmp_path, "95_hangs.py", body)
+    t0 = time.perf_counter()
+    run = lesson_runner.run_lesson(path, cache_dir=tmp_path / "cache", timeout=8)
+    assert time.perf_counter() - t0 < 30
+    assert run.timed_out and not run.ok and "did not finish within 8 s" in run.error
+
+
+def test_page_renders_a_recorded_run(demo):
+    path, _, run = demo
+    page = lesson_page.render_page(
+        path, run, figure_prefix="figures/99_demo", source_path="lessons/99_demo.py"
+    )
+    md = page.markdown
+    assert page.title == "99 · Harness demo" and md.startswith("# 99 · Harness demo")
+    assert "uv run marimo edit lessons/99_demo.py" in md
+    assert "```text title=\"printed\"\ntokens: 21, mode: script" in md
+    assert "](figures/99_demo/cell03-1.png)" in md
+    assert '<img class="lesson-figure" alt="Figure" src="figures/99_demo/cell04-1.png"' in md
+    assert sorted(page.figures) == ["figures/99_demo/cell03-1.png", "figures/99_demo/cell04-1.png"]
+    assert "marimo-" not in md, "no marimo custom element may reach the page"
+    assert 'Interactive: slider' in md and "`16`" in md
+    assert "Block size **16**." in md
+    assert "`test_tokens` passed" in md and not page.problems
+    assert 'mo.md(r"""' not in md, "prose cells show their text, not their code"
+    # Without a run (quick mode) the page still has the prose and the code.
+    bare = lesson_page.render_page(path, None, figure_prefix="f", source_path="lessons/99_demo.py")
+    assert bare.markdown.startswith("# 99 · Harness demo") and "knob = mo.ui.slider" in bare.markdown
