@@ -3,10 +3,12 @@
     uv run python -m minivllm.bench load               # default model: first and cached load
     uv run python -m minivllm.bench decode             # decode tok/s at batch 1 and 8 vs HF
     uv run python -m minivllm.bench throughput         # a mixed workload, minivllm vs HF
+    uv run python -m minivllm.bench prefix             # prefix caching on vs off
 
 Same weights (the converted checkpoint), same dtype, same prompts, greedy, EOS ignored so both
 produce exactly max_tokens per sequence. Each measurement is the best of --repeats runs after a
-warm-up run. Nothing here asserts a speed: the numbers are for reading.
+warm-up run. Nothing here asserts a speed: the numbers are for reading. (`prefix` compares
+minivllm with itself, caching on and off, on two workloads; each is served once per engine.)
 """
 
 from __future__ import annotations
@@ -198,6 +200,96 @@ def bench_throughput(args) -> None:
     print(f"ratio (minivllm / best transformers): {n_out / ours / best:.2f}x")
 
 
+def _tool_catalog(tokenizer, name: str, num_tokens: int) -> list[int]:
+    """A system prompt of about num_tokens tokens: instructions, then tool descriptions."""
+    text = (f"You are {name}, an agent that answers by calling tools. Call one tool per "
+            "message, as one line of JSON. Never invent results.\nTools:\n")
+    i = 0
+    while len(tokenizer.encode(text)) < num_tokens:
+        text += (f"- tool_{i}(query, limit): looks up {name} record {i} and returns at most "
+                 f"`limit` matching rows as JSON, newest first.\n")
+        i += 1
+    return tokenizer.encode(text)[:num_tokens]
+
+
+def _serve(llm, prompts, params):
+    """Serve `prompts` together; return the outputs and this call's (seconds, hit tokens)."""
+    hits = llm.engine.stats().prefix_cache_hit_tokens
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    secs = time.perf_counter() - t0
+    return outs, (secs, llm.engine.stats().prefix_cache_hit_tokens - hits)
+
+
+def _shared_prefix(llm, system, questions, params):
+    """One long system prompt, many questions: the first is served alone (so its blocks are
+    computed), then the rest together, as a server sees them once the prompt is warm."""
+    prompts = [system + q for q in questions]
+    first, a = _serve(llm, prompts[:1], params)
+    rest, b = _serve(llm, prompts[1:], params)
+    return first + rest, [a, b]
+
+
+def _conversation(llm, system, user_turns, params):
+    """A chat that grows: each turn's prompt is the whole history plus the next message."""
+    history, outs, calls = list(system), [], []
+    for msg in user_turns:
+        prompt = history + msg
+        out, call = _serve(llm, [prompt], params)
+        outs += out
+        calls.append(call)
+        history = prompt + list(out[0].outputs[0].token_ids)
+    return outs, calls
+
+
+def bench_prefix(args) -> None:
+    from minivllm import LLM, SamplingParams
+    # On CUDA each engine sizes its KV pool from the free memory it finds: the first may fill
+    # up to 45% of the device, the second the next 45%. (On a CPU both get kv_cache_memory.)
+    llms = {flag: LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+                      enable_prefix_caching=flag, gpu_memory_utilization=util)
+            for flag, util in ((False, 0.45), (True, 0.9))}
+    tok = llms[True].tokenizer
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    system = _tool_catalog(tok, "InventoryBot", args.prefix_tokens)
+    questions = [tok.encode(f"\nUser {i}: which tool tells me how many units of item "
+                            f"{1000 + 37 * i} are left in warehouse {i % 7}?\nAgent:")
+                 for i in range(args.num_questions)]
+    chat_system = _tool_catalog(tok, "TravelAgent", args.prefix_tokens // 2)
+    turns = [tok.encode(f"\nTraveller: step {i + 1}: now check option {chr(65 + i % 26)} "
+                        f"for day {i + 2} and tell me the price.\nAgent:")
+             for i in range(args.turns)]
+    workloads = {"shared prefix": lambda llm: _shared_prefix(llm, system, questions, params),
+                 "conversation": lambda llm: _conversation(llm, chat_system, turns, params)}
+    print(f"{llms[True]!r}\nthreads={torch.get_num_threads()}  shared prefix: "
+          f"{args.num_questions} questions behind {len(system)} tokens; conversation: "
+          f"{args.turns} turns over {len(chat_system)} tokens; {args.max_tokens} output "
+          "tokens per request, greedy, EOS ignored")
+    for llm in llms.values():                                   # warm-up, under one block
+        llm.generate([system[:8]], SamplingParams(max_tokens=2), use_tqdm=False)
+    print(f"{'workload':<14} {'caching':>7} {'prompt tok':>10} {'computed':>9} "
+          f"{'hit rate':>8} {'mean TTFT':>10} {'out tok/s':>9}")
+    hit_tokens = {}
+    for name, run in workloads.items():
+        ttft, texts = {}, {}
+        for flag in (False, True):
+            outs, calls = run(llms[flag])
+            secs = sum(c[0] for c in calls)
+            prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
+            hits = hit_tokens[name, flag] = sum(c[1] for c in calls)
+            ttft[flag] = sum(o.metrics.ttft for o in outs) / len(outs)
+            texts[flag] = [o.outputs[0].token_ids for o in outs]
+            print(f"{name:<14} {'on' if flag else 'off':>7} {prompt_tokens:>10} "
+                  f"{prompt_tokens - hits:>9} {hits / prompt_tokens:>8.1%} "
+                  f"{1000 * ttft[flag]:>8.0f}ms "
+                  f"{sum(len(t) for t in texts[flag]) / secs:>9.1f}")
+        print(f"{'':<14} TTFT off/on: {ttft[False] / ttft[True]:.2f}x; identical outputs: "
+              f"{texts[False] == texts[True]}")
+    skipped = hit_tokens["shared prefix", True] / (len(questions) * len(system))
+    print(f"shared-prefix tokens skipped (all {args.num_questions} requests, the first "
+          f"included): {skipped:.1%}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m minivllm.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -218,9 +310,18 @@ def main(argv=None) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[8, 16, 32])
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("prefix", help="prefix caching on vs off: shared system prompt, "
+                                      "growing conversation")
+    p.add_argument("--model", default=None)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--prefix-tokens", type=int, default=1024, help="shared system prompt")
+    p.add_argument("--num-questions", type=int, default=32)
+    p.add_argument("--turns", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args(argv)
-    {"load": bench_load, "decode": bench_decode,
-     "throughput": bench_throughput}[args.command](args)
+    {"load": bench_load, "decode": bench_decode, "throughput": bench_throughput,
+     "prefix": bench_prefix}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -133,7 +133,10 @@ class BlockManager:
             return
         for i in range(seq.num_cached_blocks, seq.num_computed_tokens // self.block_size):
             bs, block = self.block_size, seq.block_table[i]
-            parent = seq.block_table[i - 1] if i else None
+            # The parent is the block the cache holds for the previous hash: when two sequences
+            # computed the same prefix in one step, only one copy of it is named.
+            parent = (self.prefix_cache.block_of_hash.get(self._block_hash(seq, i - 1),
+                                                          seq.block_table[i - 1]) if i else None)
             key = BlockKey(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]), seq.extra_keys)
             self.prefix_cache.insert(block, self._block_hash(seq, i), key)
         seq.num_cached_blocks = max(seq.num_cached_blocks,

@@ -62,7 +62,6 @@ class LLM:
         generated = 0
         while len(finished) < len(ids):
             for out in self.engine.step():
-                generated += 0 if out.finished else 0
                 if out.finished:
                     finished[out.request_id] = out
                     generated += sum(len(o.token_ids) for o in out.outputs)

@@ -165,3 +165,19 @@ def test_parallel_sampling_with_a_cached_prompt(smol_path):
     warm = [c.token_ids for c in llm.generate([ids], params, use_tqdm=False)[0].outputs]
     assert cold == warm
     assert llm.engine.stats().prefix_cache_hit_tokens == (len(ids) - 1) // 16 * 16
+
+
+def test_a_prefix_computed_twice_in_one_step_stays_reachable():
+    """A and B share a block, are computed in the same step, then diverge: B's own next block
+    must be chained to the *cached* copy of the shared block, or it can never be hit."""
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    common, x, y = [1, 2, 3, 4], [5, 5, 5, 5], [6, 6, 6, 6]
+    a, b = make_seq(common + x + [0], 0), make_seq(common + y + [0], 1)
+    bm.allocate(a)
+    bm.allocate(b)                         # same step: neither hits the other
+    for s in (a, b):
+        s.num_computed_tokens = len(s)
+        bm.cache_computed_blocks(s)
+    later = make_seq(common + y + [9], 2)
+    bm.allocate(later)
+    assert later.num_computed_tokens == 8

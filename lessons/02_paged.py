@@ -1,0 +1,677 @@
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="medium")
+
+
+@app.cell
+def _():
+    import marimo as mo
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import torch
+    from matplotlib.patches import Rectangle
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.block_manager import cdiv
+    from minivllm.config import resolve_device, resolve_dtype
+    from minivllm.kv_cache import kv_bytes_per_token, reference_config
+    return (LLM, Rectangle, SamplingParams, cdiv, kv_bytes_per_token, mo, np, plt,
+            reference_config, resolve_device, resolve_dtype, torch)
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    # 02 · PagedAttention: the KV cache as virtual memory
+
+    After this lesson you can explain why vLLM cuts the KV cache into small fixed-size
+    blocks, read a block table, and predict how many blocks a set of requests occupies,
+    including requests whose samples share a prompt. You will serve one request set twice on
+    the real model with the same memory budget, once with a slab per request (lesson 01's
+    cache) and once with pages, and measure how much of the reserved memory holds tokens and
+    how many requests run at the same time.
+    """)
+    return
+
+
+@app.cell
+def _(
+    LLM,
+    kv_bytes_per_token,
+    mo,
+    reference_config,
+    resolve_device,
+    resolve_dtype,
+    torch,
+):
+    # One byte budget for both engines: room for NUM_SLABS requests of MAX_MODEL_LEN tokens.
+    MAX_MODEL_LEN, NUM_SLABS, BLOCK_SIZE = 2048, 8, 16
+    _dtype = resolve_dtype("auto", resolve_device("auto"))     # fp32 on CPU, bf16 on CUDA
+    bytes_per_token = kv_bytes_per_token(reference_config("SmolLM2-135M"), _dtype)
+    kv_budget = NUM_SLABS * MAX_MODEL_LEN * bytes_per_token    # 755 MB in fp32
+    # The baseline: a slab of MAX_MODEL_LEN slots per running request. On CUDA the engine
+    # sizes its pool from free GPU memory, so max_num_seqs is what keeps it to NUM_SLABS.
+    static = LLM(max_model_len=MAX_MODEL_LEN, kv_layout="contiguous",
+                 kv_cache_memory=kv_budget, max_num_seqs=NUM_SLABS)
+    # Paged: the same bytes cut into blocks of BLOCK_SIZE tokens. Prefix caching (lesson 05)
+    # is off, so that every shared block below comes from parallel sampling alone.
+    paged = LLM(max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
+                num_kv_blocks=kv_budget // (BLOCK_SIZE * bytes_per_token),
+                enable_prefix_caching=False)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
+          f"({str(paged.engine.dtype).removeprefix('torch.')}) · **KV budget:** "
+          f"{kv_budget / 2**20:,.0f} MiB for each engine  \n`{static.engine!r}`  \n"
+          f"`{paged.engine!r}`")
+    return BLOCK_SIZE, MAX_MODEL_LEN, NUM_SLABS, device, paged, static
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## The idea: an operating system already solved this
+
+    A process believes it owns one long, contiguous address space. In reality the kernel
+    hands it physical memory one small page at a time, only when it first touches an
+    address, and keeps a *page table* that says where each of its pages really lives. Pages
+    of one process can sit anywhere in RAM; two processes can map the same physical page
+    (a reference count says how many do), and after `fork()` a shared page is duplicated only
+    when one side writes to it (*copy-on-write*).
+
+    PagedAttention (Kwon et al., SOSP 2023, the paper vLLM came from) applies the same
+    bookkeeping to the KV cache:
+
+    | operating system | minivllm / vLLM |
+    |---|---|
+    | process | a `Sequence` (one sample of one request) |
+    | virtual page | a *logical block*: `block_size` consecutive tokens of the sequence |
+    | page table | the sequence's `block_table`: logical block `i` -> physical block id |
+    | physical page frame | a block of the KV pool, `block_size` tokens of K and V in every layer |
+    | page size | `block_size` (16 by default) |
+    | reference count, `fork()`, copy-on-write | `BlockManager.ref_counts`, `fork`, `append_slots` |
+
+    A sequence is given a new block only when its last one is full, so the memory it holds but
+    does not use is at most `block_size - 1` slots, whatever `max_model_len` is. Attention
+    pays for this with one extra lookup: to find token `j` it reads
+    `block_table[j // block_size]` first.
+    """)
+    return
+
+
+@app.cell
+def _(BLOCK_SIZE, MAX_MODEL_LEN, NUM_REQUESTS, NUM_SLABS, mo):
+    mo.md(f"""
+    ## The problem, measured: one request set, one budget, two caches
+
+    Both engines above got the same number of bytes for K and V: room for {NUM_SLABS}
+    requests of {MAX_MODEL_LEN} tokens. The contiguous one spends it as {NUM_SLABS} slabs;
+    the paged one as blocks of {BLOCK_SIZE} tokens. We send both the same {NUM_REQUESTS}
+    requests, with prompt and output lengths drawn from log-normal distributions (most
+    requests short, a few long, as in chat traffic), and after every engine step record how
+    many KV slots are reserved and how many hold a token.
+    """)
+    return
+
+
+@app.cell
+def _(np, paged, torch):
+    # A seeded workload with a long tail. On a GPU the same lesson serves more requests.
+    NUM_REQUESTS = 48 if torch.cuda.is_available() else 16
+    _rng = np.random.default_rng(5)
+    _text = paged.tokenizer.encode(
+        "Serving a language model is mostly a memory problem. Each request keeps the keys and "
+        "values of its context, and the engine must decide where they live. " * 80)
+    prompt_lens = np.clip(_rng.lognormal(5.0, 0.6, NUM_REQUESTS), 16, 600).astype(int)
+    output_lens = np.clip(_rng.lognormal(3.3, 0.5, NUM_REQUESTS), 8, 100).astype(int)
+    workload = [(_text[_i * 7: _i * 7 + _p], int(_o))
+                for _i, (_p, _o) in enumerate(zip(prompt_lens, output_lens))]
+    print(f"{NUM_REQUESTS} requests; prompt tokens: median {int(np.median(prompt_lens))}, "
+          f"max {prompt_lens.max()}; output tokens: median {int(np.median(output_lens))}, "
+          f"max {output_lens.max()}")
+    return NUM_REQUESTS, output_lens, prompt_lens, workload
+
+
+@app.cell
+def _(SamplingParams):
+    def run_traced(llm, requests, tag):
+        """Serve `requests` step by step; after each step record the engine's KV stats."""
+        engine = llm.engine
+        for _i, (_ids, _out) in enumerate(requests):
+            engine.add_request(f"{tag}{_i}", _ids, SamplingParams(
+                temperature=0, max_tokens=_out, ignore_eos=True))
+        trace = []
+        while engine.has_unfinished_requests():
+            engine.step()
+            trace.append(engine.stats())
+        return trace
+    return (run_traced,)
+
+
+@app.cell
+def _(paged, run_traced, static, workload):
+    static_trace = run_traced(static, workload, "static-")
+    paged_trace = run_traced(paged, workload, "paged-")
+    return paged_trace, static_trace
+
+
+@app.cell
+def _(BLOCK_SIZE, np, paged_trace, plt, static_trace):
+    def utilization(trace):
+        """Tokens held / slots reserved, summed over all steps (a time average)."""
+        return (sum(s.tokens_cached for s in trace)
+                / sum(s.slots_reserved for s in trace))
+
+    static_utilization = utilization(static_trace)
+    paged_utilization = utilization(paged_trace)
+    static_concurrency = max(s.num_running for s in static_trace)
+    paged_concurrency = max(s.num_running for s in paged_trace)
+    paged_peak_pool = max(s.num_blocks_used for s in paged_trace) / paged_trace[0].num_blocks_total
+
+    _budget_slots = paged_trace[0].num_blocks_total * BLOCK_SIZE
+    _fig, _axes = plt.subplots(2, 2, figsize=(10, 5.5), sharex="col", sharey="row",
+                               height_ratios=[3, 2])
+    for _col, (_name, _trace, _u) in enumerate([
+            ("slab per request", static_trace, static_utilization),
+            (f"paged, {BLOCK_SIZE}-token blocks", paged_trace, paged_utilization)]):
+        _steps = np.arange(len(_trace))
+        _top, _bottom = _axes[0, _col], _axes[1, _col]
+        _top.fill_between(_steps, [s.slots_reserved for s in _trace], step="post",
+                          alpha=0.3, color="tab:red", label="slots reserved")
+        _top.fill_between(_steps, [s.tokens_cached for s in _trace], step="post",
+                          alpha=0.8, color="tab:blue", label="slots holding a token")
+        _top.axhline(_budget_slots, color="k", ls="--", lw=1, label="budget")
+        _top.set_title(f"{_name}: {_u:.1%} of reserved slots used")
+        _bottom.step(_steps, [s.num_running for s in _trace], where="post",
+                     color="tab:green", label="running")
+        _bottom.step(_steps, [s.num_waiting for s in _trace], where="post",
+                     color="tab:orange", label="waiting")
+        _bottom.set_xlabel("engine step")
+    _axes[0, 0].set_ylabel("KV slots")
+    _axes[1, 0].set_ylabel("requests")
+    _axes[0, 0].legend(loc="center right", fontsize=8)
+    _axes[1, 0].legend(loc="upper right", fontsize=8)
+    _fig.tight_layout()
+    print(f"utilization: slab {static_utilization:.1%}, paged {paged_utilization:.1%}; "
+          f"requests at once: slab {static_concurrency}, paged {paged_concurrency}; "
+          f"paged pool at most {paged_peak_pool:.0%} full; steps: slab {len(static_trace)}, "
+          f"paged {len(paged_trace)}")
+    _fig
+    return (paged_concurrency, paged_peak_pool, paged_utilization, static_concurrency,
+            static_utilization)
+
+
+@app.cell
+def _(
+    NUM_REQUESTS,
+    NUM_SLABS,
+    mo,
+    paged_concurrency,
+    paged_peak_pool,
+    paged_utilization,
+    static_concurrency,
+    static_utilization,
+):
+    mo.md(f"""
+    With slabs, only **{static_utilization:.1%}** of the reserved memory ever held a token,
+    and the budget ran out after **{static_concurrency}** requests: the other
+    {NUM_REQUESTS - NUM_SLABS} waited in the queue although almost all of the memory was
+    empty. With pages, **{paged_utilization:.1%}** of the reserved slots held a token, all
+    **{paged_concurrency}** requests ran at once, and the pool was never more than
+    **{paged_peak_pool:.0%}** full: the same bytes could have served several times as many
+    requests of this mix. The remaining few percent is the unfilled tail of each sequence's
+    last block (plus, for a step or two, prompts whose blocks are reserved but whose
+    prefill is split over two steps).
+
+    Memory that holds more requests is throughput: a decode step for 16 sequences costs
+    little more than for one (lesson 01), and lesson 04 shows the scheduler keeping the
+    batch full.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## The mechanism, live: block tables, reference counts, copy-on-write
+
+    Parallel sampling asks for `n` answers to one prompt (`SamplingParams(n=...)`). The
+    engine prefills the prompt once; when the first token is sampled, `BlockManager.fork`
+    gives each of the other samples a block table that points at the same physical blocks,
+    and raises each block's reference count to `n`. Nothing is copied yet.
+
+    On the next step every sample writes its own token. If the prompt ended in the middle of
+    a block, that write would land in a block the others still read, so `append_slots` first
+    gives the writer a private copy of that one block (copy-on-write) and lowers the shared
+    block's count. The full prompt blocks stay shared until the request ends.
+
+    Below is the real state of the paged engine's block manager for one request with a
+    40-token prompt (two full blocks and 8 tokens in a third), captured after step 1 and
+    after step 12. Each box in the top row is a logical block of one sample (its filled part
+    shows how many tokens it holds); the arrows are its block table; the bottom row is the
+    physical blocks in use, with their reference counts.
+    """)
+    return
+
+
+@app.cell
+def _(SamplingParams, paged):
+    PROMPT_LEN, SAMPLE_TOKENS = 40, 16
+    prompt_ids = paged.tokenizer.encode(
+        "The quick brown fox jumps over the lazy dog. A paged cache lends memory one block "
+        "at a time, and a block table remembers where each block went. Write a short story "
+        "about a fox who learns to share its den with three other foxes, one room at a "
+        "time, and keeps a list of which fox sleeps in which room. " * 2)
+    assert len(prompt_ids) >= 100, len(prompt_ids)
+
+    def run_parallel(n, prompt_len=PROMPT_LEN, max_tokens=SAMPLE_TOKENS, _cache={}):
+        """Serve one request with n samples on the paged engine; snapshot every step.
+
+        Results are cached, so that moving the slider back to a value is instant.
+        """
+        key = (n, prompt_len, max_tokens)
+        if key in _cache:
+            return _cache[key]
+        engine = paged.engine
+        bm = engine.block_manager
+        rid = f"parallel-n{n}-p{prompt_len}"
+        engine.add_request(rid, prompt_ids[:prompt_len], SamplingParams(
+            n=n, temperature=0.8, seed=0, max_tokens=max_tokens, ignore_eos=True))
+        seqs = list(engine.requests[rid])
+        cow_before = bm.num_copy_on_write
+        snapshots = []
+        while engine.has_unfinished_requests():
+            engine.step()
+            tables = [(s.seq_id, s.num_computed_tokens, list(s.block_table))
+                      for s in seqs if s.block_table]
+            if not tables:                 # the last step finished every sample
+                break
+            blocks = {b for _, _, t in tables for b in t}
+            snapshots.append({
+                "tables": tables,
+                "ref_counts": {b: bm.ref_counts[b] for b in sorted(blocks)},
+                "blocks_used": len(blocks),
+                "blocks_unshared": sum(len(t) for _, _, t in tables),
+                "shared_blocks": sum(1 for b in blocks if bm.ref_counts[b] > 1),
+                "cow": bm.num_copy_on_write - cow_before,
+            })
+        texts = [" ".join(paged.tokenizer.decode(s.output_token_ids,
+                                                 skip_special_tokens=True).split())
+                 for s in seqs]
+        _cache[key] = result = {"n": n, "prompt_len": prompt_len, "snapshots": snapshots,
+                                "texts": texts}
+        return result
+    return PROMPT_LEN, prompt_ids, run_parallel
+
+
+@app.cell
+def _(BLOCK_SIZE, Rectangle, plt):
+    def draw_block_tables(ax, snap, title, block_size=BLOCK_SIZE):
+        """Logical blocks of each sample (top) -> block table (arrows) -> physical blocks."""
+        tables, ref_counts = snap["tables"], snap["ref_counts"]
+        shared_color, private_color = "tab:orange", "tab:blue"
+        # Top row: the samples' logical blocks, side by side, one group per sample.
+        x, logical = 0.0, []
+        for sample, (seq_id, held, table) in enumerate(tables):
+            ax.text(x, 1.5, f"sample {sample}\n{table}", fontsize=6.5, va="bottom")
+            for j, block in enumerate(table):
+                fill = min(max(held - j * block_size, 0), block_size) / block_size
+                ax.add_patch(Rectangle((x, 0.8), 0.9, 0.6, fill=False, lw=1))
+                ax.add_patch(Rectangle((x, 0.8), 0.9 * fill, 0.6, lw=0, alpha=0.35,
+                                       color=shared_color if ref_counts[block] > 1
+                                       else private_color))
+                ax.text(x + 0.45, 1.1, f"L{j}", ha="center", va="center", fontsize=7)
+                logical.append((x + 0.45, block))
+                x += 1.0
+            x += 0.6
+        width = x - 0.6
+        # Bottom row: the physical blocks in use, spread over the same width.
+        ids = list(ref_counts)
+        step = width / len(ids)
+        where = {b: (i + 0.5) * step for i, b in enumerate(ids)}
+        for b in ids:
+            rc = ref_counts[b]
+            ax.add_patch(Rectangle((where[b] - 0.45, -1.4), 0.9, 0.6, alpha=0.8,
+                                   color=shared_color if rc > 1 else private_color))
+            ax.text(where[b], -1.1, f"#{b}\nrc={rc}", ha="center", va="center",
+                    fontsize=6.5, color="white")
+        for lx, b in logical:
+            ax.annotate("", xy=(where[b], -0.78), xytext=(lx, 0.78),
+                        arrowprops=dict(arrowstyle="->", lw=0.7, alpha=0.6,
+                                        color=shared_color if ref_counts[b] > 1
+                                        else private_color))
+        ax.text(-0.3, 1.1, "logical\nblocks", ha="right", va="center", fontsize=8)
+        ax.text(-0.3, -1.1, "physical\nblocks", ha="right", va="center", fontsize=8)
+        ax.set_xlim(-2.2, max(width, 16.0) + 0.2)      # n = 1 keeps its boxes square-ish
+        ax.set_ylim(-1.6, 2.15)
+        ax.axis("off")
+        ax.set_title(title, fontsize=10)
+
+    def draw_parallel(result, late_step=12):
+        snaps = result["snapshots"]
+        fig, (a, b, c) = plt.subplots(3, 1, figsize=(11, 7.5), height_ratios=[2, 2, 1.6])
+        first, late = snaps[0], snaps[min(late_step, len(snaps)) - 1]
+        forked = (f"forked into {result['n']} samples" if result["n"] > 1
+                  else "one sample, nothing to share")
+        draw_block_tables(a, first, f"after step 1: prompt prefilled once, {forked}; "
+                          f"{first['shared_blocks']} shared blocks, {first['cow']} copies")
+        draw_block_tables(b, late, f"after step {min(late_step, len(snaps))}: "
+                          f"{late['shared_blocks']} shared blocks, {late['cow']} "
+                          f"copy-on-write events, {late['blocks_used']} blocks in use")
+        steps = range(1, len(snaps) + 1)
+        c.step(steps, [s["blocks_unshared"] for s in snaps], where="post", color="tab:red",
+               label="blocks if each sample had its own copy")
+        c.step(steps, [s["blocks_used"] for s in snaps], where="post", color="tab:blue",
+               label="blocks in use (shared)")
+        c.set_xlabel("engine step")
+        c.set_ylabel("KV blocks")
+        c.set_ylim(bottom=0)
+        c.legend(fontsize=8, loc="lower right")
+        fig.tight_layout()
+        return fig
+    return (draw_parallel,)
+
+
+@app.cell
+def _(mo):
+    n_samples = mo.ui.slider(1, 8, value=4, label="n: samples of one prompt", show_value=True)
+    mo.md(f"""
+    ### Try it: how many copies does parallel sampling make?
+
+    Before you move the slider, guess: with `n` samples of a 40-token prompt, how many
+    copy-on-write events happen, and how many blocks stay shared? Each new `n` runs the real
+    engine (a second or two on a CPU).
+
+    {n_samples}
+    """)
+    return (n_samples,)
+
+
+@app.cell
+def _(draw_parallel, mo, n_samples, run_parallel):
+    _result = run_parallel(n_samples.value)
+    _last = _result["snapshots"][-1]
+    _texts = "\n".join(f"{_i}. …{_t!r}" for _i, _t in enumerate(_result["texts"]))
+    mo.vstack([
+        draw_parallel(_result),
+        mo.md(f"""
+    **n = {_result['n']}**: {_last['cow']} copy-on-write events, {_last['shared_blocks']}
+    blocks shared by all samples, {_last['blocks_used']} blocks in use at the end where
+    separate requests would hold {_last['blocks_unshared']}. The samples really differ:
+
+    {_texts}
+    """),
+    ])
+    return
+
+
+@app.cell
+def _(PROMPT_LEN, mo, run_parallel):
+    # The numbers this lesson asserts: n = 4, whatever the slider says.
+    _r4 = run_parallel(4)
+    parallel_shared_after_fork = _r4["snapshots"][0]["shared_blocks"]
+    parallel_shared_blocks = _r4["snapshots"][-1]["shared_blocks"]
+    parallel_cow_events = _r4["snapshots"][-1]["cow"]
+    parallel_blocks_used = _r4["snapshots"][-1]["blocks_used"]
+    parallel_blocks_unshared = _r4["snapshots"][-1]["blocks_unshared"]
+    # The same request with a prompt that ends exactly on a block boundary (48 = 3 x 16).
+    # Three tokens are enough: the copies, if any, happen at step 2.
+    aligned_cow_events = run_parallel(4, 48, max_tokens=3)["snapshots"][-1]["cow"]
+    print(f"n=4, {PROMPT_LEN}-token prompt: shared after fork {parallel_shared_after_fork}, "
+          f"shared after copy-on-write {parallel_shared_blocks}, copy-on-write events "
+          f"{parallel_cow_events}, blocks {parallel_blocks_used} vs {parallel_blocks_unshared} "
+          f"unshared; 48-token prompt: {aligned_cow_events} copy-on-write events")
+    mo.md(f"""
+    The surprise is how little gets copied. For `n = 4` the engine made
+    **{parallel_cow_events}** copies, not 4: the last sample to write finds the block's
+    count already down to 1, so it keeps the original. Only the one partly filled block is
+    ever copied; the **{parallel_shared_blocks}** full prompt blocks stay shared to the end.
+    And with a 48-token prompt, which ends exactly at a block boundary, the same request
+    makes **{aligned_cow_events}** copies: every sample starts its own fresh block.
+    """)
+    return (aligned_cow_events, parallel_blocks_unshared, parallel_blocks_used,
+            parallel_cow_events, parallel_shared_after_fork, parallel_shared_blocks)
+
+
+@app.cell
+def _(NUM_REQUESTS, mo):
+    mo.md(f"""
+    ## How big should a block be?
+
+    Pages trade two costs. A large block wastes more of its tail: a sequence of `L` tokens
+    reserves `ceil(L / block_size) * block_size` slots. A small block needs more block-table
+    entries, and attention must look each one up and read K/V in shorter contiguous runs,
+    which GPU kernels dislike. vLLM's default is 16. The slider computes both costs for this
+    lesson's {NUM_REQUESTS} requests at their final lengths, with the engine's own `cdiv`.
+    """)
+    return
+
+
+@app.cell
+def _(MAX_MODEL_LEN, mo):
+    block_size_pick = mo.ui.slider(steps=[2**_k for _k in range(12)], value=16,
+                                   label="block_size", show_value=True)
+    mo.md(f"""
+    ### Try it: slide the block size all the way to {MAX_MODEL_LEN}
+
+    {block_size_pick}
+    """)
+    return (block_size_pick,)
+
+
+@app.cell
+def _(block_size_pick, cdiv, mo, output_lens, plt, prompt_lens, static_utilization):
+    final_lens = [int(_p + _o) for _p, _o in zip(prompt_lens, output_lens)]
+
+    def block_costs(block_size, lens=final_lens):
+        """(tail waste as a share of reserved slots, block-table entries) for `lens`."""
+        entries = sum(cdiv(_l, block_size) for _l in lens)
+        return 1 - sum(lens) / (entries * block_size), entries
+
+    _sizes = [2**_k for _k in range(12)]
+    _waste, _entries = zip(*(block_costs(_b) for _b in _sizes))
+    _b = block_size_pick.value
+    _w, _e = block_costs(_b)
+    _fig, _ax = plt.subplots(figsize=(8, 3.2))
+    _ax.plot(_sizes, [100 * _x for _x in _waste], "o-", color="tab:red")
+    _ax.set_xscale("log", base=2)
+    _ax.set_xlabel("block_size (tokens)")
+    _ax.set_ylabel("tail waste, % of reserved", color="tab:red")
+    _ax.axvline(_b, color="k", lw=1, ls="--")
+    _ax2 = _ax.twinx()
+    _ax2.plot(_sizes, _entries, "s-", color="tab:purple")
+    _ax2.set_yscale("log")
+    _ax2.set_ylabel("block-table entries", color="tab:purple")
+    _ax.set_title(f"block_size {_b}: {_w:.1%} of reserved slots wasted, {_e:,} table entries")
+    _fig.tight_layout()
+    print(f"block_size {_b}: waste {_w:.1%}, {_e} block-table entries for "
+          f"{len(final_lens)} requests")
+    _note = (f"At {_b} tokens a block is as long as `max_model_len`: every request gets "
+             f"exactly one, and you have rebuilt lesson 01's slab. Its waste here, "
+             f"{_w:.1%}, is the slab's (measured over time above: "
+             f"{1 - static_utilization:.1%}).") if _b == 2048 else (
+             "Move the slider to the right end and look at what a block has become.")
+    mo.vstack([_fig, mo.md(_note)])
+    return block_costs, final_lens
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## Exercise: predict the blocks
+
+    `block_size = 16`. Four requests arrive together and are prefilled in the same step:
+
+    * three single-sample requests with prompts of **100**, **16** and **33** tokens;
+    * one request with a **40**-token prompt and `n = 3` samples.
+
+    Every sequence then decodes until it holds the K/V of **20** generated tokens in the
+    cache. How many physical KV blocks are in use at that moment? The cell after the answer
+    box runs exactly this on the engine, so the checker compares you with the real thing.
+    """)
+    blocks_answer = mo.ui.number(start=0, stop=10_000, value=0, label="blocks in use")
+    blocks_answer
+    return (blocks_answer,)
+
+
+@app.cell
+def _(SamplingParams, cdiv, paged, prompt_ids):
+    def measure_exercise(generated=20):
+        """Run the exercise's request set on the paged engine; count blocks when every
+        sequence holds `generated` output tokens' K/V. Then abort it."""
+        engine = paged.engine
+        ids = prompt_ids
+        requests = [("ex-a", ids[:100], 1), ("ex-b", ids[:16], 1), ("ex-c", ids[:33], 1),
+                    ("ex-d", ids[:40], 3)]
+        for rid, prompt, n in requests:
+            engine.add_request(rid, prompt, SamplingParams(
+                n=n, temperature=0.8, seed=1, max_tokens=generated + 5, ignore_eos=True))
+        for _ in range(generated + 1):     # step 1 prefills; each later step caches 1 token
+            engine.step()
+        held = [s.num_computed_tokens for rid, _, _ in requests for s in engine.requests[rid]]
+        used = engine.stats().num_blocks_used
+        for rid, _, _ in requests:
+            engine.abort_request(rid)
+        return used, held
+
+    exercise_blocks, exercise_held = measure_exercise()
+    # The same number by hand: each single sample needs ceil(tokens / 16) blocks; the three
+    # samples share the 2 full blocks of their prompt and own the rest (40 + 20 = 60 tokens).
+    exercise_by_hand = (cdiv(120, 16) + cdiv(36, 16) + cdiv(53, 16)
+                        + 40 // 16 + 3 * (cdiv(60, 16) - 40 // 16))
+    print(f"exercise: the engine holds {exercise_blocks} blocks (tokens per sequence "
+          f"{exercise_held}); by hand {exercise_by_hand}")
+    return exercise_blocks, exercise_by_hand, exercise_held
+
+
+@app.cell
+def _(exercise_blocks):
+    def check_blocks_answer(value):
+        truth = exercise_blocks
+        if value == truth:
+            return (f"Correct: {truth} blocks. 120, 36 and 53 tokens need 8 + 3 + 4 blocks; "
+                    "the three samples share the prompt's 2 full blocks and each owns 2 "
+                    "more (a copy of the partly filled third block and a fresh fourth).")
+        if not value:
+            return "Enter a number of blocks."
+        if value == 27:
+            return ("That gives every sample its own copy of the prompt. The samples were "
+                    "forked from one prefill: the full prompt blocks are shared by refcount.")
+        if value == 21:
+            return ("Close, but the prompt's third block is only half full (tokens 32-39). "
+                    "Each sample's first new token lands in it, so each gets a private copy "
+                    "(copy-on-write): it does not stay shared.")
+        if value == 17:
+            return ("That rounds down. A block that holds even one token is taken whole: "
+                    "use ceil(tokens / 16).")
+        if value == 20:
+            return ("That packs all tokens into blocks as if they were one sequence. Each "
+                    "sequence has its own block table and its own partly filled last block.")
+        if value == 14:
+            return "That counts only the prompts: add the 20 generated tokens per sequence."
+        return (f"{value} is not it. For each sequence count ceil(tokens / 16), then count "
+                "the blocks the three samples share only once.")
+    return (check_blocks_answer,)
+
+
+@app.cell
+def _(blocks_answer, check_blocks_answer, mo):
+    _msg = check_blocks_answer(blocks_answer.value)
+    mo.callout(mo.md(_msg), kind="success" if _msg.startswith("Correct") else "neutral")
+    return
+
+
+@app.cell
+def _(
+    BLOCK_SIZE,
+    PROMPT_LEN,
+    aligned_cow_events,
+    block_costs,
+    check_blocks_answer,
+    exercise_blocks,
+    exercise_by_hand,
+    mo,
+    paged_concurrency,
+    paged_utilization,
+    parallel_blocks_unshared,
+    parallel_blocks_used,
+    parallel_cow_events,
+    parallel_shared_after_fork,
+    parallel_shared_blocks,
+    static_concurrency,
+    static_utilization,
+):
+    findings = {
+        "static_kv_utilization": float(static_utilization),
+        "paged_kv_utilization": float(paged_utilization),
+        "static_max_running": int(static_concurrency),
+        "paged_max_running": int(paged_concurrency),
+        "parallel_n4_shared_blocks_after_fork": int(parallel_shared_after_fork),
+        "parallel_n4_shared_blocks": int(parallel_shared_blocks),
+        "parallel_n4_copy_on_write": int(parallel_cow_events),
+        "parallel_n4_blocks_used": int(parallel_blocks_used),
+        "parallel_n4_blocks_unshared": int(parallel_blocks_unshared),
+        "aligned_prompt_copy_on_write": int(aligned_cow_events),
+        "exercise_blocks": int(exercise_blocks),
+        "tail_waste_block_16": float(block_costs(16)[0]),
+    }
+    print("findings:", findings)
+
+    def test_paged_uses_more_of_its_memory_than_slabs():
+        assert paged_utilization > static_utilization
+        assert paged_utilization >= 0.95, f"paged utilization {paged_utilization:.1%}"
+
+    def test_paged_runs_more_requests_in_the_same_budget():
+        assert paged_concurrency > static_concurrency
+
+    def test_parallel_samples_share_the_full_prompt_blocks():
+        # 40 tokens = 2 full blocks + 8 tokens: all 3 shared after the fork, then the partly
+        # filled one is copied by 3 of the 4 samples; the 2 full ones stay shared.
+        assert parallel_shared_after_fork == -(-PROMPT_LEN // BLOCK_SIZE) == 3
+        assert parallel_shared_blocks == PROMPT_LEN // BLOCK_SIZE == 2
+        assert parallel_cow_events == 4 - 1
+        assert aligned_cow_events == 0
+        assert parallel_blocks_used < parallel_blocks_unshared
+
+    def test_exercise_checker():
+        assert exercise_blocks == exercise_by_hand == 23
+        assert check_blocks_answer(23).startswith("Correct")
+        for wrong in (27, 21, 17, 20, 14, 5):
+            assert not check_blocks_answer(wrong).startswith("Correct")
+        assert "copy-on-write" in check_blocks_answer(21)
+
+    mo.md(f"""
+    ## What we found
+
+    * With the same KV budget, slabs used **{static_utilization:.1%}** of the memory they
+      reserved and ran **{static_concurrency}** requests at once; 16-token pages used
+      **{paged_utilization:.1%}** and ran all **{paged_concurrency}**.
+    * Parallel sampling with `n = 4` on a {PROMPT_LEN}-token prompt: {parallel_shared_after_fork}
+      blocks shared right after the fork, **{parallel_shared_blocks}** still shared after
+      **{parallel_cow_events}** copy-on-write events, {parallel_blocks_used} blocks in use
+      instead of {parallel_blocks_unshared}. A block-aligned prompt needs
+      {aligned_cow_events} copies.
+    * Tail waste grows with the block size while the table shrinks: {block_costs(16)[0]:.1%}
+      of the reserved slots at 16 tokens per block, {block_costs(2048)[0]:.1%} at 2048,
+      where a block is as long as `max_model_len` and a page is a slab again.
+
+    ## Where the code lives
+
+    * `minivllm/block_manager.py`: `BlockManager` (`allocate`, `append_slots` with
+      copy-on-write, `fork`, `free`, `ref_counts`) and `cdiv`.
+    * `minivllm/sequence.py`: `Sequence.block_table` and `num_computed_tokens`.
+    * `minivllm/attention.py`: `paged_attention` gathers each sequence's K/V through its
+      block table; `write_kv_cache` scatters new K/V into slots.
+    * `minivllm/model_runner.py`: `copy_blocks` performs the copies `append_slots` asks for.
+    * `minivllm/scheduler.py`: `Scheduler.fork` and the admission checks (`can_allocate`,
+      `can_append_slots`); `minivllm/kv_cache.py`: `ContiguousAllocator`, the slab baseline.
+    * Next: lesson 03 makes the attention over these blocks fast (FlashAttention),
+      lesson 04 uses the freed memory to keep the batch full (continuous batching), and
+      lesson 05 turns prefix caching back on: blocks shared across requests, with the same
+      reference counts.
+    """)
+    return (findings,)
+
+
+if __name__ == "__main__":
+    app.run()
