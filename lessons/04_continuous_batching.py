@@ -179,7 +179,7 @@ def _(np, plt):
             busy[slot, a:b + 1] = True
             ax.broken_barh([(a - 0.5, b - a + 1)], (slot - 0.4, 0.8), color=colors(r % 20),
                            edgecolor="white", lw=0.5)
-            if b - a >= 3:
+            if b - a >= 2:
                 ax.text((a + b) / 2, slot, f"r{r}", ha="center", va="center", fontsize=7)
         starts = sorted(a for _, a, _ in lanes.values())
         for step in range(1, steps + 1):

@@ -42,7 +42,7 @@ def _(LLM, kv_bytes_per_token, mo, torch):
     # Two engines that differ only in preemption_mode. Both get POOL_MAX blocks; smaller
     # pools are carved out of that one below. Prefix caching is off: with it on, a recomputed
     # request would find its own old blocks in the cache and skip part of the recompute.
-    BLOCK_SIZE, POOL_MAX, SWAP_BLOCKS = 16, 96, 96
+    BLOCK_SIZE, POOL_MAX, SWAP_BLOCKS = 16, 128, 96
     _common = dict(max_model_len=256, block_size=BLOCK_SIZE, num_kv_blocks=POOL_MAX,
                    max_num_seqs=16, enable_prefix_caching=False)
     recompute = LLM(preemption_mode="recompute", **_common)
@@ -84,7 +84,17 @@ def _(mo):
 
 
 @app.cell
-def _(BlockManager, SamplingParams, cdiv, contextlib, np, recompute, time, torch):
+def _(
+    BLOCK_SIZE,
+    BlockManager,
+    SamplingParams,
+    cdiv,
+    contextlib,
+    np,
+    recompute,
+    time,
+    torch,
+):
     # The request set: NUM_REQUESTS requests arrive together. EOS is ignored, so every run
     # generates the same number of tokens and can be compared token for token.
     NUM_REQUESTS = 16 if torch.cuda.is_available() else 8
@@ -97,8 +107,8 @@ def _(BlockManager, SamplingParams, cdiv, contextlib, np, recompute, time, torch
     requests = [(_text[9 * i: 9 * i + int(p)], int(o))
                 for i, (p, o) in enumerate(zip(_prompt_lens, _out_lens))]
     # The working set: blocks needed if every request ran at once, at its full length.
-    saturation_blocks = sum(cdiv(len(p) + o, 16) for p, o in requests)
-    largest_request_blocks = max(cdiv(len(p) + o, 16) for p, o in requests)
+    saturation_blocks = sum(cdiv(len(p) + o, BLOCK_SIZE) for p, o in requests)
+    largest_request_blocks = max(cdiv(len(p) + o, BLOCK_SIZE) for p, o in requests)
 
     @contextlib.contextmanager
     def kv_pool(llm, num_blocks):
