@@ -50,10 +50,6 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free_block_ids)
 
-    @property
-    def num_shared_blocks(self) -> int:
-        return sum(1 for rc in self.ref_counts if rc > 1)
-
     def _take(self) -> int:
         block_id, _ = self.free_block_ids.popitem(last=False)
         assert self.ref_counts[block_id] == 0, f"block {block_id} on the free list is in use"

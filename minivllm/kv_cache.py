@@ -101,7 +101,3 @@ class ContiguousAllocator:
         seq.block_table = []
 # --8<-- [end:contiguous]
 
-
-def reserved_vs_used(seq_lens: list[int], max_model_len: int) -> tuple[int, int]:
-    """Slots a static cache reserves for these sequences vs slots they hold tokens in."""
-    return len(seq_lens) * max_model_len, sum(seq_lens)
