@@ -43,6 +43,36 @@ class AttentionMetadata:
     block_tables: torch.Tensor      # [num_seqs, max_blocks] int64, padded with 0
     max_query_len: int
     max_seq_len: int
+    # The torch backend's gather indices depend on the batch, not on the layer: the first layer
+    # builds them, the other layers of the step reuse them.
+    torch_layout: TorchBatchLayout | None = None
+
+
+@dataclass(slots=True)
+class TorchBatchLayout:
+    """How the flat batch maps onto the padded rectangles that SDPA takes."""
+
+    block_size: int
+    slots: torch.Tensor     # (B, L) pool slot of each sequence's key positions 0..L-1
+    seq_idx: torch.Tensor   # (T,) the sequence each new token belongs to
+    row_idx: torch.Tensor   # (T,) its row among that sequence's new tokens
+    mask: torch.Tensor      # (B, 1, Lq, L) what each query may see: causal, no padding
+
+    @classmethod
+    def build(cls, md: AttentionMetadata, block_size: int) -> TorchBatchLayout:
+        num_seqs, device = md.seq_lens.shape[0], md.seq_lens.device
+        # Key position j of sequence b lives in block block_tables[b, j // block_size].
+        pos = torch.arange(md.max_seq_len, device=device)                  # (L,)
+        blocks = md.block_tables.gather(1, (pos // block_size).expand(num_seqs, -1))
+        slots = blocks * block_size + pos % block_size                     # (B, L)
+        # New token t is row row_idx[t] of sequence seq_idx[t].
+        q_lens = md.query_start_loc[1:] - md.query_start_loc[:-1]          # (B,)
+        seq_idx = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens)
+        row_idx = torch.arange(seq_idx.shape[0], device=device) - md.query_start_loc[seq_idx]
+        # Query i of a sequence sits at position (seq_len - q_len + i) and sees keys up to it.
+        q_pos = (md.seq_lens - q_lens)[:, None] + torch.arange(md.max_query_len, device=device)
+        mask = pos[None, None, :] <= q_pos[:, :, None]                    # (B, Lq, L)
+        return cls(block_size, slots, seq_idx, row_idx, mask[:, None])
 
 
 # --8<-- [start:write_kv]
@@ -62,32 +92,29 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
     q: [num_tokens, num_heads, head_dim] -> returns the same shape.
     """
-    num_seqs = md.seq_lens.shape[0]
     block_size = k_cache.shape[1]
-    device = q.device
+    if md.torch_layout is None or md.torch_layout.block_size != block_size:
+        md.torch_layout = TorchBatchLayout.build(md, block_size)   # once per step
+    layout = md.torch_layout
 
     # 1. Gather each sequence's K/V through its block table: [num_seqs, max_seq_len, kv_heads, D].
-    pos = torch.arange(md.max_seq_len, device=device)                   # (L,)
-    blocks = md.block_tables.gather(1, (pos // block_size).expand(num_seqs, -1))
-    slots = blocks * block_size + pos % block_size                      # (B, L)
-    k = k_cache.flatten(0, 1)[slots]                                    # (B, L, Hkv, D)
-    v = v_cache.flatten(0, 1)[slots]                                    # (B, L, Hkv, D)
+    k = k_cache.flatten(0, 1)[layout.slots]                            # (B, L, Hkv, D)
+    v = v_cache.flatten(0, 1)[layout.slots]
 
     # 2. Lay the flat queries out as a padded rectangle: [num_seqs, max_query_len, heads, D].
-    q_lens = md.query_start_loc[1:] - md.query_start_loc[:-1]           # (B,)
-    seq_idx = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens)
-    row_idx = torch.arange(q.shape[0], device=device) - md.query_start_loc[seq_idx]
-    q_pad = q.new_zeros(num_seqs, md.max_query_len, *q.shape[1:])
-    q_pad[seq_idx, row_idx] = q
+    #    In a pure decode step every sequence has exactly one query: nothing to pad.
+    if md.max_query_len == 1:
+        q_pad = q[:, None]
+    else:
+        q_pad = q.new_zeros(layout.mask.shape[0], md.max_query_len, *q.shape[1:])
+        q_pad[layout.seq_idx, layout.row_idx] = q
 
-    # 3. Query i of a sequence sits at position (seq_len - q_len + i) and sees keys up to it.
-    q_pos = (md.seq_lens - q_lens)[:, None] + torch.arange(md.max_query_len, device=device)
-    mask = pos[None, None, :] <= q_pos[:, :, None]                     # (B, Lq, L)
-
+    # 3. Attend, each query masked to its own sequence's past; back to the flat layout.
     out = F.scaled_dot_product_attention(
         q_pad.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),   # (B, H, Lq|L, D)
-        attn_mask=mask[:, None], scale=scale, enable_gqa=True)
-    return out.transpose(1, 2)[seq_idx, row_idx]                        # (num_tokens, H, D)
+        attn_mask=layout.mask, scale=scale, enable_gqa=True)
+    out = out.transpose(1, 2)                                          # (B, Lq, H, D)
+    return out[:, 0] if md.max_query_len == 1 else out[layout.seq_idx, layout.row_idx]
 # --8<-- [end:paged_attention]
 
 

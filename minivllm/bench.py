@@ -308,7 +308,7 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[8, 16, 32])
+    p.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[8, 16, 32, 64])
     p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("prefix", help="prefix caching on vs off: shared system prompt, "
                                       "growing conversation")

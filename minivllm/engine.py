@@ -18,6 +18,7 @@ import torch
 
 from minivllm.block_manager import BlockManager, cdiv
 from minivllm.config import (EngineConfig, ModelConfig, resolve_device, resolve_dtype)
+from minivllm.detokenizer import IncrementalDetokenizer
 from minivllm.kv_cache import ContiguousAllocator
 from minivllm.loader import load_hf_config, load_tokenizer, resolve_model_path
 from minivllm.model_runner import ModelRunner
@@ -117,8 +118,11 @@ class LLMEngine:
         seqs = []
         for i in range(params.n):          # sample i draws with seed + i
             seed = None if params.seed is None else params.seed + i
-            seqs.append(Sequence(next(self._seq_ids), request_id, text, token_ids, params,
-                                 seed, self.device))
+            seq = Sequence(next(self._seq_ids), request_id, text, token_ids, params, seed,
+                           self.device)
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
+                                                     start=len(token_ids))
+            seqs.append(seq)
         parent, *forks = seqs
         parent.pending_forks = forks       # prefilled once, forked when the prompt is done
         for fork in forks:
@@ -223,33 +227,41 @@ class LLMEngine:
     # --8<-- [end:step]
 
     def _check_stop(self, seq: Sequence) -> SequenceStatus | None:
+        """Detokenize seq's newest token, then decide whether seq is done."""
         params, token = seq.params, seq.token_ids[-1]
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+        stop_token = token in params.stop_token_ids or (not params.ignore_eos
+                                                        and token in self.eos_token_ids)
+        length = (seq.num_output_tokens >= params.max_tokens
+                  or len(seq) >= self.config.max_model_len)
+        new_text = seq.detokenizer.update(seq.token_ids, final=stop_token or length)
+        seq.output_text = seq.detokenizer.text
+        if stop_token:
             return SequenceStatus.FINISHED_STOPPED
-        if params.stop:
-            text = self._detokenize(seq)
-            hits = [(text.find(s), s) for s in params.stop if s in text]
-            if hits:
-                seq.stop_string = min(hits)[1]
-                return SequenceStatus.FINISHED_STOPPED
-        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.config.max_model_len:
+        if params.stop and new_text and self._stop_string_hit(seq, new_text):
+            return SequenceStatus.FINISHED_STOPPED
+        if length:
             return SequenceStatus.FINISHED_LENGTH
         return None
 
-    def _detokenize(self, seq: Sequence) -> str:
-        """The output text, cut before the stop string that ended it (if one did)."""
-        text = self.tokenizer.decode(seq.output_token_ids,
-                                     skip_special_tokens=seq.params.skip_special_tokens)
-        if seq.stop_string is not None:
-            keep = len(seq.stop_string) if seq.params.include_stop_str_in_output else 0
-            text = text[:text.find(seq.stop_string) + keep]
-        return text
+    @staticmethod
+    def _stop_string_hit(seq: Sequence, new_text: str) -> bool:
+        """Did new_text complete a stop string? If so, cut the output text before it (or after
+        it, with include_stop_str_in_output). Only the tail that new_text could have completed
+        is searched: an earlier hit would have ended the sequence at an earlier step."""
+        text, stops = seq.output_text, seq.params.stop
+        start = max(0, len(text) - len(new_text) - max(map(len, stops)) + 1)
+        hits = [(i, s) for s in stops if (i := text.find(s, start)) >= 0]
+        if not hits:
+            return False
+        i, seq.stop_string = min(hits)
+        keep = len(seq.stop_string) if seq.params.include_stop_str_in_output else 0
+        seq.output_text = text[:i + keep]
+        return True
 
     def _request_output(self, request_id: str) -> RequestOutput:
         seqs = self.requests[request_id]
         outputs = []
         for i, seq in enumerate(seqs):
-            seq.output_text = self._detokenize(seq)
             outputs.append(CompletionOutput(
                 index=i, text=seq.output_text, token_ids=seq.output_token_ids,
                 logprobs=seq.output_logprobs if seq.params.logprobs is not None else None,

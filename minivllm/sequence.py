@@ -62,7 +62,8 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.num_cached_blocks = 0
         self.extra_keys: tuple = ()
-        self.output_text = ""
+        self.detokenizer = None                  # IncrementalDetokenizer, set by the engine
+        self.output_text = ""                    # the text so far (cut at a stop string)
         self.stop_string: str | None = None      # the stop string that finished it, if any
         # Parallel sampling: the prompt is prefilled once, by the first sample; the others wait
         # here and are forked from it (sharing its blocks) when its first token is sampled.

@@ -94,6 +94,8 @@ MODULE_MAP: list[tuple[str, str, str, str]] = [
      "model_executor/models/llama.py", "09"),
     ("minivllm/loader.py", "GGUF or Hugging Face weights into the model", "model loader", ""),
     ("minivllm/sampler.py", "temperature, top-k, top-p, seeds, logprobs", "Sampler", ""),
+    ("minivllm/detokenizer.py", "incremental detokenization, a few tokens per step",
+     "IncrementalDetokenizer", ""),
     ("minivllm/bench.py", "throughput and latency measurements", "benchmarks/", ""),
     ("minivllm/prefix_cache.py", "automatic prefix caching", "enable_prefix_caching", "05"),
     ("minivllm/async_engine.py", "async engine loop and streaming", "AsyncLLMEngine", "06"),

@@ -80,10 +80,16 @@ class RotaryEmbedding(nn.Module):
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([-x2, x1], dim=-1)
 
-    def forward(self, positions, q, k):
-        cos = self.cos[positions][:, None]                              # (T, 1, D)
-        sin = self.sin[positions][:, None]
-        return q * cos + self.rotate_half(q) * sin, k * cos + self.rotate_half(k) * sin
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's cos/sin rows, looked up once and shared by every layer: (T, 1, D)."""
+        return self.cos[positions][:, None], self.sin[positions][:, None]
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]):
+    """Rotate each (x_i, x_{i+D/2}) pair of q and k by its token's position angle."""
+    cos, sin = cos_sin
+    return (q * cos + RotaryEmbedding.rotate_half(q) * sin,
+            k * cos + RotaryEmbedding.rotate_half(k) * sin)
 
 
 class LlamaAttention(nn.Module):
@@ -103,14 +109,14 @@ class LlamaAttention(nn.Module):
         self.nh, self.nkv, self.hd = nh, nkv, hd
         self.attn = Attention(nh, nkv, hd)
 
-    def forward(self, positions, x, md: AttentionMetadata, rope: RotaryEmbedding):
+    def forward(self, x, md: AttentionMetadata, cos_sin):
         T = x.shape[0]
         q = self.q_proj(x).view(T, self.nh, self.hd)                    # (T, nh, hd)
         k = self.k_proj(x).view(T, self.nkv, self.hd)                   # (T, nkv, hd)
         v = self.v_proj(x).view(T, self.nkv, self.hd)                   # (T, nkv, hd)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(positions, q, k)
+        q, k = apply_rotary(q, k, cos_sin)
         o = self.attn(q, k, v, md)                                      # (T, nh, hd)
         return self.o_proj(o.reshape(T, self.nh * self.hd))
 
@@ -135,8 +141,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, positions, x, md, rope):
-        x = x + self.self_attn(positions, self.input_layernorm(x), md, rope)
+    def forward(self, x, md, cos_sin):
+        x = x + self.self_attn(self.input_layernorm(x), md, cos_sin)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -150,8 +156,9 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids, positions, md):
         x = self.embed_tokens(input_ids)                                # (T, hidden)
+        cos_sin = self.rotary_emb(positions)
         for layer in self.layers:
-            x = layer(positions, x, md, self.rotary_emb)
+            x = layer(x, md, cos_sin)
         return self.norm(x)
 
 
