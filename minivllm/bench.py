@@ -245,7 +245,7 @@ def _conversation(llm, system, user_turns, params):
 def bench_prefix(args) -> None:
     from minivllm import LLM, SamplingParams
     # On CUDA each engine sizes its KV pool from the free memory it finds: the first may fill
-    # up to 45% of the device, the second the next 45%. (On a CPU both get kv_cache_memory.)
+    # up to 45% of the device, the second the next 45%. (On a CPU both get 1 GiB.)
     llms = {flag: LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
                       enable_prefix_caching=flag, gpu_memory_utilization=util)
             for flag, util in ((False, 0.45), (True, 0.9))}

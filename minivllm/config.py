@@ -104,8 +104,11 @@ class EngineConfig:
     max_num_seqs: int = 64                # sequences in one batch, at most
     max_num_batched_tokens: int = 2048    # tokens in one forward pass, at most (the token budget)
     block_size: int = 16                  # tokens per KV block
-    num_kv_blocks: int | None = None      # None: size the pool from kv_cache_memory
-    kv_cache_memory: int = 1 << 30        # bytes for the KV pool on CPU
+    # The KV pool's size, first rule that applies: num_kv_blocks blocks (slabs, for the
+    # contiguous baseline); kv_cache_memory bytes, on any device; on CUDA, what profiling one
+    # full step leaves within gpu_memory_utilization; on CPU, 1 GiB.
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9   # share of the GPU the engine may fill (CUDA)
     enable_chunked_prefill: bool = True   # split long prompts to fit the token budget
     enable_prefix_caching: bool = True    # reuse the K/V blocks of shared prompt prefixes
@@ -116,8 +119,10 @@ class EngineConfig:
 
     def __post_init__(self):
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                     "kv_cache_memory"):
+                     "kv_cache_memory", "num_kv_blocks"):
             value = getattr(self, name)
+            if value is None and name in ("kv_cache_memory", "num_kv_blocks"):
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.preemption_mode not in ("recompute", "swap"):
@@ -137,5 +142,3 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got "
                              f"{self.attention_backend!r}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

@@ -28,6 +28,8 @@ from minivllm.sequence import Sequence
 
 logger = logging.getLogger("minivllm")
 
+DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the pool
+
 
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
@@ -76,13 +78,17 @@ class ModelRunner:
             attn.backend = self.attention_backend
 
     def _num_kv_blocks(self) -> int:
+        """How many blocks the pool gets (see EngineConfig for the rules)."""
         ec = self.engine_config
-        if ec.num_kv_blocks is not None and self.kv_layout == "paged":
+        if ec.num_kv_blocks is not None:
             return ec.num_kv_blocks
         block_bytes = kv_bytes_per_token(self.config, self.dtype) * self.block_size
-        budget = ec.kv_cache_memory
-        if self.device.type == "cuda":
+        if ec.kv_cache_memory is not None:
+            budget = ec.kv_cache_memory
+        elif self.device.type == "cuda":
             budget = self._profile_kv_budget()
+        else:
+            budget = DEFAULT_CPU_KV_CACHE_MEMORY
         num_blocks = budget // block_bytes
         if num_blocks < 1:
             raise ValueError(f"the KV budget ({budget / 2**20:.1f} MiB) holds no block of "

@@ -1,6 +1,7 @@
 """The public API's contract: shapes of outputs, chat, and a clear error for every bad input."""
 
 import pytest
+import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig, ModelConfig
@@ -95,6 +96,35 @@ def test_bad_model_and_engine_arguments(tmp_path):
         EngineConfig(block_size=0)
     with pytest.raises(ValueError, match="unknown dtype"):
         LLM(dtype="float8")
+    with pytest.raises(ValueError, match="num_kv_blocks must be a positive integer, got 0"):
+        EngineConfig(num_kv_blocks=0)
+    with pytest.raises(ValueError, match="kv_cache_memory must be a positive integer"):
+        EngineConfig(kv_cache_memory=-1)
+
+
+def test_pool_size_settings(tiny_checkpoint):
+    """num_kv_blocks, then kv_cache_memory, size the pool on any device and in both layouts
+    (a contiguous "block" is a slab of max_model_len tokens); with neither, a CPU gets 1 GiB."""
+    from minivllm.kv_cache import kv_bytes_per_token
+    path, _ = tiny_checkpoint("llama")
+    per_token = kv_bytes_per_token(LLM(str(path), max_model_len=64, num_kv_blocks=1)
+                                   .engine.model_config, torch.float32)
+    cases = [(dict(num_kv_blocks=5), "paged", 5),
+             (dict(num_kv_blocks=3), "contiguous", 3),
+             (dict(kv_cache_memory=7 * 16 * per_token), "paged", 7),
+             (dict(kv_cache_memory=2 * 64 * per_token + 1), "contiguous", 2),
+             (dict(num_kv_blocks=4, kv_cache_memory=1 << 30), "paged", 4),
+             ({}, "paged", (1 << 30) // (16 * per_token))]
+    for kwargs, layout, blocks in cases:
+        llm = LLM(str(path), max_model_len=64, device="cpu", kv_layout=layout, **kwargs)
+        assert llm.engine.runner.num_blocks == blocks, (kwargs, layout)
+        assert llm.engine.block_manager.num_blocks == blocks
+    slabs = LLM(str(path), max_model_len=64, device="cpu", kv_layout="contiguous",
+                num_kv_blocks=2)
+    prompts = [[5, 6, 7]] * 5
+    outs = slabs.generate(prompts, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 4 for o in outs)
+    assert slabs.engine.block_manager.num_free_blocks == 2   # every slab came back
 
 
 def test_max_model_len_above_the_model(smol_path):
