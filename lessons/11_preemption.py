@@ -165,8 +165,7 @@ def _(
             finally:
                 del sched.schedule               # back to the class's own method
         order = sorted(finals, key=lambda n: int(n) if n.isdigit() else n)
-        e2e = np.array([finals[n].metrics.finished_time - finals[n].metrics.arrival_time
-                        for n in order])
+        e2e = np.array([finals[n].metrics.e2e_latency for n in order])
         ttft = np.array([finals[n].metrics.ttft for n in order])
         finish = np.array([finish_step[n] for n in order])   # all arrived before step 1
         # Useful work: every prompt token, and every output token but the last (it is

@@ -32,6 +32,13 @@ class RequestMetrics:
             return None
         return self.first_token_time - self.arrival_time
 
+    @property
+    def e2e_latency(self) -> float | None:
+        """Arrival to last token, seconds (None until the request has finished)."""
+        if self.finished_time is None:
+            return None
+        return self.finished_time - self.arrival_time
+
 
 @dataclass(slots=True)
 class RequestOutput:

@@ -77,15 +77,24 @@ def test_streaming_steps_and_fcfs(smol_path):
     for i in range(3):
         engine.add_request(f"r{i}", f"Count to {i + 3}:", SamplingParams(temperature=0,
                                                                           max_tokens=4))
-    finished, partial_seen = [], 0
+    finished, partial_seen, metrics = [], 0, []
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 finished.append(out.request_id)
+                metrics.append(out.metrics)
             else:
                 partial_seen += 1
                 assert out.outputs[0].finish_reason is None
+                assert out.metrics.e2e_latency is None
     assert finished == ["r0", "r1", "r2"]
+    # One at a time (max_num_seqs=1): each waits for the one before, and latency adds up.
+    for m in metrics:
+        assert 0 < m.ttft <= m.e2e_latency
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+    assert [m.first_scheduled_time >= prev.finished_time
+            for prev, m in zip(metrics, metrics[1:])] == [True, True]
+    assert metrics[0].e2e_latency < metrics[1].e2e_latency < metrics[2].e2e_latency
     assert partial_seen > 0          # outputs stream every step, not only at the end
     assert_pool_full(llm)
 
