@@ -184,6 +184,24 @@ def bench_throughput(args) -> None:
     print(f"minivllm      : {n_out / ours:8.1f} output tok/s  ({ours:6.1f} s, {steps} steps, "
           f"KV utilization {kv_util:.1%}, peak memory {mem.peak / 2**30:.2f} GiB)")
 
+    # The same engine with continuous batching off: a new batch of static_batch requests is
+    # admitted only when the previous batch has completely finished (lesson 04's baseline).
+    # This separates what continuous batching buys from what the flat, unpadded batch buys.
+    config = llm.engine.config
+    saved = config.scheduling, config.max_num_seqs
+    config.scheduling, config.max_num_seqs = "static", args.static_batch
+    try:
+        t0 = time.perf_counter()
+        generated, kv_util, steps = run_minivllm(llm, workload)
+        static = time.perf_counter() - t0
+    finally:
+        config.scheduling, config.max_num_seqs = saved
+    assert generated == n_out, (generated, n_out)
+    print(f"minivllm      : {n_out / static:8.1f} output tok/s  ({static:6.1f} s, {steps} steps, "
+          f"static batches of {args.static_batch}: continuous is {static / ours:.2f}x faster)")
+    if not args.hf_batch_sizes:
+        return
+
     hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=llm.engine.dtype)
     hf = hf.to(llm.engine.device).eval()
     pad = llm.tokenizer.pad_token_id or 0
@@ -308,7 +326,10 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--hf-batch-sizes", type=int, nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--hf-batch-sizes", type=int, nargs="*", default=[8, 16, 32, 64],
+                   help="transformers' static batch sizes to try (none: skip transformers)")
+    p.add_argument("--static-batch", type=int, default=32,
+                   help="batch size of minivllm's own static-batching run")
     p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("prefix", help="prefix caching on vs off: shared system prompt, "
                                       "growing conversation")

@@ -1,0 +1,24 @@
+"""The benchmark commands run end to end (tiny settings: these check the plumbing and the
+printed report, not speed)."""
+
+import re
+
+from minivllm.bench import main
+
+
+def test_throughput_report(capsys):
+    main(["throughput", "--num-requests", "2", "--static-batch", "1", "--hf-batch-sizes", "2"])
+    out = capsys.readouterr().out
+    rates = [float(x) for x in re.findall(r"([\d.]+) output tok/s", out)]
+    assert len(rates) == 3 and all(r > 0 for r in rates), out     # continuous, static, HF
+    assert "static batches of 1: continuous is" in out
+    assert re.search(r"ratio \(minivllm / best transformers\): [\d.]+x", out), out
+
+
+def test_decode_report(capsys):
+    main(["decode", "--batch-sizes", "1", "2", "--prompt-len", "8", "--max-tokens", "4",
+          "--repeats", "1"])
+    rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", capsys.readouterr().out,
+                      re.MULTILINE)
+    assert [int(r[0]) for r in rows] == [1, 2]
+    assert all(float(x) > 0 for r in rows for x in r[1:])
