@@ -1,14 +1,14 @@
-"""Incremental detokenization: grow each sequence's text by what its newest token adds.
+r"""Incremental detokenization: grow each sequence's text by what its newest token adds.
 
 Decoding the whole output again every step costs O(length) per step, O(length^2) per request:
-60 us for 250 tokens of SmolLM2 on a CPU, 4 ms a step for a batch of 64, which is as long as a
-whole GPU step of a small model. Instead, decode a short window of recent tokens twice, without
-and with the new ones, and append the difference (vLLM and transformers' TextStreamer do the
-same):
+60 us for 250 tokens of SmolLM2 on a CPU, so 4 ms a step for a batch of 64. On a GPU, where a
+small model's whole decode step takes milliseconds, that would be a large share of it. Instead,
+decode a short window of recent tokens twice, without and with the new ones, and append the
+difference (vLLM and transformers' TextStreamer do the same):
 
     tokens   ... | prefix_offset ........ read_offset | new tokens
-                   \\___ already in text, decoded __/
-                   \\___________ decoded again with the new ones ___________/
+                   \___ already in text, decoded __/
+                   \___________ decoded again with the new ones ___________/
 
 The window starts a few tokens back on purpose: how a token decodes can depend on its left
 neighbour (SentencePiece drops the space of a word that starts the text), so the piece must be

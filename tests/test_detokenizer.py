@@ -71,7 +71,8 @@ def test_random_tokens_match_full_decode(tokenizer):
     for trial in range(40):
         ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
         if trial % 3 == 0:                          # mix in byte-level pieces of emoji
-            ids[rng.randrange(len(ids)):0] = tokenizer.encode("🧠é中", add_special_tokens=False)[1:]
+            pieces = tokenizer.encode("🧠é中", add_special_tokens=False)[1:]
+            ids[rng.randrange(len(ids)):0] = pieces
         for skip in (True, False):
             _, streamed = stream(tokenizer, ids, skip)
             assert streamed == tokenizer.decode(ids, skip_special_tokens=skip), (ids, skip)
