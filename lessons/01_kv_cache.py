@@ -156,21 +156,11 @@ def _(np, paged):
 
 
 @app.cell
-def _(SamplingParams, static, workload):
-    def run_traced(llm, requests):
-        """Serve `requests` step by step; after each step record the engine's KV stats."""
-        engine = llm.engine
-        for _i, (_ids, _out) in enumerate(requests):
-            engine.add_request(f"req{_i}", _ids, SamplingParams(
-                temperature=0, max_tokens=_out, ignore_eos=True))
-        trace = []
-        while engine.has_unfinished_requests():
-            engine.step()
-            trace.append(engine.stats())
-        return trace
+def _(static, workload):
+    from minivllm.bench import serve_traced     # engine.stats() after every step
 
-    static_trace = run_traced(static, workload)
-    return run_traced, static_trace
+    static_trace, _ = serve_traced(static, workload)
+    return (static_trace,)
 
 
 @app.cell

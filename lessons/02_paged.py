@@ -133,25 +133,11 @@ def _(np, paged, torch):
 
 
 @app.cell
-def _(SamplingParams):
-    def run_traced(llm, requests, tag):
-        """Serve `requests` step by step; after each step record the engine's KV stats."""
-        engine = llm.engine
-        for _i, (_ids, _out) in enumerate(requests):
-            engine.add_request(f"{tag}{_i}", _ids, SamplingParams(
-                temperature=0, max_tokens=_out, ignore_eos=True))
-        trace = []
-        while engine.has_unfinished_requests():
-            engine.step()
-            trace.append(engine.stats())
-        return trace
-    return (run_traced,)
+def _(paged, static, workload):
+    from minivllm.bench import serve_traced     # engine.stats() after every step
 
-
-@app.cell
-def _(paged, run_traced, static, workload):
-    static_trace = run_traced(static, workload, "static-")
-    paged_trace = run_traced(paged, workload, "paged-")
+    static_trace, _ = serve_traced(static, workload, "static-")
+    paged_trace, _ = serve_traced(paged, workload, "paged-")
     return paged_trace, static_trace
 
 

@@ -131,19 +131,28 @@ def make_workload(tokenizer, num_requests: int, seed: int = 0):
                                                                         output_lens))]
 
 
-def run_minivllm(llm, workload):
+def serve_traced(llm, workload, tag: str = "req"):
+    """Serve (prompt ids, output length) requests, all arriving now, greedy with EOS ignored:
+    step the engine until every one is done. Returns engine.stats() after each step, and the
+    finished RequestOutputs. (Lessons 01 and 02 trace their engines with it too.)"""
     from minivllm import SamplingParams
     engine = llm.engine
     for i, (ids, out_len) in enumerate(workload):
-        engine.add_request(f"bench-{i}", ids, SamplingParams(temperature=0, max_tokens=out_len,
-                                                             ignore_eos=True))
-    tokens = reserved = generated = steps = 0
+        engine.add_request(f"{tag}{i}", ids, SamplingParams(temperature=0, max_tokens=out_len,
+                                                            ignore_eos=True))
+    trace, finished = [], []
     while engine.has_unfinished_requests():
-        outs = engine.step()
-        generated += sum(len(o.outputs[0].token_ids) for o in outs if o.finished)
-        s = engine.stats()
-        tokens, reserved, steps = tokens + s.tokens_cached, reserved + s.slots_reserved, steps + 1
-    return generated, tokens / max(reserved, 1), steps
+        finished += [out for out in engine.step() if out.finished]
+        trace.append(engine.stats())
+    return trace, finished
+
+
+def run_minivllm(llm, workload, tag: str = "bench-"):
+    """-> (output tokens generated, KV utilization over the run, number of steps)."""
+    trace, finished = serve_traced(llm, workload, tag)
+    generated = sum(len(out.outputs[0].token_ids) for out in finished)
+    kv_util = sum(s.tokens_cached for s in trace) / max(sum(s.slots_reserved for s in trace), 1)
+    return generated, kv_util, len(trace)
 
 
 def run_hf_static(model, workload, batch_size: int, pad_id: int) -> int:
