@@ -119,46 +119,11 @@ class PeakMemory:
             self._thread.join()
 
 
-def make_workload(tokenizer, num_requests: int, seed: int = 0):
-    """Seeded requests: (prompt token ids, output length). Log-normal lengths, like chat logs:
-    most requests short, a long tail of long ones."""
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    text = tokenizer.encode("Throughput is decided by how many sequences share each step. " * 200)
-    prompt_lens = np.clip(rng.lognormal(4.3, 0.6, num_requests), 16, 512).astype(int)
-    output_lens = np.clip(rng.lognormal(4.3, 0.7, num_requests), 8, 512).astype(int)
-    return [(text[i:i + int(p)], int(o)) for i, (p, o) in enumerate(zip(prompt_lens,
-                                                                        output_lens))]
-
-
-def serve_traced(llm, workload, tag: str = "req"):
-    """Serve (prompt ids, output length) requests, all arriving now, greedy with EOS ignored:
-    step the engine until every one is done. Returns engine.stats() after each step, and the
-    finished RequestOutputs. (Lessons 01 and 02 trace their engines with it too.)"""
-    from minivllm import SamplingParams
-    engine = llm.engine
-    for i, (ids, out_len) in enumerate(workload):
-        engine.add_request(f"{tag}{i}", ids, SamplingParams(temperature=0, max_tokens=out_len,
-                                                            ignore_eos=True))
-    trace, finished = [], []
-    while engine.has_unfinished_requests():
-        finished += [out for out in engine.step() if out.finished]
-        trace.append(engine.stats())
-    return trace, finished
-
-
-def run_minivllm(llm, workload, tag: str = "bench-"):
-    """-> (output tokens generated, KV utilization over the run, number of steps)."""
-    trace, finished = serve_traced(llm, workload, tag)
-    generated = sum(len(out.outputs[0].token_ids) for out in finished)
-    kv_util = sum(s.tokens_cached for s in trace) / max(sum(s.slots_reserved for s in trace), 1)
-    return generated, kv_util, len(trace)
-
-
-def run_hf_static(model, workload, batch_size: int, pad_id: int) -> int:
+def run_hf_static(model, requests, batch_size: int, pad_id: int) -> int:
     """transformers' generate on padded static batches (arrival order), EOS ignored: each
     batch runs until its longest request is done. Returns the useful tokens produced."""
     useful = 0
+    workload = [(r.prompt, r.params.max_tokens) for r in requests]
     for start in range(0, len(workload), batch_size):
         chunk = workload[start:start + batch_size]
         width = max(len(ids) for ids, _ in chunk)
@@ -177,37 +142,32 @@ def bench_throughput(args) -> None:
     from transformers import AutoModelForCausalLM
 
     from minivllm import LLM
+    from minivllm.workloads import lognormal_requests, serve
     llm = LLM(args.model, dtype=args.dtype, max_model_len=1100,
               max_num_seqs=args.max_num_seqs)
-    workload = make_workload(llm.tokenizer, args.num_requests, args.seed)
-    n_out = sum(o for _, o in workload)
-    print(f"{llm!r}\nthreads={torch.get_num_threads()}  {len(workload)} requests, "
-          f"{sum(len(p) for p, _ in workload)} prompt tokens, {n_out} output tokens "
+    requests = lognormal_requests(llm.tokenizer, args.num_requests, seed=args.seed)
+    n_out = sum(r.params.max_tokens for r in requests)
+    print(f"{llm!r}\nthreads={torch.get_num_threads()}  {len(requests)} requests, "
+          f"{sum(len(r.prompt) for r in requests)} prompt tokens, {n_out} output tokens "
           f"(seed {args.seed}, EOS ignored)")
-    run_minivllm(llm, workload[:4])                             # warm-up
+    serve(llm, requests[:4])                                    # warm-up
     with PeakMemory() as mem:
-        t0 = time.perf_counter()
-        generated, kv_util, steps = run_minivllm(llm, workload)
-        ours = time.perf_counter() - t0
-    assert generated == n_out, (generated, n_out)
-    print(f"minivllm      : {n_out / ours:8.1f} output tok/s  ({ours:6.1f} s, {steps} steps, "
-          f"KV utilization {kv_util:.1%}, peak memory {mem.peak / 2**30:.2f} GiB)")
+        run = serve(llm, requests)
+    assert run.num_output_tokens == n_out, (run.num_output_tokens, n_out)
+    print(f"minivllm      : {run.output_throughput:8.1f} output tok/s  ({run.elapsed:6.1f} s, "
+          f"{len(run.steps)} steps, KV utilization {run.kv_utilization:.1%}, peak memory "
+          f"{mem.peak / 2**30:.2f} GiB)")
 
     # The same engine with continuous batching off: a new batch of static_batch requests is
     # admitted only when the previous batch has completely finished (lesson 04's baseline).
     # This separates what continuous batching buys from what the flat, unpadded batch buys.
-    config = llm.engine.config
-    saved = config.scheduling, config.max_num_seqs
-    config.scheduling, config.max_num_seqs = "static", args.static_batch
-    try:
-        t0 = time.perf_counter()
-        generated, kv_util, steps = run_minivllm(llm, workload)
-        static = time.perf_counter() - t0
-    finally:
-        config.scheduling, config.max_num_seqs = saved
-    assert generated == n_out, (generated, n_out)
-    print(f"minivllm      : {n_out / static:8.1f} output tok/s  ({static:6.1f} s, {steps} steps, "
-          f"static batches of {args.static_batch}: continuous is {static / ours:.2f}x faster)")
+    llm.reconfigure(scheduling="static", max_num_seqs=args.static_batch)
+    static = serve(llm, requests)
+    llm.reconfigure(scheduling="continuous", max_num_seqs=args.max_num_seqs)
+    assert static.num_output_tokens == n_out
+    print(f"minivllm      : {static.output_throughput:8.1f} output tok/s  "
+          f"({static.elapsed:6.1f} s, {len(static.steps)} steps, static batches of "
+          f"{args.static_batch}: continuous is {static.elapsed / run.elapsed:.2f}x faster)")
     if not args.hf_batch_sizes:
         return
 
@@ -216,103 +176,50 @@ def bench_throughput(args) -> None:
     pad = llm.tokenizer.pad_token_id or 0
     best = None
     for bs in args.hf_batch_sizes:
-        run_hf_static(hf, workload[:2], 2, pad)                 # warm-up
+        run_hf_static(hf, requests[:2], 2, pad)                 # warm-up
         with PeakMemory() as mem:
             t0 = time.perf_counter()
-            useful = run_hf_static(hf, workload, bs, pad)
+            useful = run_hf_static(hf, requests, bs, pad)
             secs = time.perf_counter() - t0
         print(f"transformers  : {useful / secs:8.1f} output tok/s  ({secs:6.1f} s, static "
               f"batches of {bs}, peak memory {mem.peak / 2**30:.2f} GiB)")
         best = max(best or 0, useful / secs)
-    print(f"ratio (minivllm / best transformers): {n_out / ours / best:.2f}x")
-
-
-def _tool_catalog(tokenizer, name: str, num_tokens: int) -> list[int]:
-    """A system prompt of about num_tokens tokens: instructions, then tool descriptions."""
-    text = (f"You are {name}, an agent that answers by calling tools. Call one tool per "
-            "message, as one line of JSON. Never invent results.\nTools:\n")
-    i = 0
-    while len(tokenizer.encode(text)) < num_tokens:
-        text += (f"- tool_{i}(query, limit): looks up {name} record {i} and returns at most "
-                 f"`limit` matching rows as JSON, newest first.\n")
-        i += 1
-    return tokenizer.encode(text)[:num_tokens]
-
-
-def _serve(llm, prompts, params):
-    """Serve `prompts` together; return the outputs and this call's (seconds, hit tokens)."""
-    hits = llm.engine.stats().prefix_cache_hit_tokens
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    secs = time.perf_counter() - t0
-    return outs, (secs, llm.engine.stats().prefix_cache_hit_tokens - hits)
-
-
-def _shared_prefix(llm, system, questions, params):
-    """One long system prompt, many questions: the first is served alone (so its blocks are
-    computed), then the rest together, as a server sees them once the prompt is warm."""
-    prompts = [system + q for q in questions]
-    first, a = _serve(llm, prompts[:1], params)
-    rest, b = _serve(llm, prompts[1:], params)
-    return first + rest, [a, b]
-
-
-def _conversation(llm, system, user_turns, params):
-    """A chat that grows: each turn's prompt is the whole history plus the next message."""
-    history, outs, calls = list(system), [], []
-    for msg in user_turns:
-        prompt = history + msg
-        out, call = _serve(llm, [prompt], params)
-        outs += out
-        calls.append(call)
-        history = prompt + list(out[0].outputs[0].token_ids)
-    return outs, calls
+    print(f"ratio (minivllm / best transformers): {run.output_throughput / best:.2f}x")
 
 
 def bench_prefix(args) -> None:
-    from minivllm import LLM, SamplingParams
-    # On CUDA each engine sizes its KV pool from the free memory it finds: the first may fill
-    # up to 45% of the device, the second the next 45%. (On a CPU both get 1 GiB.)
-    llms = {flag: LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-                      enable_prefix_caching=flag, gpu_memory_utilization=util)
-            for flag, util in ((False, 0.45), (True, 0.9))}
-    tok = llms[True].tokenizer
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    system = _tool_catalog(tok, "InventoryBot", args.prefix_tokens)
-    questions = [tok.encode(f"\nUser {i}: which tool tells me how many units of item "
-                            f"{1000 + 37 * i} are left in warehouse {i % 7}?\nAgent:")
-                 for i in range(args.num_questions)]
-    chat_system = _tool_catalog(tok, "TravelAgent", args.prefix_tokens // 2)
-    turns = [tok.encode(f"\nTraveller: step {i + 1}: now check option {chr(65 + i % 26)} "
-                        f"for day {i + 2} and tell me the price.\nAgent:")
-             for i in range(args.turns)]
-    workloads = {"shared prefix": lambda llm: _shared_prefix(llm, system, questions, params),
-                 "conversation": lambda llm: _conversation(llm, chat_system, turns, params)}
-    print(f"{llms[True]!r}\nthreads={torch.get_num_threads()}  shared prefix: "
-          f"{args.num_questions} questions behind {len(system)} tokens; conversation: "
-          f"{args.turns} turns over {len(chat_system)} tokens; {args.max_tokens} output "
+    from minivllm import LLM
+    from minivllm.workloads import conversation_requests, serve, shared_prefix_requests
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len)
+    tok = llm.tokenizer
+    workloads = {
+        "shared prefix": shared_prefix_requests(tok, args.num_questions, args.prefix_tokens,
+                                                args.max_tokens),
+        "conversation": conversation_requests(tok, args.turns, args.prefix_tokens // 2,
+                                              args.max_tokens)}
+    print(f"{llm!r}\nthreads={torch.get_num_threads()}  shared prefix: "
+          f"{args.num_questions} questions behind {args.prefix_tokens} tokens; conversation: "
+          f"{args.turns} turns over {args.prefix_tokens // 2} tokens; {args.max_tokens} output "
           "tokens per request, greedy, EOS ignored")
-    for llm in llms.values():                                   # warm-up, under one block
-        llm.generate([system[:8]], SamplingParams(max_tokens=2), use_tqdm=False)
+    serve(llm, workloads["shared prefix"][:1])                  # warm-up
     print(f"{'workload':<14} {'caching':>7} {'prompt tok':>10} {'computed':>9} "
           f"{'hit rate':>8} {'mean TTFT':>10} {'out tok/s':>9}")
     hit_tokens = {}
-    for name, run in workloads.items():
-        ttft, texts = {}, {}
+    for name, requests in workloads.items():
+        ttft, tokens = {}, {}
         for flag in (False, True):
-            outs, calls = run(llms[flag])
-            secs = sum(c[0] for c in calls)
-            prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
-            hits = hit_tokens[name, flag] = sum(c[1] for c in calls)
-            ttft[flag] = sum(o.metrics.ttft for o in outs) / len(outs)
-            texts[flag] = [o.outputs[0].token_ids for o in outs]
+            llm.reconfigure(enable_prefix_caching=flag)         # a fresh, empty cache
+            run = serve(llm, requests)
+            prompt_tokens = sum(len(o.prompt_token_ids) for o in run.outputs)
+            hits = hit_tokens[name, flag] = run.steps[-1].stats.prefix_cache_hit_tokens
+            ttft[flag] = sum(run.ttfts) / len(run.ttfts)
+            tokens[flag] = [o.outputs[0].token_ids for o in run.outputs]
             print(f"{name:<14} {'on' if flag else 'off':>7} {prompt_tokens:>10} "
                   f"{prompt_tokens - hits:>9} {hits / prompt_tokens:>8.1%} "
-                  f"{1000 * ttft[flag]:>8.0f}ms "
-                  f"{sum(len(t) for t in texts[flag]) / secs:>9.1f}")
+                  f"{1000 * ttft[flag]:>8.0f}ms {run.output_throughput:>9.1f}")
         print(f"{'':<14} TTFT off/on: {ttft[False] / ttft[True]:.2f}x; identical outputs: "
-              f"{texts[False] == texts[True]}")
-    skipped = hit_tokens["shared prefix", True] / (len(questions) * len(system))
+              f"{tokens[False] == tokens[True]}")
+    skipped = hit_tokens["shared prefix", True] / (args.num_questions * args.prefix_tokens)
     print(f"shared-prefix tokens skipped (all {args.num_questions} requests, the first "
           f"included): {skipped:.1%}")
 

@@ -116,15 +116,19 @@ class EngineConfig:
     swap_space: int = 1 << 30             # bytes of host memory for swapped KV blocks
     scheduling: str = "continuous"        # or "static": a new batch only when one finishes
     attention_backend: str = "auto"       # "torch" | "triton" | "auto" (Triton on CUDA bf16/fp16)
+    kv_layout: str = "paged"              # or "contiguous": one max_model_len slab per request
 
     def __post_init__(self):
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                     "kv_cache_memory", "num_kv_blocks"):
+                     "kv_cache_memory", "num_kv_blocks", "swap_space"):
             value = getattr(self, name)
             if value is None and name in ("kv_cache_memory", "num_kv_blocks"):
                 continue
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got "
                              f"{self.preemption_mode!r}")
@@ -139,6 +143,11 @@ class EngineConfig:
                 f"without chunked prefill a whole prompt must fit one step: "
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_model_len ({self.max_model_len})")
+        if self.kv_layout not in ("paged", "contiguous"):
+            raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
+        if self.preemption_mode == "swap" and self.kv_layout != "paged":
+            raise ValueError("preemption_mode='swap' moves KV blocks, which needs "
+                             "kv_layout='paged'")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got "
                              f"{self.attention_backend!r}")

@@ -1,100 +1,126 @@
 """LLMEngine: the loop that turns requests into tokens, one iteration at a time.
 
-    add_request(...)   tokenize, validate, make n Sequences, queue them
+    add_request(...)   tokenize, validate, make a SequenceGroup, queue it
     step()             schedule -> run the model once -> append tokens, finish, free blocks
                        -> a RequestOutput for every request that made progress (streaming)
+    abort_request(id)  finish a request now and return its blocks
+    reconfigure(...)   new EngineConfig values (token budget, pool size, ...) over the same
+                       weights, checked exactly like a fresh engine's
+    trace()            record a StepRecord per step (what ran, how long, the engine after)
 
 LLM (minivllm/llm.py) is the offline front end on top: add everything, step until done.
+
+One request's fault stays that request's: an exception while sampling, detokenizing or
+checking its stop conditions finishes it with finish_reason "abort" and the error in its
+output, frees its blocks, and the other requests go on. (An exception in the forward pass
+itself concerns the whole batch and is raised.)
+
+Left out, compared with vLLM: the separate engine-core process (V1 runs the busy loop in its
+own process and talks to the front end over ZMQ; minivllm's AsyncLLMEngine uses a thread),
+LoRA, multi-modal inputs, pooling models, and pipeline parallelism.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
 
 import torch
 
 from minivllm.block_manager import BlockManager, cdiv
-from minivllm.config import (EngineConfig, ModelConfig, resolve_device, resolve_dtype)
+from minivllm.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
 from minivllm.detokenizer import IncrementalDetokenizer
 from minivllm.kv_cache import ContiguousAllocator
 from minivllm.loader import load_hf_config, load_tokenizer, resolve_model_path
 from minivllm.model_runner import ModelRunner
 from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
-from minivllm.scheduler import Scheduler
-from minivllm.sequence import Sequence, SequenceStatus
+from minivllm.scheduler import Scheduler, SchedulerOutput
+from minivllm.sequence import Sequence, SequenceGroup, SequenceStatus
+from minivllm.stats import EngineStats, ScheduledSeq, StepRecord
 
 logger = logging.getLogger("minivllm")
 
-
-@dataclass(slots=True)
-class EngineStats:
-    """A snapshot of the engine between steps."""
-
-    num_running: int
-    num_waiting: int
-    num_swapped: int
-    num_blocks_used: int
-    num_blocks_total: int
-    slots_reserved: int        # KV slots owned by running sequences (used blocks x block_size)
-    tokens_cached: int         # tokens whose K/V those slots actually hold
-    num_preemptions: int
-    prefix_cache_queried_tokens: int = 0   # prompt tokens looked up at admission
-    prefix_cache_hit_tokens: int = 0       # of those, found in the cache (not computed)
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        q = self.prefix_cache_queried_tokens
-        return self.prefix_cache_hit_tokens / q if q else 0.0
-
-    @property
-    def kv_utilization(self) -> float:
-        """Share of reserved KV memory that holds real tokens."""
-        return self.tokens_cached / self.slots_reserved if self.slots_reserved else 0.0
+MAX_LOGPROBS = 20          # vLLM's default max_logprobs: top logprobs a request may ask for
 
 
 class LLMEngine:
     def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
-                 device: str = "auto", max_model_len: int | None = None,
-                 kv_layout: str = "paged", **engine_kwargs):
-        if kv_layout not in ("paged", "contiguous"):
-            raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {kv_layout!r}")
+                 device: str = "auto", **engine_kwargs):
         t0 = time.perf_counter()
         self.model_path = resolve_model_path(model)
         self.model_config = ModelConfig.from_hf_dict(load_hf_config(self.model_path))
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        limit = self.model_config.max_position_embeddings
-        if max_model_len is not None and max_model_len > limit:
-            raise ValueError(f"max_model_len={max_model_len} exceeds the model's "
-                             f"max_position_embeddings ({limit})")
-        self.config = EngineConfig(max_model_len=max_model_len or limit, **engine_kwargs)
-
+        config = self._make_config(None, engine_kwargs)
         self.tokenizer = load_tokenizer(self.model_path)
         self.eos_token_ids = set(self.model_config.eos_token_id)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-
-        if self.config.preemption_mode == "swap" and kv_layout != "paged":
-            raise ValueError("preemption_mode='swap' moves KV blocks, which needs "
-                             "kv_layout='paged'")
-        self.runner = ModelRunner(self.model_config, self.config, self.model_path,
-                                  self.device, self.dtype, kv_layout)
-        if kv_layout == "paged":
-            self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
-                                              self.config.enable_prefix_caching)
-        else:
-            self.block_manager = ContiguousAllocator(self.runner.num_blocks,
-                                                     self.config.max_model_len)
-        self.cpu_block_manager = (BlockManager(self.runner.num_cpu_blocks, self.config.block_size)
-                                  if self.runner.num_cpu_blocks else None)
-        self.scheduler = Scheduler(self.config, self.block_manager, self.cpu_block_manager)
-        self.requests: dict[str, list[Sequence]] = {}
+        self.runner = ModelRunner(self.model_config, config, self.model_path, self.device,
+                                  self.dtype)
         self._seq_ids = itertools.count()
+        self._traces: list[list[StepRecord]] = []
+        self._init_state(config)
         self.load_time = time.perf_counter() - t0
+
+    def _make_config(self, base: EngineConfig | None, changes: dict) -> EngineConfig:
+        """base (or the defaults) with `changes`, validated by EngineConfig like a fresh
+        config, and against the model: max_model_len (None: the model's own limit) must be
+        within max_position_embeddings."""
+        names = {f.name for f in dataclasses.fields(EngineConfig)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise TypeError(f"unknown engine setting(s) {unknown}; the settings are "
+                            f"{sorted(names)} (model, dtype and device need a new engine)")
+        changes, limit = dict(changes), self.model_config.max_position_embeddings
+        if changes.get("max_model_len", base.max_model_len if base else None) is None:
+            changes["max_model_len"] = limit
+        length = changes.get("max_model_len")
+        if isinstance(length, int) and length > limit:
+            raise ValueError(f"max_model_len={length} exceeds the model's "
+                             f"max_position_embeddings ({limit})")
+        return EngineConfig(**changes) if base is None else dataclasses.replace(base, **changes)
+
+    def _init_state(self, config: EngineConfig) -> None:
+        """The block managers, scheduler and request table for `config` (the pool is sized)."""
+        self.config = config
+        runner = self.runner
+        if config.kv_layout == "paged":
+            self.block_manager = BlockManager(runner.num_blocks, config.block_size,
+                                              config.enable_prefix_caching)
+        else:
+            self.block_manager = ContiguousAllocator(runner.num_blocks, config.max_model_len)
+        self.cpu_block_manager = (BlockManager(runner.num_cpu_blocks, config.block_size)
+                                  if runner.num_cpu_blocks else None)
+        self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager)
+        self.requests: dict[str, SequenceGroup] = {}
+        self.runner.sampler.generators.clear()
+        self.num_steps = 0
+        self.last_scheduler_output: SchedulerOutput | None = None
+
+    # --8<-- [start:reconfigure]
+    def reconfigure(self, **changes) -> LLMEngine:
+        """New engine settings over the weights already loaded: a fresh KV pool, block
+        manager and scheduler (so a fresh prefix cache and fresh counters too).
+
+        `changes` are EngineConfig fields (max_num_batched_tokens, max_num_seqs, block_size,
+        num_kv_blocks, kv_cache_memory, enable_prefix_caching, preemption_mode, scheduling,
+        kv_layout, ...); anything not named keeps its current value. Refused while requests
+        are in flight: their blocks live in the pool being replaced.
+        """
+        if self.has_unfinished_requests():
+            raise RuntimeError(
+                f"cannot reconfigure with {len(self.requests)} request(s) in flight "
+                f"({', '.join(list(self.requests)[:5])}); let them finish or abort them first")
+        config = self._make_config(self.config, changes)
+        self.runner.init_kv_cache(config)
+        self._init_state(config)
+        return self
+    # --8<-- [end:reconfigure]
 
     def __repr__(self) -> str:
         device = (torch.cuda.get_device_name(self.device) if self.device.type == "cuda"
@@ -108,33 +134,36 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None) -> None:
         params = params or SamplingParams()
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
         else:
-            text, token_ids = None, [int(t) for t in prompt]
-        self._validate_prompt(token_ids, params)
-        seqs = []
-        for i in range(params.n):          # sample i draws with seed + i
-            seed = None if params.seed is None else params.seed + i
-            seq = Sequence(next(self._seq_ids), request_id, text, token_ids, params, seed,
-                           self.device)
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens,
-                                                     start=len(token_ids))
-            seqs.append(seq)
-        parent, *forks = seqs
-        parent.pending_forks = forks       # prefilled once, forked when the prompt is done
-        for fork in forks:
-            fork.parent = parent
-        self.scheduler.add(parent)
-        self.requests[request_id] = seqs
+            text, token_ids = None, list(prompt)
+            bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)]
+            if bad:
+                raise ValueError(f"prompt token ids must be integers, got {bad[0]!r}")
+        self._validate(token_ids, params)
+        group = SequenceGroup(request_id, text, token_ids, params, next(self._seq_ids))
+        self._start_detokenizer(group.seqs[0])
+        self.scheduler.add(group.seqs[0])
+        self.requests[request_id] = group
 
-    def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
-        max_len = self.config.max_model_len
+    def _start_detokenizer(self, seq: Sequence) -> None:
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.params.skip_special_tokens,
+                                                 start=seq.num_prompt_tokens)
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        """Everything a request can get wrong, checked before it is queued: a bad request
+        must fail here, alone, never inside a step that other requests share."""
+        max_len, vocab = self.config.max_model_len, self.model_config.vocab_size
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         if not token_ids:
             raise ValueError("the prompt is empty: give at least one token")
-        if params.n > 1 and isinstance(self.block_manager, ContiguousAllocator):
+        if params.n > 1 and self.config.kv_layout != "paged":
             raise ValueError("parallel sampling (n > 1) shares the prompt's KV blocks, which "
                              "needs kv_layout='paged'; the contiguous baseline cannot share")
         if params.n > self.config.max_num_seqs:
@@ -143,10 +172,16 @@ class LLMEngine:
         if len(token_ids) >= max_len:
             raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is "
                              f"{max_len}: prompt + at least one new token must fit")
-        bad = [t for t in token_ids if not 0 <= t < self.model_config.vocab_size]
+        bad = [t for t in token_ids if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary "
-                             f"(size {self.model_config.vocab_size})")
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"stop_token_ids: {bad[0]} is outside the vocabulary "
+                             f"(size {vocab})")
+        if params.logprobs is not None and params.logprobs > min(MAX_LOGPROBS, vocab):
+            raise ValueError(f"logprobs={params.logprobs} is more than the engine returns "
+                             f"(at most {min(MAX_LOGPROBS, vocab)})")
         # The request alone, at its longest, must fit the KV pool, or it could never finish.
         longest = min(len(token_ids) + params.max_tokens, max_len)
         bm = self.block_manager
@@ -158,13 +193,23 @@ class LLMEngine:
                 "max_tokens or give the engine more KV memory")
 
     def abort_request(self, request_id: str) -> None:
-        for seq in self.requests.pop(request_id, []):
+        group = self.requests.pop(request_id, None)
+        if group is not None:
+            self._finish_group(group, SequenceStatus.FINISHED_ABORTED)
+
+    def _finish_group(self, group: SequenceGroup, status: SequenceStatus) -> None:
+        for seq in group.seqs:
             if not seq.is_finished:
-                self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
+                self._finish(seq, status)
+
+    def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        self.scheduler.finish(seq, status)
+        self.runner.sampler.free(seq)
+        seq.metrics.finished_time = time.perf_counter()
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
-        seq = Sequence(-1, "score", None, token_ids, SamplingParams(), 0, self.device)
+        seq = SequenceGroup("score", None, token_ids, SamplingParams(), -1).seqs[0]
         if not self.block_manager.can_allocate(seq):
             raise RuntimeError(f"no free KV blocks to score {len(token_ids)} tokens right now")
         self.block_manager.allocate(seq, use_prefix_cache=False)   # every position computed
@@ -192,39 +237,109 @@ class LLMEngine:
             prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return bool(self.requests) or self.scheduler.has_unfinished()
+
+    @contextmanager
+    def trace(self):
+        """Record every step taken inside the block: `with engine.trace() as steps: ...`
+        fills `steps` with one StepRecord per step."""
+        steps: list[StepRecord] = []
+        self._traces.append(steps)
+        try:
+            yield steps
+        finally:
+            self._traces.remove(steps)
 
     # ---------------------------------------------------------------- one iteration
     # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
+        self.last_scheduler_output = batch
         if not batch.seqs:
-            if self.has_unfinished_requests():     # admission checks make this unreachable
+            if self.scheduler.has_unfinished():      # admission checks make this unreachable
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
             return []
         self.runner.swap_out(batch.blocks_to_swap_out)   # before their blocks are reused
         self.runner.swap_in(batch.blocks_to_swap_in)
         self.runner.copy_blocks(batch.blocks_to_copy)
-        samples = self.runner.run(batch.seqs, batch.num_new_tokens)
+        rows, logits = self.runner.run(batch.seqs, batch.num_new_tokens)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             self.block_manager.cache_computed_blocks(seq)    # full blocks become reusable
+        # Each sampling row serves its sequence, and, when that sequence has just prefilled a
+        # prompt with n > 1 samples, the samples forked from it (same row, own generators).
+        samplers, sample_rows = [], []
+        for row, i in enumerate(rows):
+            seq = batch.seqs[i]
+            children = seq.group.fork(self._seq_ids) if seq.group.num_unforked else []
+            if children:
+                self.scheduler.fork(seq, children)
+                for child in children:
+                    self._start_detokenizer(child)
+            samplers += [seq, *children]
+            sample_rows += [row] * (1 + len(children))
+        errors = self._sample_and_append(logits[sample_rows] if samplers else None, samplers)
         touched = {seq.request_id for seq in batch.seqs}
-        for seq, _, _ in samples:      # forks first: they share the prompt's blocks
-            if seq.parent is not None and seq.status is SequenceStatus.WAITING:
-                self.scheduler.fork(seq.parent, seq)
-        for seq, token_id, lp in samples:
-            seq.append_token(token_id, lp)
-            status = self._check_stop(seq)
-            if status is not None:
-                self.scheduler.finish(seq, status)
-                seq.metrics.finished_time = time.perf_counter()
         outputs = [self._request_output(rid) for rid in touched if rid in self.requests]
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]
+        self.num_steps += 1
+        if self._traces:
+            self._record(batch, outputs, errors, t0)
         return outputs
     # --8<-- [end:step]
+
+    def _sample_and_append(self, logits, seqs: list[Sequence]) -> dict[str, str]:
+        """Sample every row, append the tokens, check stops. A failure confined to some
+        requests fails those requests only; returns {request_id: error}."""
+        if not seqs:
+            return {}
+        errors: dict[str, str] = {}
+        try:
+            drawn = list(zip(*self.runner.sampler(logits, seqs)))
+        except Exception:                          # find the rows at fault, one at a time
+            drawn = []
+            for i, seq in enumerate(seqs):
+                try:
+                    token_ids, logprobs = self.runner.sampler(logits[i:i + 1], [seq])
+                    drawn.append((token_ids[0], logprobs[0]))
+                except Exception as e:             # noqa: BLE001 (isolate, report, go on)
+                    drawn.append(None)
+                    errors[seq.request_id] = f"sampling failed: {e!r}"
+        for seq, draw in zip(seqs, drawn):
+            if seq.request_id in errors or seq.is_finished:
+                continue
+            try:
+                seq.append_token(*draw)
+                status = self._check_stop(seq)
+            except Exception as e:                 # noqa: BLE001
+                errors[seq.request_id] = f"output processing failed: {e!r}"
+                continue
+            if status is not None:
+                self._finish(seq, status)
+        for request_id, error in errors.items():
+            group = self.requests[request_id]
+            group.error = error
+            logger.error("request %s failed and was aborted: %s", request_id, error)
+            self._finish_group(group, SequenceStatus.FINISHED_ABORTED)
+        return errors
+
+    def _record(self, batch: SchedulerOutput, outputs: list[RequestOutput],
+                errors: dict[str, str], t0: float) -> None:
+        rids = lambda seqs: [s.request_id for s in seqs]  # noqa: E731
+        record = StepRecord(
+            step=self.num_steps - 1,
+            scheduled=[ScheduledSeq(s.request_id, s.index, n, p) for s, n, p in
+                       zip(batch.seqs, batch.num_new_tokens, batch.is_prefill)],
+            preempted=rids(batch.preempted), swapped_out=rids(batch.swapped_out),
+            swapped_in=rids(batch.swapped_in), num_blocks_copied=len(batch.blocks_to_copy),
+            finished=[o.request_id for o in outputs if o.finished],
+            duration=time.perf_counter() - t0, stats=self.stats(), start_time=t0,
+            errors=errors)
+        for steps in self._traces:
+            steps.append(record)
 
     def _check_stop(self, seq: Sequence) -> SequenceStatus | None:
         """Detokenize seq's newest token, then decide whether seq is done."""
@@ -259,25 +374,22 @@ class LLMEngine:
         return True
 
     def _request_output(self, request_id: str) -> RequestOutput:
-        seqs = self.requests[request_id]
-        outputs = []
-        for i, seq in enumerate(seqs):
-            outputs.append(CompletionOutput(
-                index=i, text=seq.output_text, token_ids=seq.output_token_ids,
-                logprobs=seq.output_logprobs if seq.params.logprobs is not None else None,
-                finish_reason=seq.status.value if seq.is_finished else None))
-        first = seqs[0]
-        m = first.metrics
+        group = self.requests[request_id]
+        seqs = group.seqs
+        outputs = [CompletionOutput(
+            index=seq.index, text=seq.output_text, token_ids=seq.output_token_ids,
+            logprobs=seq.output_logprobs if seq.params.logprobs is not None else None,
+            finish_reason=seq.status.value if seq.is_finished else None) for seq in seqs]
+        first = seqs[0].metrics
+        finished = group.is_finished or group.error is not None
         metrics = RequestMetrics(
-            arrival_time=m.arrival_time,
-            first_scheduled_time=min((s.metrics.first_scheduled_time for s in seqs
-                                      if s.metrics.first_scheduled_time), default=None),
-            first_token_time=m.first_token_time,
-            finished_time=max((s.metrics.finished_time or 0 for s in seqs), default=None)
-            if all(s.is_finished for s in seqs) else None)
-        times = m.token_times
+            arrival_time=group.arrival_time,
+            first_scheduled_time=first.first_scheduled_time,
+            first_token_time=first.first_token_time,
+            finished_time=max(s.metrics.finished_time or 0 for s in seqs) if finished else None)
+        times = first.token_times
         return RequestOutput(
-            request_id=request_id, prompt=first.prompt,
-            prompt_token_ids=first.prompt_token_ids, outputs=outputs,
-            finished=all(s.is_finished for s in seqs), metrics=metrics,
-            inter_token_latencies=[b - a for a, b in zip(times, times[1:])])
+            request_id=request_id, prompt=group.prompt,
+            prompt_token_ids=group.prompt_token_ids, outputs=outputs, finished=finished,
+            metrics=metrics, inter_token_latencies=[b - a for a, b in zip(times, times[1:])],
+            error=group.error)

@@ -88,3 +88,9 @@ class LLM:
             prompts.append(self.tokenizer.apply_chat_template(
                 conv, tokenize=False, add_generation_prompt=add_generation_prompt))
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def reconfigure(self, **changes) -> LLM:
+        """New engine settings over the weights already loaded (LLMEngine.reconfigure):
+        `llm.reconfigure(max_num_seqs=4, enable_prefix_caching=False)`."""
+        self.engine.reconfigure(**changes)
+        return self

@@ -7,8 +7,14 @@ Each step it flattens the scheduled sequences into the four tensors every paged 
     slot_mapping  (T,)   where each new token's K/V goes in the pool
     block_tables  (B, max_blocks)   where each sequence's earlier K/V already is
 
-then runs the model once, computes logits only for the last token of each sequence that will
-sample this step, and samples.
+then runs the model once and computes logits only for the last token of each sequence that
+will sample this step; the engine hands those rows to the Sampler.
+
+The weights are loaded once; the KV pool (`init_kv_cache`) is sized and allocated per engine
+configuration, so LLMEngine.reconfigure can rebuild it over the same weights.
+
+Left out, compared with vLLM: CUDA graphs, torch.compile, persistent input buffers reused
+across steps, pipelined (async) scheduling, multi-modal inputs and LoRA.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from minivllm.loader import load_weights
 from minivllm.models import LlamaForCausalLM
 from minivllm.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
-from minivllm.sequence import Sequence
+from minivllm.sequence import Sequence, SequenceGroup
 
 logger = logging.getLogger("minivllm")
 
@@ -33,43 +39,53 @@ DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the p
 
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
-                 device: torch.device, dtype: torch.dtype, kv_layout: str = "paged"):
-        self.config, self.engine_config = model_config, engine_config
+                 device: torch.device, dtype: torch.dtype):
+        self.config = model_config
         self.device, self.dtype = device, dtype
         # Before the model is built: building it may import Triton (through torch), and on a CPU
         # Triton must see TRITON_INTERPRET=1 before that (see kernels/__init__.py).
-        self.attention_backend = resolve_attention_backend(engine_config.attention_backend,
-                                                           device, dtype)
+        resolve_attention_backend(engine_config.attention_backend, device, dtype)
         with torch.device("meta"):          # no time wasted on random init of real weights
             model = LlamaForCausalLM(model_config)
         model = model.to_empty(device=device).to(dtype)
         if model_config.tie_word_embeddings:  # to_empty breaks the tie: restore it
             model.lm_head.weight = model.model.embed_tokens.weight
         load_weights(model, path)
-        model.model.rotary_emb.build(engine_config.max_model_len, device, dtype)
         self.model = model.eval()
-        self.sampler = Sampler()
+        self.sampler = Sampler(device)
+        self.kv_cache = self.cpu_kv_cache = None
+        self.init_kv_cache(engine_config)
 
+    def init_kv_cache(self, engine_config: EngineConfig) -> None:
+        """Size and allocate the KV pool (and the swap pool) for engine_config, replacing any
+        pool from an earlier configuration. The weights stay as they are."""
+        self.engine_config = engine_config
+        self.kv_cache = self.cpu_kv_cache = None           # let the old pools go first
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.attention_backend = resolve_attention_backend(engine_config.attention_backend,
+                                                           self.device, self.dtype)
+        self.model.model.rotary_emb.build(engine_config.max_model_len, self.device, self.dtype)
         # The KV pool. "paged": blocks of block_size tokens; "contiguous": one slab of
         # max_model_len tokens per sequence (lesson 01's baseline), addressed the same way.
-        self.kv_layout = kv_layout
-        self.block_size = (engine_config.block_size if kv_layout == "paged"
+        self.kv_layout = engine_config.kv_layout
+        self.block_size = (engine_config.block_size if self.kv_layout == "paged"
                            else engine_config.max_model_len)
         self.num_blocks = self._num_kv_blocks()
-        self.kv_cache = allocate_kv_cache(model_config, self.num_blocks, self.block_size,
-                                          dtype, device)
+        self.kv_cache = allocate_kv_cache(self.config, self.num_blocks, self.block_size,
+                                          self.dtype, self.device)
         self._bind_kv_cache(self.kv_cache)
         logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size,
-                    self.kv_cache.numel() * self.kv_cache.element_size() / 2**20, kv_layout)
+                    self.kv_cache.numel() * self.kv_cache.element_size() / 2**20, self.kv_layout)
         # The swap pool: same layout, in host memory (pinned, so copies can be asynchronous).
-        self.num_cpu_blocks, self.cpu_kv_cache = 0, None
+        self.num_cpu_blocks = 0
         if engine_config.preemption_mode == "swap":
-            block_bytes = kv_bytes_per_token(model_config, dtype) * self.block_size
+            block_bytes = kv_bytes_per_token(self.config, self.dtype) * self.block_size
             self.num_cpu_blocks = engine_config.swap_space // block_bytes
-            self.cpu_kv_cache = allocate_kv_cache(model_config, self.num_cpu_blocks,
-                                                  self.block_size, dtype, torch.device("cpu"))
-            if device.type == "cuda":
+            self.cpu_kv_cache = allocate_kv_cache(self.config, self.num_cpu_blocks,
+                                                  self.block_size, self.dtype, torch.device("cpu"))
+            if self.device.type == "cuda":
                 self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
 
     def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
@@ -104,7 +120,7 @@ class ModelRunner:
         scratch = allocate_kv_cache(self.config, -(-n // self.block_size), self.block_size,
                                     self.dtype, self.device)
         self._bind_kv_cache(scratch)
-        seq = Sequence(-1, "profile", None, [0] * n, SamplingParams(), 0, self.device)
+        seq = SequenceGroup("profile", None, [0] * n, SamplingParams(), -1).seqs[0]
         seq.block_table = list(range(scratch.shape[2]))
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -164,25 +180,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_new_tokens: list[int]):
-        """One forward pass; returns [(seq, token id, logprobs)] for every sequence that
-        samples: those whose new tokens reach their end (a prefill chunk in the middle samples
-        nothing), plus the pending forks of a prompt with n > 1 samples, which draw from the
-        same logits row with their own generators."""
+        """One forward pass. Returns the indices (into seqs) of the sequences that sample this
+        step, those whose new tokens reach their end (a prefill chunk in the middle samples
+        nothing), and their logits, (S, vocab) float32."""
         input_ids, positions, md = self.prepare(seqs, num_new_tokens)
         hidden = self.model(input_ids, positions, md)                  # (T, hidden)
         sampling = [i for i, (s, n) in enumerate(zip(seqs, num_new_tokens))
                     if s.num_computed_tokens + n == len(s)]
         if not sampling:
-            return []
+            return [], None
         last_token_rows = md.query_start_loc[1:][sampling] - 1
-        logits = self.model.compute_logits(hidden[last_token_rows])   # (S, vocab)
-        rows, samplers = [], []
-        for row, i in enumerate(sampling):
-            for seq in (seqs[i], *seqs[i].pending_forks):
-                rows.append(row)
-                samplers.append(seq)
-        token_ids, logprobs = self.sampler(logits[rows], samplers)
-        return list(zip(samplers, token_ids, logprobs))
+        return sampling, self.model.compute_logits(hidden[last_token_rows])   # (S, vocab)
 
     @torch.inference_mode()
     def prompt_logits(self, seq: Sequence) -> torch.Tensor:

@@ -49,3 +49,4 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     inter_token_latencies: list[float] = field(default_factory=list)
+    error: str | None = None      # why the engine failed this request (finish_reason "abort")

@@ -4,6 +4,14 @@ Order of operations, as in vLLM: logprobs are read from the raw distribution; th
 top-k and top-p reshape it; then each row draws with its own torch.Generator. Drawing is the
 "exponential race": argmax(p / E) with E ~ Exp(1) picks token i with probability p_i, exactly
 like multinomial, but without a host sync on GPUs.
+
+Each sample draws from its own torch.Generator, kept here by sequence id (seeded with the
+request's seed + the sample's index, or from the OS), so its tokens do not depend on what else
+shares the batch: a seeded request is reproducible in any company. The engine calls `free`
+when a sequence finishes.
+
+Left out, compared with vLLM: repetition / presence / frequency penalties, min_p, min_tokens,
+logits processors, and batched (FlashInfer) top-k/top-p kernels.
 """
 
 from __future__ import annotations
@@ -29,6 +37,23 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 
 
 class Sampler:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.generators: dict[int, torch.Generator] = {}      # seq_id -> its generator
+
+    def generator(self, seq: Sequence) -> torch.Generator:
+        g = self.generators.get(seq.seq_id)
+        if g is None:
+            g = self.generators[seq.seq_id] = torch.Generator(device=self.device)
+            if seq.seed is None:
+                g.seed()
+            else:
+                g.manual_seed(seq.seed)
+        return g
+
+    def free(self, seq: Sequence) -> None:
+        self.generators.pop(seq.seq_id, None)
+
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]):
         """logits: (B, V) float32, row i for seqs[i] -> (token ids, per-token logprob dicts)."""
         vocab = logits.shape[-1]
@@ -47,7 +72,7 @@ class Sampler:
             rows = apply_top_k_top_p(rows / temp[:, None], top_k, top_p)
             probs = rows.softmax(dim=-1)
             for j, i in enumerate(sampled):
-                noise = torch.empty_like(probs[j]).exponential_(generator=seqs[i].generator)
+                noise = torch.empty_like(probs[j]).exponential_(generator=self.generator(seqs[i]))
                 tokens[i] = (probs[j] / noise).argmax()
 
         token_ids = tokens.tolist()

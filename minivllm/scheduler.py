@@ -33,16 +33,33 @@ from minivllm.sequence import Sequence, SequenceStatus
 
 @dataclass(slots=True)
 class SchedulerOutput:
+    """What one step will do: the engine carries it out, then keeps it (engine.last_step).
+
+    seqs[i] computes num_new_tokens[i] tokens; is_prefill[i] says whether that is a prefill
+    chunk (prompt tokens, or tokens to recompute after a preemption) or a one-token decode.
+    """
+
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
+    is_prefill: list[bool] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)   # (cpu, device)
-    preempted: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)     # recomputed or swapped out
+    swapped_out: list[Sequence] = field(default_factory=list)   # of those, swapped out
+    swapped_in: list[Sequence] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
         return sum(self.num_new_tokens)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(n for n, p in zip(self.num_new_tokens, self.is_prefill) if p)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(n for n, p in zip(self.num_new_tokens, self.is_prefill) if not p)
 
 
 class Scheduler:
@@ -67,6 +84,7 @@ class Scheduler:
         n = min(seq.num_uncomputed_tokens, budget)
         out.seqs.append(seq)
         out.num_new_tokens.append(n)
+        out.is_prefill.append(seq.is_prefill)
         return budget - n
 
     # --8<-- [start:schedule]
@@ -96,6 +114,7 @@ class Scheduler:
                 break
             self.swapped.popleft()
             out.blocks_to_swap_in += bm.swap_in(seq, self.cpu_block_manager)
+            out.swapped_in.append(seq)
             out.blocks_to_copy += bm.append_slots(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -107,7 +126,8 @@ class Scheduler:
             return out
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if len(self.running) + 1 + len(seq.pending_forks) > self.config.max_num_seqs:
+            # A request with n samples is admitted with room for all n (forked after prefill).
+            if len(self.running) + 1 + seq.group.num_unforked > self.config.max_num_seqs:
                 break
             if not self.config.enable_chunked_prefill and seq.num_uncomputed_tokens > budget:
                 break
@@ -123,14 +143,12 @@ class Scheduler:
         return out
     # --8<-- [end:schedule]
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Parallel sampling: `child` joins running, sharing every block of `parent`."""
-        parent.pending_forks.remove(child)
-        self.block_manager.fork(parent, child)
-        child.num_computed_tokens = parent.num_computed_tokens
-        child.status = SequenceStatus.RUNNING
-        child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
-        self.running.append(child)
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Parallel sampling: `children` join running, sharing every block of `parent`."""
+        for child in children:
+            self.block_manager.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         bm, cpu = self.block_manager, self.cpu_block_manager
@@ -138,6 +156,7 @@ class Scheduler:
             # Swap: keep the KV, in host memory.
             pairs = bm.swap_out(seq, cpu)
             out.blocks_to_swap_out += pairs
+            out.swapped_out.append(seq)
             self.num_swapped_out_blocks += len(pairs)
             seq.status = SequenceStatus.SWAPPED
             self.swapped.append(seq)

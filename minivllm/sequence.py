@@ -1,7 +1,8 @@
-"""Sequence: the state of one sample of one request, as it moves through the engine.
+"""Sequence and SequenceGroup: the state of a request as it moves through the engine.
 
-A request with n samples becomes n Sequences that share a request_id. Everything the scheduler,
-block manager and model runner need to know about a sequence lives here:
+A request becomes one SequenceGroup (vLLM's name) that owns its samples. Each sample is a
+Sequence; everything the scheduler, block manager and model runner need to know about it lives
+there:
 
     token_ids            prompt + generated tokens, in order
     num_computed_tokens  how many of them already have K/V in the cache
@@ -9,6 +10,15 @@ block manager and model runner need to know about a sequence lives here:
 
 The tokens still to be computed are token_ids[num_computed_tokens:]: the whole prompt at first,
 then one new token per decode step. Same bookkeeping as vLLM.
+
+Parallel sampling (n > 1): the group starts with one sequence, which prefills the prompt once.
+When the prompt is done, the group forks the other n - 1 samples from it; they share its
+blocks (copy-on-write) and each draws its own first token from the same logits row.
+
+Plain Python only: no torch tensors here (each sample's random generator lives with the
+Sampler), so the scheduler and the block manager can be read and tested without a device.
+Left out, compared with vLLM: beam search, prompt adapters, encoder-decoder and multi-modal
+inputs.
 """
 
 from __future__ import annotations
@@ -16,8 +26,6 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-
-import torch
 
 from minivllm.sampling_params import SamplingParams
 
@@ -28,7 +36,7 @@ class SequenceStatus(enum.Enum):
     SWAPPED = "swapped"            # preempted, its KV parked in host memory
     FINISHED_STOPPED = "stop"      # EOS, a stop token or a stop string
     FINISHED_LENGTH = "length"     # max_tokens or max_model_len reached
-    FINISHED_ABORTED = "abort"
+    FINISHED_ABORTED = "abort"     # aborted by the caller, or failed (then group.error says why)
 
     @property
     def finished(self) -> bool:
@@ -45,15 +53,13 @@ class SequenceMetrics:
 
 
 class Sequence:
-    def __init__(self, seq_id: int, request_id: str, prompt: str | None,
-                 prompt_token_ids: list[int], params: SamplingParams, seed: int | None,
-                 device: torch.device):
+    def __init__(self, seq_id: int, group: SequenceGroup, index: int,
+                 token_ids: list[int], num_prompt_tokens: int):
         self.seq_id = seq_id
-        self.request_id = request_id
-        self.prompt = prompt
-        self.token_ids = list(prompt_token_ids)
-        self.num_prompt_tokens = len(prompt_token_ids)
-        self.params = params
+        self.group = group                       # the request this sample belongs to
+        self.index = index                       # which of the request's n samples
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = num_prompt_tokens
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
@@ -65,19 +71,8 @@ class Sequence:
         self.detokenizer = None                  # IncrementalDetokenizer, set by the engine
         self.output_text = ""                    # the text so far (cut at a stop string)
         self.stop_string: str | None = None      # the stop string that finished it, if any
-        # Parallel sampling: the prompt is prefilled once, by the first sample; the others wait
-        # here and are forked from it (sharing its blocks) when its first token is sampled.
-        self.pending_forks: list[Sequence] = []
-        self.parent: Sequence | None = None
         self.output_logprobs: list[dict[int, float]] = []
-        self.metrics = SequenceMetrics()
-        # Every sequence samples from its own generator, so its tokens do not depend on what
-        # else shares the batch: a seeded request is reproducible in any company.
-        self.generator = torch.Generator(device=device)
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
+        self.metrics = SequenceMetrics(arrival_time=group.arrival_time)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -85,6 +80,19 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, {self.status.value}, tokens={len(self)}, "
                 f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+    @property
+    def request_id(self) -> str:
+        return self.group.request_id
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.group.params
+
+    @property
+    def seed(self) -> int | None:
+        """Sample i of a seeded request draws with seed + i: reproducible in any batch."""
+        return None if self.params.seed is None else self.params.seed + self.index
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -103,6 +111,12 @@ class Sequence:
         return len(self.token_ids) - self.num_computed_tokens
 
     @property
+    def is_prefill(self) -> bool:
+        """Are prompt tokens (or, after a recompute preemption, any tokens but the newest)
+        still without K/V? Then its next step is a prefill chunk, not a one-token decode."""
+        return self.num_uncomputed_tokens > 1 or self.num_output_tokens == 0
+
+    @property
     def is_finished(self) -> bool:
         return self.status.finished
 
@@ -114,3 +128,51 @@ class Sequence:
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         self.metrics.token_times.append(now)
+
+
+class SequenceGroup:
+    """One request: its prompt, its SamplingParams, and the samples it owns.
+
+    `seqs` holds the samples that exist: one until the prompt has been prefilled, then all n
+    (`fork` makes the others). The scheduler asks `num_unforked` to reserve room for the
+    samples to come before it admits the first one.
+    """
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: SamplingParams, first_seq_id: int):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.params = params
+        self.arrival_time = time.perf_counter()
+        self.error: str | None = None            # why the engine failed this request, if it did
+        self.seqs = [Sequence(first_seq_id, self, 0, prompt_token_ids, len(prompt_token_ids))]
+
+    def __repr__(self) -> str:
+        return f"SequenceGroup({self.request_id!r}, n={self.params.n}, seqs={self.seqs})"
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.seqs[0].prompt_token_ids
+
+    @property
+    def num_unforked(self) -> int:
+        return self.params.n - len(self.seqs)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.num_unforked == 0 and all(s.is_finished for s in self.seqs)
+
+    def fork(self, seq_ids) -> list[Sequence]:
+        """Make the other n - 1 samples as copies of the first, whose prompt is now computed.
+        They hold no blocks yet: the caller shares the first sample's blocks with them."""
+        first = self.seqs[0]
+        children = []
+        for index in range(len(self.seqs), self.params.n):
+            child = Sequence(next(seq_ids), self, index, first.token_ids, first.num_prompt_tokens)
+            child.num_computed_tokens = first.num_computed_tokens
+            child.block_hashes = list(first.block_hashes)
+            child.extra_keys = first.extra_keys
+            child.metrics.first_scheduled_time = first.metrics.first_scheduled_time
+            children.append(child)
+        self.seqs += children
+        return children

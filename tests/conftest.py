@@ -43,6 +43,48 @@ def smol_llm(smol_path):
     return LLM(str(smol_path), max_model_len=1024, max_num_seqs=16)
 
 
+@pytest.fixture
+def smol(smol_llm):
+    """smol(**settings) -> the session's SmolLM2 LLM, reconfigured as a fresh
+    LLM(**settings) would be: the same weights, a fresh KV pool, prefix cache and counters.
+    Put back as it was afterwards. (Loading the weights again would cost seconds a test.)"""
+    from dataclasses import fields
+
+    from minivllm.config import EngineConfig
+    engine = smol_llm.engine
+    before = {f.name: getattr(engine.config, f.name) for f in fields(EngineConfig)}
+    fresh = {f.name: f.default for f in fields(EngineConfig)} | {"max_model_len": None}
+    yield lambda **settings: smol_llm.reconfigure(**{**fresh, **settings})
+    for request_id in list(engine.requests):
+        engine.abort_request(request_id)
+    smol_llm.reconfigure(**before)
+
+
+WEIGHT_LOADS = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def count_weight_loads():
+    """Count how often the suite loads model weights (printed at the end of the run)."""
+    from minivllm import model_runner
+    real = model_runner.load_weights
+
+    def counting(model, path):
+        WEIGHT_LOADS.append(str(path))
+        return real(model, path)
+    model_runner.load_weights = counting
+    yield
+    model_runner.load_weights = real
+
+
+def pytest_terminal_summary(terminalreporter):
+    if WEIGHT_LOADS:
+        smol = sum("SmolLM2" in p for p in WEIGHT_LOADS)
+        terminalreporter.write_line(f"model weights loaded {len(WEIGHT_LOADS)} times "
+                                    f"(SmolLM2-135M: {smol}, tiny checkpoints: "
+                                    f"{len(WEIGHT_LOADS) - smol})")
+
+
 @pytest.fixture(scope="session")
 def hf_smol():
     """transformers' own model from the same GGUF file, with its own GGUF loader."""

@@ -76,8 +76,8 @@ def test_bad_chat_messages(smol_llm):
         smol_llm.chat([], use_tqdm=False)
 
 
-def test_request_that_can_never_fit_the_pool(smol_path):
-    llm = LLM(str(smol_path), max_model_len=512, num_kv_blocks=4, block_size=16)
+def test_request_that_can_never_fit_the_pool(smol):
+    llm = smol(max_model_len=512, num_kv_blocks=4, block_size=16)
     with pytest.raises(ValueError, match=r"needs up to 105 tokens of KV cache \(7 blocks of 16\), "
                                          r"but the pool has only 4 blocks"):
         llm.generate([[5] * 100], SamplingParams(max_tokens=5), use_tqdm=False)

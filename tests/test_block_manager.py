@@ -6,12 +6,11 @@ from minivllm.block_manager import BlockManager
 from minivllm.kv_cache import ContiguousAllocator, kv_bytes_per_token
 from minivllm.config import ModelConfig
 from minivllm.sampling_params import SamplingParams
-from minivllm.sequence import Sequence
+from minivllm.sequence import Sequence, SequenceGroup
 
 
 def seq(n_tokens: int, seq_id: int = 0) -> Sequence:
-    return Sequence(seq_id, "r", None, list(range(n_tokens)), SamplingParams(), 0,
-                    torch.device("cpu"))
+    return SequenceGroup("r", None, list(range(n_tokens)), SamplingParams(), seq_id).seqs[0]
 
 
 def test_allocate_grows_one_block_at_a_time():

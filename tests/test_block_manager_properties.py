@@ -1,14 +1,13 @@
 """Property-based tests of the BlockManager: random interleavings of allocate, append, fork and
 free, checked against a model of what the KV pool must contain."""
 
-import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from minivllm.block_manager import BlockManager
 from minivllm.sampling_params import SamplingParams
-from minivllm.sequence import Sequence
+from minivllm.sequence import Sequence, SequenceGroup
 
 NUM_BLOCKS, BLOCK_SIZE = 24, 4
 
@@ -26,8 +25,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.next_token = 1000
 
     def _new_seq(self, tokens):
-        seq = Sequence(self.next_id, f"r{self.next_id}", None, tokens, SamplingParams(), 0,
-                       torch.device("cpu"))
+        seq = SequenceGroup(f"r{self.next_id}", None, tokens, SamplingParams(),
+                            self.next_id).seqs[0]
         self.next_id += 1
         return seq
 

@@ -46,11 +46,10 @@ def test_tiny_random_checkpoints_match_transformers(arch, tiny_checkpoint):
     assert [o.outputs[0].token_ids for o in outs] == refs
 
 
-def test_contiguous_cache_gives_the_same_tokens(smol_path, smol_llm):
-    contiguous = LLM(str(smol_path), max_model_len=256, kv_layout="contiguous",
-                     kv_cache_memory=64 << 20)
-    assert contiguous.engine.runner.block_size == 256
+def test_contiguous_cache_gives_the_same_tokens(smol):
     prompts = PROMPTS[:4]
+    b = smol(max_model_len=256).generate(prompts, GREEDY, use_tqdm=False)
+    contiguous = smol(max_model_len=256, kv_layout="contiguous", kv_cache_memory=64 << 20)
+    assert contiguous.engine.runner.block_size == 256
     a = contiguous.generate(prompts, GREEDY, use_tqdm=False)
-    b = smol_llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]

@@ -13,16 +13,11 @@ def token_ids(outs):
     return [o.outputs[0].token_ids for o in outs]
 
 
-def record_steps(llm):
-    """Wrap the scheduler so each step's (num_seqs, num_batched_tokens) is recorded."""
-    steps, schedule = [], llm.engine.scheduler.schedule
-
-    def recording():
-        out = schedule()
-        steps.append((len(out.seqs), out.num_batched_tokens, len(out.preempted)))
-        return out
-    llm.engine.scheduler.schedule = recording
-    return steps
+def generate_traced(llm, prompts, params=GREEDY):
+    """Greedy token ids, and one (num_seqs, num_batched_tokens, num_preempted) per step."""
+    with llm.engine.trace() as steps:
+        ids = token_ids(llm.generate(prompts, params, use_tqdm=False))
+    return ids, [(s.num_seqs, s.num_batched_tokens, len(s.preempted)) for s in steps]
 
 
 def assert_pool_full(llm):
@@ -37,21 +32,21 @@ def reference(smol_llm):
 
 
 @pytest.mark.parametrize("budget", [16, 64, 4096])
-def test_chunked_prefill_gives_the_same_tokens(smol_path, reference, budget):
-    llm = LLM(str(smol_path), max_model_len=512, max_num_batched_tokens=budget)
-    steps = record_steps(llm)
-    assert token_ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == reference
+def test_chunked_prefill_gives_the_same_tokens(smol, reference, budget):
+    llm = smol(max_model_len=512, max_num_batched_tokens=budget)
+    ids, steps = generate_traced(llm, PROMPTS)
+    assert ids == reference
     assert max(tokens for _, tokens, _ in steps) <= budget
     if budget == 16:   # prompts of ~10-20 tokens were split, and mixed with decodes
         assert any(n > 1 and tokens == 16 for n, tokens, _ in steps)
     assert_pool_full(llm)
 
 
-def test_preemption_under_a_tiny_pool_gives_the_same_tokens(smol_path, reference):
+def test_preemption_under_a_tiny_pool_gives_the_same_tokens(smol, reference):
     # 8 sequences grow to ~40 tokens (3 blocks each): 24 blocks wanted, 10 available.
-    llm = LLM(str(smol_path), max_model_len=512, num_kv_blocks=10, block_size=16)
-    steps = record_steps(llm)
-    assert token_ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == reference
+    llm = smol(max_model_len=512, num_kv_blocks=10, block_size=16)
+    ids, steps = generate_traced(llm, PROMPTS)
+    assert ids == reference
     assert llm.engine.scheduler.num_preemptions > 0
     assert sum(p for _, _, p in steps) == llm.engine.scheduler.num_preemptions
     assert_pool_full(llm)
@@ -71,8 +66,8 @@ def test_abort_frees_blocks_at_once(smol_llm):
     assert_pool_full(smol_llm)
 
 
-def test_streaming_steps_and_fcfs(smol_path):
-    llm = LLM(str(smol_path), max_model_len=256, max_num_seqs=1)
+def test_streaming_steps_and_fcfs(smol):
+    llm = smol(max_model_len=256, max_num_seqs=1)
     engine = llm.engine
     for i in range(3):
         engine.add_request(f"r{i}", f"Count to {i + 3}:", SamplingParams(temperature=0,
@@ -99,11 +94,11 @@ def test_streaming_steps_and_fcfs(smol_path):
     assert_pool_full(llm)
 
 
-def test_swap_preemption_gives_the_same_tokens(smol_path, reference):
-    llm = LLM(str(smol_path), max_model_len=512, num_kv_blocks=10, block_size=16,
-              preemption_mode="swap", swap_space=64 * 16 * 46080)
-    steps = record_steps(llm)
-    assert token_ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == reference
+def test_swap_preemption_gives_the_same_tokens(smol, reference):
+    llm = smol(max_model_len=512, num_kv_blocks=10, block_size=16, preemption_mode="swap",
+               swap_space=64 * 16 * 46080)
+    ids, steps = generate_traced(llm, PROMPTS)
+    assert ids == reference
     sched = llm.engine.scheduler
     assert sched.num_preemptions > 0 and sched.num_swapped_out_blocks > 0
     assert sum(p for _, _, p in steps) == sched.num_preemptions
@@ -112,9 +107,9 @@ def test_swap_preemption_gives_the_same_tokens(smol_path, reference):
     assert cpu.num_free_blocks == cpu.num_blocks
 
 
-def test_swap_out_and_in_restore_kv_bit_exactly(smol_path):
-    llm = LLM(str(smol_path), max_model_len=256, num_kv_blocks=32, block_size=16,
-              preemption_mode="swap", swap_space=32 * 16 * 46080)
+def test_swap_out_and_in_restore_kv_bit_exactly(smol):
+    llm = smol(max_model_len=256, num_kv_blocks=32, block_size=16, preemption_mode="swap",
+               swap_space=32 * 16 * 46080)
     engine = llm.engine
     engine.add_request("s", "Swapping keeps the cache in host memory.", SamplingParams(
         temperature=0, max_tokens=30, ignore_eos=True))
@@ -140,10 +135,10 @@ def test_swap_out_and_in_restore_kv_bit_exactly(smol_path):
     assert_pool_full(llm)
 
 
-def test_static_batching_admits_only_into_an_empty_batch(smol_path, reference):
-    llm = LLM(str(smol_path), max_model_len=512, max_num_seqs=4, scheduling="static")
-    steps = record_steps(llm)
-    assert token_ids(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == reference
+def test_static_batching_admits_only_into_an_empty_batch(smol, reference):
+    llm = smol(max_model_len=512, max_num_seqs=4, scheduling="static")
+    ids, steps = generate_traced(llm, PROMPTS)
+    assert ids == reference
     sizes = [n for n, _, _ in steps]
     # Two batches of 4: sizes never grow back within a batch; they only shrink as requests
     # finish (here all finish together: equal max_tokens).

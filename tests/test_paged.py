@@ -22,8 +22,8 @@ def hf_refs(hf_smol, boundary_prompts):
 
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 def test_greedy_matches_transformers_for_every_block_size(smol_path, boundary_prompts,
-                                                          hf_refs, block_size):
-    llm = LLM(str(smol_path), max_model_len=256, block_size=block_size)
+                                                          hf_refs, block_size, smol):
+    llm = smol(max_model_len=256, block_size=block_size)
     outs = llm.generate(boundary_prompts, SamplingParams(temperature=0, max_tokens=20,
                                                          ignore_eos=True), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == hf_refs
@@ -70,16 +70,15 @@ def test_each_parallel_sample_equals_its_seed_alone(smol_llm):
         assert alone.outputs[0].token_ids == tokens, f"sample {i}"
 
 
-def test_parallel_sampling_needs_the_paged_layout(smol_path):
-    llm = LLM(str(smol_path), max_model_len=128, kv_layout="contiguous",
-              kv_cache_memory=4 * 128 * 46080)
+def test_parallel_sampling_needs_the_paged_layout(smol):
+    llm = smol(max_model_len=128, kv_layout="contiguous", kv_cache_memory=4 * 128 * 46080)
     with pytest.raises(ValueError, match="needs kv_layout='paged'"):
         llm.generate("hi", SamplingParams(n=2, temperature=1.0), use_tqdm=False)
 
 
-def test_parallel_sampling_survives_preemption(smol_path):
+def test_parallel_sampling_survives_preemption(smol):
     """n=3 with a pool too small for all samples at once: forks get preempted and recomputed."""
-    llm = LLM(str(smol_path), max_model_len=256, num_kv_blocks=7, block_size=8)
+    llm = smol(max_model_len=256, num_kv_blocks=7, block_size=8)
     params = SamplingParams(n=3, temperature=0.7, max_tokens=20, seed=5, ignore_eos=True)
     ids = llm.tokenizer.encode(TEXT)[:12]
     out = llm.generate([ids], params, use_tqdm=False)[0]

@@ -7,14 +7,13 @@ from conftest import PROMPTS
 from minivllm import LLM, SamplingParams
 from minivllm import block_manager as bm_module
 from minivllm.block_manager import BlockManager
-from minivllm.sequence import Sequence
+from minivllm.sequence import Sequence, SequenceGroup
 
 BS = 4
 
 
 def make_seq(tokens, seq_id=0):
-    return Sequence(seq_id, f"r{seq_id}", None, list(tokens), SamplingParams(), 0,
-                    torch.device("cpu"))
+    return SequenceGroup(f"r{seq_id}", None, list(tokens), SamplingParams(), seq_id).seqs[0]
 
 
 def admit_and_compute(bm, tokens, seq_id=0):
@@ -133,16 +132,20 @@ def greedy_ids(llm, prompts, **kw):
 
 
 @pytest.fixture(scope="module")
-def uncached(smol_path):
-    llm = LLM(str(smol_path), max_model_len=512, enable_prefix_caching=False)
-    return greedy_ids(llm, [SYSTEM + q for q in QUESTIONS]), greedy_ids(llm, PROMPTS[:4])
+def uncached(smol_llm):
+    smol_llm.reconfigure(enable_prefix_caching=False)
+    try:
+        return (greedy_ids(smol_llm, [SYSTEM + q for q in QUESTIONS]),
+                greedy_ids(smol_llm, PROMPTS[:4]))
+    finally:
+        smol_llm.reconfigure(enable_prefix_caching=True)
 
 
 @pytest.mark.parametrize("engine_kwargs", [
     {}, {"max_num_batched_tokens": 16}, {"num_kv_blocks": 14},
     {"num_kv_blocks": 14, "preemption_mode": "swap", "swap_space": 64 * 16 * 46080}])
-def test_same_tokens_with_and_without_caching(smol_path, uncached, engine_kwargs):
-    llm = LLM(str(smol_path), max_model_len=512, **engine_kwargs)
+def test_same_tokens_with_and_without_caching(smol, uncached, engine_kwargs):
+    llm = smol(max_model_len=512, **engine_kwargs)
     prompts = [SYSTEM + q for q in QUESTIONS]
     first = greedy_ids(llm, prompts[:1])                  # warms the cache with the prefix
     rest = greedy_ids(llm, prompts[1:])
@@ -157,8 +160,8 @@ def test_same_tokens_with_and_without_caching(smol_path, uncached, engine_kwargs
     assert bm.num_free_blocks == bm.num_blocks
 
 
-def test_parallel_sampling_with_a_cached_prompt(smol_path):
-    llm = LLM(str(smol_path), max_model_len=512)
+def test_parallel_sampling_with_a_cached_prompt(smol):
+    llm = smol(max_model_len=512)
     ids = llm.tokenizer.encode(SYSTEM + QUESTIONS[0])
     params = SamplingParams(n=3, temperature=0.8, max_tokens=8, seed=21)
     cold = [c.token_ids for c in llm.generate([ids], params, use_tqdm=False)[0].outputs]

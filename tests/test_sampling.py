@@ -53,12 +53,12 @@ def test_top_k_top_p_mask():
 def test_sampling_follows_the_distribution():
     """Exponential-race draws match the softmax probabilities (chi-square-ish bound)."""
     from minivllm.sampler import Sampler
-    from minivllm.sequence import Sequence
+    from minivllm.sequence import SequenceGroup
     logits = torch.log(torch.tensor([[0.6, 0.25, 0.1, 0.05]]))
-    seq = Sequence(0, "r", None, [1], SamplingParams(temperature=1.0), 0, torch.device("cpu"))
-    counts = torch.zeros(4)
+    seq = SequenceGroup("r", None, [1], SamplingParams(temperature=1.0, seed=0), 0).seqs[0]
+    sampler, counts = Sampler(torch.device("cpu")), torch.zeros(4)
     for _ in range(4000):
-        token, _ = Sampler()(logits, [seq])
+        token, _ = sampler(logits, [seq])
         counts[token[0]] += 1
     freq = counts / counts.sum()
     assert torch.allclose(freq, torch.tensor([0.6, 0.25, 0.1, 0.05]), atol=0.03), freq

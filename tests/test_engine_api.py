@@ -1,0 +1,148 @@
+"""The engine's public surface that lessons, benchmarks and tests stand on: the per-step
+record (SchedulerOutput, StepRecord), reconfigure over loaded weights, request-level fault
+isolation, and the shared workloads with their driver."""
+
+import pytest
+
+from minivllm import SamplingParams
+from minivllm.detokenizer import IncrementalDetokenizer
+from minivllm.workloads import (Request, conversation_requests, lognormal_requests,
+                                poisson_arrivals, serve, shared_prefix_requests)
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+def pool_is_full(engine):
+    bm = engine.block_manager
+    return bm.num_free_blocks == bm.num_blocks and not any(bm.ref_counts)
+
+
+def test_step_records_say_what_each_step_did(smol):
+    """A 40-token prompt under a 16-token budget: three prefill chunks (16, 16, 8) that are
+    marked as prefill, then decodes; a second request joins mid-way and shares steps."""
+    llm = smol(max_model_len=256, max_num_batched_tokens=16)
+    ids = llm.tokenizer.encode("word " * 40)[:40]
+    run = serve(llm, [Request(ids, GREEDY), Request(ids[:5], GREEDY, arrival_step=2)])
+    first = [s for step in run.steps for s in step.scheduled if s.request_id == "req-0"]
+    assert [(s.num_tokens, s.is_prefill) for s in first[:4]] == [(16, True), (16, True),
+                                                                (8, True), (1, False)]
+    assert len(first) == 3 + 5                     # 3 chunks, then 5 more decodes (6 tokens)
+    step2 = run.steps[2]
+    assert {s.request_id for s in step2.scheduled} == {"req-0", "req-1"}
+    assert step2.num_prefill_tokens == 8 + 5 and step2.num_decode_tokens == 0
+    assert run.steps[3].num_decode_tokens == 2 and run.steps[3].num_prefill_tokens == 0
+    assert max(run.finish_step) == len(run.steps)
+    assert [s.step for s in run.steps] == list(range(len(run.steps)))
+    assert run.steps[-1].finished and run.steps[-1].stats.num_running == 0
+    assert llm.engine.last_scheduler_output.num_batched_tokens == run.steps[-1].num_batched_tokens
+    assert pool_is_full(llm.engine)
+
+
+def test_parallel_sampling_is_one_group_forked_after_prefill(smol):
+    llm = smol(max_model_len=256)
+    params = SamplingParams(n=3, temperature=0.9, max_tokens=4, seed=3, ignore_eos=True)
+    run = serve(llm, [Request(llm.tokenizer.encode("Name a colour:"), params)])
+    # The prompt is prefilled once, by sample 0; the step after, all three samples decode.
+    assert [(s.index, s.is_prefill) for s in run.steps[0].scheduled] == [(0, True)]
+    assert sorted(s.index for s in run.steps[1].scheduled) == [0, 1, 2]
+    assert not any(s.is_prefill for s in run.steps[1].scheduled)
+    # Sample 0 and its forks share the prompt's last, partly filled block: each fork that
+    # writes into it first gets a private copy (copy-on-write), recorded in the step.
+    assert sum(s.num_blocks_copied for s in run.steps) >= 2
+    out = run.outputs[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert all(len(c.token_ids) == 4 for c in out.outputs)
+    assert pool_is_full(llm.engine)
+
+
+def test_reconfigure_keeps_weights_and_checks_like_a_fresh_engine(smol):
+    llm = smol(max_model_len=256)
+    engine = llm.engine
+    weights = engine.runner.model.lm_head.weight
+    ref = llm.generate(["The capital of France is"], GREEDY, use_tqdm=False)
+    llm.reconfigure(block_size=8, num_kv_blocks=40, enable_prefix_caching=False)
+    assert engine.runner.model.lm_head.weight is weights          # nothing reloaded
+    assert engine.block_manager.num_blocks == 40 and engine.block_manager.block_size == 8
+    assert engine.block_manager.prefix_cache is None
+    assert llm.generate(["The capital of France is"], GREEDY,
+                        use_tqdm=False)[0].outputs[0].token_ids == ref[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="max_num_seqs must be a positive integer, got 0"):
+        llm.reconfigure(max_num_seqs=0)
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
+        llm.reconfigure(max_model_len=10**6)
+    with pytest.raises(TypeError, match=r"unknown engine setting\(s\) \['dtype'\]"):
+        llm.reconfigure(dtype="bfloat16")
+    assert engine.block_manager.num_blocks == 40                  # a refusal changes nothing
+    engine.add_request("busy", "Hello", GREEDY)
+    with pytest.raises(RuntimeError, match=r"1 request\(s\) in flight \(busy\)"):
+        llm.reconfigure(max_num_seqs=2)
+    engine.abort_request("busy")
+    llm.reconfigure(kv_layout="contiguous", num_kv_blocks=None, kv_cache_memory=4 * 256 * 46080)
+    assert "kv=contiguous 4x256" in repr(engine)
+
+
+def test_one_failing_request_does_not_take_the_others_down(smol, monkeypatch):
+    """Fault injection: detokenizing request 'bad' raises. That request finishes with
+    finish_reason 'abort' and the error in its output; its blocks are freed; the other
+    request's tokens are exactly what it gets alone."""
+    llm = smol(max_model_len=256)
+    engine = llm.engine
+    alone = llm.generate(["Tell me about the sea."], GREEDY, use_tqdm=False)[0]
+    real_update = IncrementalDetokenizer.update
+    poisoned = engine.tokenizer.encode("Poisoned prompt here")
+
+    def update(self, token_ids, final=False):
+        if token_ids[:len(poisoned)] == poisoned and len(token_ids) > len(poisoned) + 2:
+            raise RuntimeError("boom")
+        return real_update(self, token_ids, final)
+    monkeypatch.setattr(IncrementalDetokenizer, "update", update)
+    engine.add_request("bad", poisoned, GREEDY)
+    engine.add_request("good", "Tell me about the sea.", GREEDY)
+    outs = {}
+    with engine.trace() as steps:
+        while engine.has_unfinished_requests():
+            for out in engine.step():                 # never raises
+                outs[out.request_id] = out
+    assert outs["bad"].finished and outs["bad"].outputs[0].finish_reason == "abort"
+    assert "boom" in outs["bad"].error
+    assert any("bad" in s.errors for s in steps)
+    assert outs["good"].error is None
+    assert outs["good"].outputs[0].token_ids == alone.outputs[0].token_ids
+    assert pool_is_full(engine)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(logprobs=21), "logprobs=21 is more than the engine returns"),
+    (dict(stop_token_ids=[10**7]), "stop_token_ids: 10000000 is outside the vocabulary"),
+])
+def test_requests_the_model_cannot_serve_are_refused_at_admission(smol_llm, bad, message):
+    with pytest.raises(ValueError, match=message):
+        smol_llm.engine.add_request("x", "hi", SamplingParams(**bad))
+    assert not smol_llm.engine.has_unfinished_requests()
+
+
+def test_workloads_are_seeded_and_shaped(smol_llm):
+    tok = smol_llm.tokenizer
+    a = lognormal_requests(tok, 12, prompt=(3.8, 0.7, 8, 400), output=(3.9, 0.6, 4, 160))
+    b = lognormal_requests(tok, 12, prompt=(3.8, 0.7, 8, 400), output=(3.9, 0.6, 4, 160))
+    assert [(r.prompt, r.params.max_tokens) for r in a] == [(r.prompt, r.params.max_tokens)
+                                                            for r in b]
+    assert all(8 <= len(r.prompt) <= 400 and 4 <= r.params.max_tokens <= 160 for r in a)
+    assert len({tuple(r.prompt) for r in a}) == 12                 # no two prompts alike
+    shared = shared_prefix_requests(tok, 4, prefix_tokens=64)
+    assert all(r.prompt[:64] == shared[0].prompt[:64] for r in shared)
+    assert [r.arrival_step for r in shared] == [0, 1, 1, 1]
+    times = [r.arrival_time for r in poisson_arrivals(lognormal_requests(tok, 50), rate=10.0)]
+    assert times == sorted(times) and 2.0 < times[-1] < 10.0       # ~49 gaps of 0.1 s
+
+
+def test_conversation_turns_extend_the_history_and_hit_the_cache(smol):
+    llm = smol(max_model_len=1024)
+    turns = conversation_requests(llm.tokenizer, 3, prefix_tokens=64, max_tokens=5)
+    run = serve(llm, turns)
+    for prev, out in zip(run.outputs, run.outputs[1:]):
+        history = prev.prompt_token_ids + prev.outputs[0].token_ids
+        assert out.prompt_token_ids[:len(history)] == history
+    # Turns 2 and 3 find their history's full blocks in the cache.
+    assert run.steps[-1].stats.prefix_cache_hit_tokens >= 2 * (64 // 16) * 16
+    assert pool_is_full(llm.engine)
