@@ -21,6 +21,10 @@ With prefix caching on (minivllm/prefix_cache.py), `allocate` first reuses cache
 the longest cached prefix of the sequence, `cache_computed_blocks` names each block once its
 K/V is computed, and the free list doubles as the LRU evictor: a freed block that holds a
 cached prefix goes to the back of the list (evicted last), one that does not goes to the front.
+
+Left out, compared with vLLM: per-layer-group managers (sliding-window and hybrid models),
+a watermark of free blocks held back at admission, and block allocation in a GPU-resident
+table; swapping is V0's (V1 preempts by recompute only).
 """
 
 from __future__ import annotations

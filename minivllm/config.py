@@ -5,7 +5,11 @@ a model converted from GGUF and a model downloaded from the hub look the same to
 Only the three Llama-family architectures are understood; anything else is refused by name.
 
 EngineConfig holds the knobs vLLM users know (max_model_len, max_num_seqs,
-max_num_batched_tokens, block_size, ...) and checks them once, at construction.
+max_num_batched_tokens, block_size, ...) and checks them once, at construction;
+LLMEngine.reconfigure builds a new one through the same checks.
+
+Left out, compared with vLLM: its ~200 settings across ModelConfig, CacheConfig,
+SchedulerConfig, ParallelConfig, ...; minivllm keeps the ones a lesson turns.
 """
 
 from __future__ import annotations

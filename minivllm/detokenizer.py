@@ -16,6 +16,9 @@ read in context. And one character can span several tokens (byte-level BPE split
 bytes): while the window ends in an incomplete character, decoding it gives U+FFFD, so nothing is
 emitted until the character is whole. At the end, `final=True` flushes whatever is left, so the
 text always equals decoding all the tokens at once.
+
+Left out, compared with vLLM: the fast-path decode stream of the `tokenizers` library
+(DecodeStream), and detokenizing in a separate process from the engine loop.
 """
 
 from __future__ import annotations

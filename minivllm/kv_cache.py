@@ -14,6 +14,9 @@ when it starts, whether it will use 30 of them or 3,000. Lesson 01 measures what
 lesson 02 replaces it with `block_manager.BlockManager`. Both hand the engine the same thing, a
 block table per sequence, so the attention code cannot tell them apart: a contiguous slab is one
 block of max_model_len tokens.
+
+Left out, compared with vLLM: quantized (fp8) KV caches, per-layer cache specs for hybrid
+models, and the NHD/HND layout choice per attention backend.
 """
 
 from __future__ import annotations

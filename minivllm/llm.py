@@ -3,6 +3,9 @@
     llm = LLM()                                  # packaged SmolLM2-135M-Instruct, no network
     outs = llm.generate(["The capital of France is"], SamplingParams(temperature=0))
     outs[0].outputs[0].text
+
+Left out, compared with vLLM: beam search, embeddings / scoring / classification, LoRA and
+guided-decoding arguments, and multi-modal prompts.
 """
 
 from __future__ import annotations

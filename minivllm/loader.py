@@ -13,6 +13,9 @@ Two GGUF details matter for exactness:
   * llama.cpp's converter reorders the rows of W_q and W_k of Llama models so its RoPE can rotate
     interleaved pairs (x0, x1), (x2, x3), ... Hugging Face rotates halves (x_i, x_{i+d/2}).
     `unpermute_qk` puts the rows back.
+
+Left out, compared with vLLM: sharded and streamed loading, quantized checkpoints kept
+quantized (GGUF is dequantized to the engine's dtype), and architectures beyond the Llama family.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""What a request gets back: RequestOutput with one CompletionOutput per sample (vLLM's shape)."""
+"""What a request gets back: RequestOutput with one CompletionOutput per sample (vLLM's shape).
+
+Left out, compared with vLLM: prompt logprobs, cumulative logprobs, and the delta / final-only
+output kinds (outputs here are always cumulative).
+"""
 
 from __future__ import annotations
 

@@ -15,6 +15,10 @@ A hash is only a dict key, never trusted on its own: each cached block also reme
 tokens and the block it follows, and a lookup checks both, so a hash collision can cost a miss
 but never serves another prefix's K/V. Blocks stay cached after their last user frees them,
 and are evicted (least recently used first) only when the pool hands them out again.
+
+Left out, compared with vLLM: cache salts and multi-modal / LoRA extra keys are only room in
+the key (extra_keys), no sliding-window or hybrid (Mamba) layers, no KV-cache events for an
+external router, and a Python hash instead of SHA-256 (fine inside one process).
 """
 
 from __future__ import annotations
@@ -79,7 +83,3 @@ class PrefixCache:
         for child in self.children.pop(block, set()):
             self.evict(child)
         self.num_evictions += 1
-
-    @property
-    def hit_rate(self) -> float:
-        return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0

@@ -19,6 +19,11 @@ two policies:
 
 `scheduling="static"` turns continuous batching off: a batch is admitted only when the
 previous one has completely finished (the baseline of lesson 04).
+
+Left out, compared with vLLM: priority scheduling, V1's single token-level schedule (vLLM V1
+treats prefill and decode alike as "tokens to compute"; minivllm keeps the V0-style split
+into running / swapped / waiting, which is easier to watch), async scheduling that overlaps
+the next schedule with the current forward pass, and speculative-decoding lookahead slots.
 """
 
 from __future__ import annotations

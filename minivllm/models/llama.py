@@ -9,6 +9,10 @@ is per-token and does not care. That is what lets one forward pass mix prefills 
 
 Parameter names match Hugging Face's, so checkpoints load by name.
 Follows: Llama (Touvron et al. 2023), RoPE (Su et al. 2021), GQA (Ainslie et al. 2023).
+
+Left out, compared with vLLM's model files: fused QKV and gate/up projections, tensor-parallel
+linear layers, custom fused kernels (RMSNorm + residual, SiLU-and-mul, rotary), and the other
+architectures (MoE, sliding-window, multi-modal).
 """
 
 from __future__ import annotations

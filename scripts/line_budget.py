@@ -1,0 +1,49 @@
+"""Print the line counts of the engine, the kernels and the lessons against their budgets
+(../shared/STYLE.md: the engine core about 4,500 lines once Part II is in, no file over about
+400), the way tinygrad watches its size. tests/test_line_budget.py asserts the same budgets.
+
+    uv run python scripts/line_budget.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (folder, files left out of the total, budget for the total, budget per file)
+BUDGETS = {
+    "minivllm": (("bench*.py",), 4500, 400),   # benchmarks are tools around the core
+    "kernels": ((), 2000, 400),
+    "lessons": ((), None, 700),                 # a lesson is prose, code and figures
+}
+
+
+def count(folder: str) -> dict[str, int]:
+    return {str(p.relative_to(REPO)): len(p.read_text(encoding="utf-8").splitlines())
+            for p in sorted((REPO / folder).rglob("*.py"))}
+
+
+def report() -> list[str]:
+    """One line per folder, then the files over their budget; returns the problems found."""
+    problems = []
+    for folder, (outside, total_budget, file_budget) in BUDGETS.items():
+        lines = count(folder)
+        core = {f: n for f, n in lines.items()
+                if not any(Path(f).match(pattern) for pattern in outside)}
+        total = sum(core.values())
+        budget = f" / {total_budget:,}" if total_budget else ""
+        print(f"{folder + '/':<10} {total:>6,} lines{budget}  ({len(core)} files"
+              + (f"; {sum(lines.values()) - total:,} more in {', '.join(outside)}"
+                 if outside else "") + ")")
+        if total_budget and total > total_budget:
+            problems.append(f"{folder}/ has {total} lines, over its budget of {total_budget}")
+        for f, n in sorted(lines.items(), key=lambda kv: -kv[1]):
+            if n > file_budget:
+                print(f"    {f}: {n} lines, over {file_budget}")
+                problems.append(f"{f} has {n} lines, over {file_budget}")
+    return problems
+
+
+if __name__ == "__main__":
+    raise SystemExit(1 if report() else 0)
