@@ -146,3 +146,20 @@ def test_conversation_turns_extend_the_history_and_hit_the_cache(smol):
     # Turns 2 and 3 find their history's full blocks in the cache.
     assert run.steps[-1].stats.prefix_cache_hit_tokens >= 2 * (64 // 16) * 16
     assert pool_is_full(llm.engine)
+
+
+def test_nothing_outside_the_engine_assigns_to_its_attributes():
+    """Lessons and tests drive the engine through its public API (ARCHITECTURE.md): no
+    assignment to an attribute of an engine, scheduler, config, block manager, model runner or
+    sampler (patching `schedule`, changing max_num_seqs on a live engine) anywhere."""
+    import re
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    assignment = re.compile(r"\b(engine|scheduler|config|block_manager|runner|sampler)"
+                            r"(\.\w+)+\s*(=(?!=)|\+=|-=)")
+    found = [f"{path.relative_to(repo)}:{i}: {line.strip()}"
+             for folder in ("lessons", "tests")
+             for path in sorted((repo / folder).rglob("*.py"))
+             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if assignment.search(line)]
+    assert not found, "\n".join(found)

@@ -86,3 +86,54 @@ def test_parallel_sampling_survives_preemption(smol):
     assert [len(c.token_ids) for c in out.outputs] == [20, 20, 20]
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks
+
+
+def _paged_batch(q_lens, ctx_lens, heads=6, kv_heads=2, head_dim=16, block_size=4, seed=0):
+    """Random K/V in shuffled blocks (unused slots hold 100, so reading one shows), and the
+    metadata the engine would build for sequences bringing q_lens tokens over ctx_lens."""
+    import torch
+
+    from minivllm.attention import AttentionMetadata
+    g = torch.Generator().manual_seed(seed)
+    seq_lens = [q + c for q, c in zip(q_lens, ctx_lens)]
+    blocks = [-(-n // block_size) for n in seq_lens]
+    order = torch.randperm(sum(blocks) + 2, generator=g).tolist()
+    tables, i = [], 0
+    for n in blocks:
+        tables.append(order[i:i + n] + [0] * (max(blocks) - n))
+        i += n
+    cache = torch.full((2, len(order), block_size, kv_heads, head_dim), 100.0)
+    for b, n in enumerate(seq_lens):
+        for j in range(n):
+            cache[:, tables[b][j // block_size], j % block_size] = torch.randn(
+                2, kv_heads, head_dim, generator=g)
+    md = AttentionMetadata(
+        slot_mapping=torch.empty(0, dtype=torch.int64),
+        query_start_loc=torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist()),
+        seq_lens=torch.tensor(seq_lens), block_tables=torch.tensor(tables),
+        max_query_len=max(q_lens), max_seq_len=max(seq_lens))
+    return torch.randn(sum(q_lens), heads, head_dim, generator=g), cache[0], cache[1], md
+
+
+@pytest.mark.parametrize("q_lens, ctx_lens", [
+    ([1] * 6, [3, 40, 41, 7, 90, 0]),                 # decodes of mixed lengths, a 1-token prompt
+    ([9, 1, 1, 5, 1], [0, 30, 200, 12, 2]),           # prompts, a chunk over cache, decodes
+    ([17], [0]),                                      # one prompt alone: SDPA's causal mask
+    ([3, 3], [5, 5]),                                 # equal chunks, both over cached context
+])
+def test_grouped_attention_equals_the_one_rectangle_reference(q_lens, ctx_lens):
+    """The fast torch path (sequences grouped by shape, little padding) computes exactly what
+    the obvious one-rectangle version computes."""
+    import torch
+
+    from minivllm.attention import TorchBatchLayout, paged_attention, paged_attention_padded
+    q, k_cache, v_cache, md = _paged_batch(q_lens, ctx_lens)
+    out = paged_attention(q, k_cache, v_cache, md, 0.25)
+    torch.testing.assert_close(out, paged_attention_padded(q, k_cache, v_cache, md, 0.25),
+                               atol=1e-5, rtol=1e-5)
+    # Every row was written once, and the padded key positions are few.
+    groups = TorchBatchLayout.build(md, k_cache.shape[1]).groups
+    assert sorted(torch.cat([g.rows for g in groups]).tolist()) == list(range(sum(q_lens)))
+    keys = sum(g.slots.numel() for g in groups)
+    real = sum(q + c for q, c in zip(q_lens, ctx_lens))
+    assert keys < 1.45 * real, (keys, real)
