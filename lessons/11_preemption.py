@@ -6,9 +6,8 @@ app = marimo.App(width="medium")
 
 @app.cell
 def _():
-    import contextlib
+    import collections
     import functools
-    import time
 
     import marimo as mo
     import matplotlib.pyplot as plt
@@ -16,10 +15,11 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
-    from minivllm.block_manager import BlockManager, cdiv
+    from minivllm.block_manager import cdiv
     from minivllm.kv_cache import kv_bytes_per_token
-    return (BlockManager, LLM, SamplingParams, cdiv, contextlib, functools,
-            kv_bytes_per_token, mo, np, plt, time, torch)
+    from minivllm.workloads import Request, serve
+    return (LLM, Request, SamplingParams, cdiv, collections, functools, kv_bytes_per_token,
+            mo, np, plt, serve, torch)
 
 
 @app.cell
@@ -39,22 +39,21 @@ def _(mo):
 
 @app.cell
 def _(LLM, kv_bytes_per_token, mo, torch):
-    # Two engines that differ only in preemption_mode. Both get POOL_MAX blocks; smaller
-    # pools are carved out of that one below. Prefix caching is off: with it on, a recomputed
-    # request would find its own old blocks in the cache and skip part of the recompute.
-    BLOCK_SIZE, POOL_MAX, SWAP_BLOCKS = 16, 128, 96
-    _common = dict(max_model_len=256, block_size=BLOCK_SIZE, num_kv_blocks=POOL_MAX,
-                   max_num_seqs=16, enable_prefix_caching=False)
-    recompute = LLM(preemption_mode="recompute", **_common)
-    _engine = recompute.engine
-    block_bytes = kv_bytes_per_token(_engine.model_config, _engine.dtype) * BLOCK_SIZE
-    swap = LLM(preemption_mode="swap", swap_space=SWAP_BLOCKS * block_bytes, **_common)
+    # One loaded model. Every run below calls llm.reconfigure(preemption_mode=...,
+    # num_kv_blocks=...) with its policy and pool size: a fresh pool over the same weights.
+    # Prefix caching is off: with it on, a recomputed request would find its own old blocks
+    # in the cache and skip part of the recompute.
+    BLOCK_SIZE, SWAP_BLOCKS = 16, 96
+    llm = LLM(max_model_len=256, block_size=BLOCK_SIZE, num_kv_blocks=128, max_num_seqs=16,
+              enable_prefix_caching=False)
+    block_bytes = kv_bytes_per_token(llm.engine.model_config, llm.engine.dtype) * BLOCK_SIZE
+    llm.reconfigure(swap_space=SWAP_BLOCKS * block_bytes)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
-          f"({str(_engine.dtype).removeprefix('torch.')}) · **KV block:** {BLOCK_SIZE} tokens "
-          f"= {block_bytes:,} bytes · **swap space:** {SWAP_BLOCKS} blocks  \n"
-          f"`{swap.engine!r}`")
-    return BLOCK_SIZE, block_bytes, device, recompute, swap
+          f"({str(llm.engine.dtype).removeprefix('torch.')}) · **KV block:** {BLOCK_SIZE} "
+          f"tokens = {block_bytes:,} bytes · **swap space:** {SWAP_BLOCKS} blocks  \n"
+          f"`{llm.engine!r}`")
+    return BLOCK_SIZE, block_bytes, device, llm
 
 
 @app.cell
@@ -84,22 +83,12 @@ def _(mo):
 
 
 @app.cell
-def _(
-    BLOCK_SIZE,
-    BlockManager,
-    SamplingParams,
-    cdiv,
-    contextlib,
-    np,
-    recompute,
-    time,
-    torch,
-):
+def _(BLOCK_SIZE, Request, SamplingParams, cdiv, collections, llm, np, serve, torch):
     # The request set: NUM_REQUESTS requests arrive together. EOS is ignored, so every run
     # generates the same number of tokens and can be compared token for token.
     NUM_REQUESTS = 16 if torch.cuda.is_available() else 8
     _rng = np.random.default_rng(0)
-    _text = recompute.tokenizer.encode(
+    _text = llm.tokenizer.encode(
         "When memory runs out, somebody has to give some back. The scheduler picks the "
         "youngest running request, releases its blocks, and lets the older ones finish. " * 20)
     _prompt_lens = _rng.integers(16, 49, NUM_REQUESTS)
@@ -110,75 +99,40 @@ def _(
     saturation_blocks = sum(cdiv(len(p) + o, BLOCK_SIZE) for p, o in requests)
     largest_request_blocks = max(cdiv(len(p) + o, BLOCK_SIZE) for p, o in requests)
 
-    @contextlib.contextmanager
-    def kv_pool(llm, num_blocks):
-        """Let llm's engine use only blocks 0..num_blocks-1 of its KV pool.
+    def blocks_swapped_out(steps):
+        """Blocks copied to the host pool: a request swapped out in a step takes with it the
+        blocks holding every token it has computed so far (swap keeps them all)."""
+        computed, moved = collections.Counter(), 0
+        for s in steps:
+            moved += sum(cdiv(computed[rid], BLOCK_SIZE) for rid in s.swapped_out)
+            for x in s.scheduled:
+                computed[x.request_id] += x.num_tokens
+        return moved
 
-        A BlockManager is the bookkeeping of which blocks are free and who holds what; an
-        engine built with num_kv_blocks=num_blocks would start with exactly this one. Handing
-        the engine a fresh, smaller one between runs gives the same pool without reloading
-        the weights.
-        """
-        engine = llm.engine
-        old = engine.block_manager
-        assert not engine.has_unfinished_requests() and num_blocks <= old.num_blocks
-        small = BlockManager(num_blocks, old.block_size, old.prefix_cache is not None)
-        engine.block_manager = engine.scheduler.block_manager = small
-        try:
-            yield small
-        finally:
-            engine.block_manager = engine.scheduler.block_manager = old
-
-    def serve(llm, reqs, num_blocks, tag):
-        """Serve `reqs` (all arriving now) with a pool of num_blocks, step by step.
-
-        A tap on Scheduler.schedule records, per step, the tokens scheduled, the victims of
-        preemption and the queue lengths; nothing is changed."""
-        engine, sched = llm.engine, llm.engine.scheduler
-        steps = []
-
-        def tapped():
-            out = type(sched).schedule(sched)
-            steps.append({"tokens": out.num_batched_tokens,
-                          "preempted": [s.request_id.removeprefix(tag) for s in out.preempted],
-                          "running": len(sched.running), "waiting": len(sched.waiting),
-                          "swapped": len(sched.swapped),
-                          "blocks_used": num_blocks - engine.block_manager.num_free_blocks})
-            return out
-
-        preemptions0, swapped0 = sched.num_preemptions, sched.num_swapped_out_blocks
-        finals, finish_step, step_s = {}, {}, []
-        with kv_pool(llm, num_blocks):
-            for i, (prompt, out_len) in enumerate(reqs):
-                engine.add_request(f"{tag}{i}", prompt, SamplingParams(
-                    temperature=0, max_tokens=out_len, ignore_eos=True))
-            sched.schedule = tapped
-            try:
-                while engine.has_unfinished_requests():
-                    t0 = time.perf_counter()
-                    outs = engine.step()
-                    step_s.append(time.perf_counter() - t0)
-                    for o in outs:
-                        if o.finished:
-                            finals[o.request_id.removeprefix(tag)] = o
-                            finish_step[o.request_id.removeprefix(tag)] = len(step_s)
-            finally:
-                del sched.schedule               # back to the class's own method
-        order = sorted(finals, key=lambda n: int(n) if n.isdigit() else n)
-        e2e = np.array([finals[n].metrics.e2e_latency for n in order])
-        ttft = np.array([finals[n].metrics.ttft for n in order])
-        finish = np.array([finish_step[n] for n in order])   # all arrived before step 1
+    def run_set(reqs, mode, num_blocks):
+        """Serve `reqs` [(prompt ids, max_tokens)], all arriving now, with preemption_mode
+        `mode` and a pool of num_blocks, and read the step trace."""
+        llm.reconfigure(preemption_mode=mode, num_kv_blocks=num_blocks)
+        res = serve(llm, [Request(p, SamplingParams(temperature=0, max_tokens=o,
+                                                    ignore_eos=True)) for p, o in reqs])
+        e2e = np.array([o.metrics.e2e_latency for o in res.outputs])
+        ttft = np.array([o.metrics.ttft for o in res.outputs])
+        finish = np.array(res.finish_step)           # all arrived before step 1
         # Useful work: every prompt token, and every output token but the last (it is
         # sampled, never fed back). Anything scheduled beyond that was computed twice.
         useful = sum(len(p) + o - 1 for p, o in reqs)
-        scheduled = sum(s["tokens"] for s in steps)
+        scheduled = sum(s.num_batched_tokens for s in res.steps)
+        step_s = np.array([s.duration for s in res.steps])
         return {
-            "pool": num_blocks, "mode": engine.config.preemption_mode, "steps": steps,
-            "num_steps": len(steps), "step_s": np.array(step_s), "wall_s": float(sum(step_s)),
-            "preemptions": sched.num_preemptions - preemptions0,
-            "swapped_out_blocks": sched.num_swapped_out_blocks - swapped0,
+            "pool": num_blocks, "mode": mode, "num_steps": len(res.steps),
+            "steps": [{"preempted": [int(r.removeprefix("req-")) for r in s.preempted],
+                       "running": s.stats.num_running, "waiting": s.stats.num_waiting,
+                       "swapped": s.stats.num_swapped} for s in res.steps],
+            "step_s": step_s, "wall_s": float(step_s.sum()),
+            "preemptions": res.steps[-1].stats.num_preemptions,   # since reconfigure
+            "swapped_out_blocks": blocks_swapped_out(res.steps),
             "recomputed_tokens": scheduled - useful, "useful_tokens": useful,
-            "tokens": {n: finals[n].outputs[0].token_ids for n in order},
+            "tokens": [o.outputs[0].token_ids for o in res.outputs],
             "e2e_s": e2e, "ttft_s": ttft,
             "e2e_steps": finish,
             "p50_s": float(np.percentile(e2e, 50)), "p99_s": float(np.percentile(e2e, 99)),
@@ -187,7 +141,7 @@ def _(
             "p50_ttft_s": float(np.percentile(ttft, 50)),
             "p99_ttft_s": float(np.percentile(ttft, 99)),
         }
-    return (NUM_REQUESTS, largest_request_blocks, requests, saturation_blocks, serve)
+    return NUM_REQUESTS, largest_request_blocks, requests, run_set, saturation_blocks
 
 
 @app.cell
@@ -196,20 +150,17 @@ def _(
     functools,
     largest_request_blocks,
     mo,
-    recompute,
     requests,
+    run_set,
     saturation_blocks,
-    serve,
-    swap,
 ):
-    for _llm in (recompute, swap):     # warm-up: first-step allocations, lazy imports
-        serve(_llm, requests[:2], 64, "warmup-")
+    for _mode in ("recompute", "swap"):     # warm-up: first-step allocations, lazy imports
+        run_set(requests[:2], _mode, 64)
 
     @functools.cache
     def run(mode, pool):
         """The request set on a pool of `pool` blocks with one policy (cached)."""
-        return serve(recompute if mode == "recompute" else swap, requests, pool,
-                     f"{mode}{pool}-")
+        return run_set(requests, mode, pool)
 
     # Pool sizes as fractions of the working set, never below what the largest request
     # needs alone (the engine refuses a request that could never fit).
@@ -421,10 +372,10 @@ def _(mo):
 
 
 @app.cell
-def _(recompute, serve):
-    _ids = recompute.tokenizer.encode("Two requests share a pool that is one block too "
-                                      "small for both of them to grow. " * 4)
-    _run = serve(recompute, [(_ids[:24], 12), (_ids[30:54], 12)], 5, "exercise-")
+def _(llm, run_set):
+    _ids = llm.tokenizer.encode("Two requests share a pool that is one block too small for "
+                                "both of them to grow. " * 4)
+    _run = run_set([(_ids[:24], 12), (_ids[30:54], 12)], "recompute", 5)
     _first = next(_i for _i, _s in enumerate(_run["steps"], 1) if _s["preempted"])
     exercise_truth = (_first, "AB"[int(_run["steps"][_first - 1]["preempted"][0])])
 
