@@ -6,10 +6,8 @@ app = marimo.App(width="medium")
 
 @app.cell
 def _():
-    import contextlib
     import functools
     import math
-    import time
 
     import marimo as mo
     import matplotlib.pyplot as plt
@@ -17,7 +15,8 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
-    return LLM, SamplingParams, contextlib, functools, math, mo, np, plt, time, torch
+    from minivllm.workloads import Request, serve
+    return LLM, Request, SamplingParams, functools, math, mo, np, plt, serve, torch
 
 
 @app.cell
@@ -37,22 +36,21 @@ def _(mo):
 
 @app.cell
 def _(LLM, mo, torch):
-    # Two engines, the same model. Without chunking a prompt must fit one step whole, so the
-    # budget must cover max_model_len (EngineConfig checks this). With chunking, the budget is
-    # a per-step cap on tokens: BUDGET here, and other values in the widget below.
-    # Prefix caching is off: the same prompts are served several times in this lesson and
-    # must cost the same every time. num_kv_blocks is fixed so that, on a GPU, the two engines
-    # do not both size their pool from free memory.
+    # One loaded model, two settings. Without chunking a prompt must fit one step whole, so
+    # the budget must cover max_model_len (EngineConfig checks this). With chunking, the
+    # budget is a per-step cap on tokens: BUDGET here, and other values in the widget below.
+    # Each run below calls llm.reconfigure(...) with its setting: a fresh KV pool over the
+    # same weights. Prefix caching is off: the same prompts are served several times in this
+    # lesson and must cost the same every time. num_kv_blocks is fixed so that, on a GPU, the
+    # pool is not sized from free memory.
     MAX_MODEL_LEN, BUDGET = 1024, 128
-    _common = dict(max_model_len=MAX_MODEL_LEN, num_kv_blocks=192, enable_prefix_caching=False)
-    unchunked = LLM(enable_chunked_prefill=False, max_num_batched_tokens=MAX_MODEL_LEN,
-                    **_common)
-    chunked = LLM(enable_chunked_prefill=True, max_num_batched_tokens=BUDGET, **_common)
+    llm = LLM(max_model_len=MAX_MODEL_LEN, num_kv_blocks=192, enable_prefix_caching=False,
+              enable_chunked_prefill=True, max_num_batched_tokens=BUDGET)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
-          f"({str(chunked.engine.dtype).removeprefix('torch.')}) · **token budget:** "
-          f"{MAX_MODEL_LEN} without chunking, {BUDGET} with  \n`{chunked.engine!r}`")
-    return BUDGET, MAX_MODEL_LEN, chunked, device, unchunked
+          f"({str(llm.engine.dtype).removeprefix('torch.')}) · **token budget:** "
+          f"{MAX_MODEL_LEN} without chunking, {BUDGET} with  \n`{llm.engine!r}`")
+    return BUDGET, MAX_MODEL_LEN, device, llm
 
 
 @app.cell
@@ -78,13 +76,13 @@ def _(mo):
 
 
 @app.cell
-def _(SamplingParams, chunked, contextlib, math, np, time, torch):
+def _(Request, SamplingParams, llm, math, np, serve, torch):
     # The scenario: NUM_DECODERS short requests are decoding when a LONG_PROMPT-token prompt
     # arrives, just before step ARRIVAL_STEP. EOS is ignored so every run has the same shape.
     NUM_DECODERS, DECODE_TOKENS = 4, 24
     LONG_PROMPT = 896 if torch.cuda.is_available() else 640
     ARRIVAL_STEP, LONG_OUTPUT = 4, 4
-    _text = chunked.tokenizer.encode(
+    _text = llm.tokenizer.encode(
         "Chunked prefill splits a long prompt into pieces that fit the step's token budget. "
         "Each piece writes its keys and values into the paged cache, and the next piece "
         "attends to them, so nothing is computed twice. Meanwhile the requests that are "
@@ -93,112 +91,74 @@ def _(SamplingParams, chunked, contextlib, math, np, time, torch):
 
     def scenario(long_prompt=LONG_PROMPT, decoders=NUM_DECODERS, decode_tokens=DECODE_TOKENS,
                  arrival=ARRIVAL_STEP, prompt_len=16):
-        """[(arrival step, name, prompt ids, max_tokens)]: decoders first, the long one later."""
-        reqs = [(1, f"d{i}", _text[50 + 11 * i: 50 + 11 * i + prompt_len], decode_tokens)
+        """Requests 0..decoders-1 decode from step 1; the last, the long one, is added before
+        step `arrival` (arrival_step counts from 0)."""
+        def greedy(n):
+            return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        reqs = [Request(_text[50 + 11 * i: 50 + 11 * i + prompt_len], greedy(decode_tokens))
                 for i in range(decoders)]
-        return reqs + [(arrival, "long", _text[:long_prompt], LONG_OUTPUT)]
+        return reqs + [Request(_text[:long_prompt], greedy(LONG_OUTPUT),
+                               arrival_step=arrival - 1)]
 
-    @contextlib.contextmanager
-    def token_budget(llm, budget):
-        """Run llm's engine at another max_num_batched_tokens. The scheduler reads the budget
-        afresh at every step, so one loaded model serves every budget in this lesson."""
-        config = llm.engine.config
-        old, config.max_num_batched_tokens = config.max_num_batched_tokens, budget
-        try:
-            yield
-        finally:
-            config.max_num_batched_tokens = old
-
-    def serve(llm, arrivals, tag):
-        """Serve `arrivals` step by step and record what the scheduler put in every step.
-
-        A tap on Scheduler.schedule records, per step, each scheduled sequence with its
-        number of new tokens and whether they are a decode (the one newest token of a
-        sequence that already has output) or prefill, and counts running sequences with
-        output that were left out of the step (a blocked decode). Nothing is changed.
-        """
-        engine, sched = llm.engine, llm.engine.scheduler
-        steps = []
-
-        def tapped():
-            out = type(sched).schedule(sched)
-            rows = []
-            for s, n in zip(out.seqs, out.num_new_tokens):
-                decode = s.num_output_tokens > 0 and s.num_computed_tokens == len(s) - 1
-                rows.append((s.request_id.removeprefix(tag), n, "decode" if decode
-                             else "prefill"))
-            blocked = sum(1 for s in sched.running if s.num_output_tokens > 0
-                          and not any(s is x for x in out.seqs))
-            steps.append({"rows": rows, "blocked": blocked})
-            return out
-
-        pending = sorted(arrivals, key=lambda a: a[0])
-        first_token_step, finals, step_s = {}, {}, []
-        sched.schedule = tapped
-        try:
-            while pending or engine.has_unfinished_requests():
-                step = len(step_s) + 1
-                while pending and pending[0][0] <= step:
-                    _, name, ids, max_tokens = pending.pop(0)
-                    engine.add_request(tag + name, ids, SamplingParams(
-                        temperature=0, max_tokens=max_tokens, ignore_eos=True))
-                t0 = time.perf_counter()
-                outs = engine.step()
-                step_s.append(time.perf_counter() - t0)
-                for o in outs:
-                    name = o.request_id.removeprefix(tag)
-                    if o.outputs[0].token_ids:
-                        first_token_step.setdefault(name, step)
-                    if o.finished:
-                        finals[name] = o
-        finally:
-            del sched.schedule                   # back to the class's own method
-        prefill = np.array([sum(n for _, n, k in s["rows"] if k == "prefill") for s in steps])
-        decode = np.array([sum(n for _, n, k in s["rows"] if k == "decode") for s in steps])
-        long_chunks = np.array([sum(n for r, n, k in s["rows"] if r == "long" and k == "prefill")
-                                for s in steps])
-        arrival = next(a for a, name, _, _ in arrivals if name == "long")
-        decoders = [n for n in finals if n != "long"]
-        itl = {n: finals[n].inter_token_latencies for n in decoders}
+    def run(requests, budget, chunked=True):
+        """Serve `requests` with chunking on or off at `budget` tokens per step, and read
+        from the step trace what every step carried. Steps are numbered from 1."""
+        llm.reconfigure(enable_chunked_prefill=chunked, max_num_batched_tokens=budget)
+        res = serve(llm, requests)
+        long = len(requests) - 1
+        per_step = [{int(x.request_id.removeprefix("req-")): x for x in s.scheduled}
+                    for s in res.steps]
+        long_chunks = np.array([x[long].num_tokens if long in x and x[long].is_prefill else 0
+                                for x in per_step])
+        # A request samples its first token in the step that computes its last prompt token
+        # (the last prefill step) and its last token in its finish step; in every step in
+        # between it is decoding and should be scheduled. A step that leaves one out blocked it.
+        first = [max(k for k, x in enumerate(per_step, 1) if i in x and x[i].is_prefill)
+                 for i in range(len(requests))]
+        blocked = [any(first[i] < k <= res.finish_step[i] and i not in x
+                       for i in range(len(requests))) for k, x in enumerate(per_step, 1)]
         during = long_chunks > 0                 # the steps that prefilled the long prompt
+        itl = [o.inter_token_latencies for o in res.outputs[:long]]
         return {
-            "steps": steps, "prefill": prefill, "decode": decode, "long_chunks": long_chunks,
-            "total": prefill + decode, "step_s": np.array(step_s),
-            "budget": llm.engine.config.max_num_batched_tokens,
-            "chunked": llm.engine.config.enable_chunked_prefill,
-            "long_first_token_step": first_token_step["long"],
-            "long_ttft_steps": first_token_step["long"] - arrival + 1,
-            "long_ttft_s": finals["long"].metrics.ttft,
+            "steps": res.steps, "long_chunks": long_chunks,
+            "prefill": np.array([s.num_prefill_tokens for s in res.steps]),
+            "decode": np.array([s.num_decode_tokens for s in res.steps]),
+            "total": np.array([s.num_batched_tokens for s in res.steps]),
+            "step_s": np.array([s.duration for s in res.steps]),
+            "budget": budget, "chunked": chunked,
+            "long_first_token_step": first[long],
+            "long_ttft_steps": first[long] - requests[long].arrival_step,
+            "long_ttft_s": res.outputs[long].metrics.ttft,
             "long_prefill_steps": int(during.sum()),
-            "decodes_during_long_prefill": [                 # the decoders' tokens only
-                sum(n for r, n, k in s["rows"] if r != "long" and k == "decode")
-                for s, d in zip(steps, during) if d],
-            "blocked_decode_steps": sum(1 for s in steps if s["blocked"]),
-            "max_decode_itl_s": max(max(v) for v in itl.values()),
-            "median_decode_itl_s": float(np.median(np.concatenate(list(itl.values())))),
-            "tokens": {n: o.outputs[0].token_ids for n, o in finals.items()},
-            "wall_s": float(np.sum(step_s)),
+            "decodes_during_long_prefill": [             # the decoders' tokens only
+                sum(v.num_tokens for i, v in x.items() if i != long and not v.is_prefill)
+                for x, d in zip(per_step, during) if d],
+            "blocked_decode_steps": sum(blocked),
+            "max_decode_itl_s": max(max(v) for v in itl),
+            "median_decode_itl_s": float(np.median(np.concatenate(itl))),
+            "tokens": [o.outputs[0].token_ids for o in res.outputs],
+            "wall_s": float(sum(s.duration for s in res.steps)),
         }
 
     def expected_prefill_steps(long_prompt, budget, decoders):
         """What the budget rule predicts: each step leaves budget - decoders for the prompt."""
         return math.ceil(long_prompt / (budget - decoders))
     return (ARRIVAL_STEP, DECODE_TOKENS, LONG_PROMPT, NUM_DECODERS, expected_prefill_steps,
-            scenario, serve, token_budget)
+            run, scenario)
 
 
 @app.cell
-def _(chunked, functools, scenario, serve, token_budget, unchunked):
-    for _llm in (unchunked, chunked):      # warm-up: first-step allocations, lazy imports
-        serve(_llm, scenario(long_prompt=64, decode_tokens=3, arrival=2), "warmup-")
+def _(BUDGET, MAX_MODEL_LEN, functools, run, scenario):
+    # Warm-up (first-step allocations, lazy imports), once per setting.
+    run(scenario(long_prompt=64, decode_tokens=3, arrival=2), MAX_MODEL_LEN, chunked=False)
+    run(scenario(long_prompt=64, decode_tokens=3, arrival=2), BUDGET)
 
     @functools.cache
     def run_budget(budget):
-        """The scenario on the chunked engine at `budget` tokens per step (cached)."""
-        with token_budget(chunked, budget):
-            return serve(chunked, scenario(), f"b{budget}-")
+        """The scenario with chunking on at `budget` tokens per step (cached)."""
+        return run(scenario(), budget)
 
-    without = serve(unchunked, scenario(), "off-")
+    without = run(scenario(), MAX_MODEL_LEN, chunked=False)
     return run_budget, without
 
 
@@ -472,12 +432,10 @@ def _(mo):
 
 
 @app.cell
-def _(chunked, scenario, serve, token_budget):
+def _(run, scenario):
     EX_PROMPT, EX_BUDGET, EX_ARRIVAL, EX_DECODERS = 400, 100, 5, 4
-    with token_budget(chunked, EX_BUDGET):
-        _run = serve(chunked, scenario(long_prompt=EX_PROMPT, decoders=EX_DECODERS,
-                                       arrival=EX_ARRIVAL, decode_tokens=16, prompt_len=12),
-                     "exercise-")
+    _run = run(scenario(long_prompt=EX_PROMPT, decoders=EX_DECODERS, arrival=EX_ARRIVAL,
+                        decode_tokens=16, prompt_len=12), EX_BUDGET)
     exercise_truth = _run["long_first_token_step"]
     exercise_chunks = [int(_c) for _c in _run["long_chunks"] if _c]
 
