@@ -15,48 +15,43 @@ def _():
 
     from minivllm import LLM, SamplingParams
     from minivllm.block_manager import BlockManager
-    from minivllm.kv_cache import kv_bytes_per_token
-    from minivllm.sequence import Sequence
-    return (BlockManager, FancyBboxPatch, LLM, LogNorm, SamplingParams, Sequence,
-            kv_bytes_per_token, mo, np, plt, torch)
+    from minivllm.sequence import SequenceGroup
+    return (BlockManager, FancyBboxPatch, LLM, LogNorm, SamplingParams, SequenceGroup, mo,
+            np, plt, torch)
 
 
 @app.cell
 def _(mo):
     mo.md(r"""
-    # 05 · Prefix caching, and the catalog of optimizations
+    # 05 · Prefix caching
 
     After this lesson you can explain why two requests that start with the same tokens have
     exactly the same keys and values for those tokens, predict to the token how much of a
     prompt vLLM's automatic prefix caching will skip, and read the chain of block hashes
     that makes the lookup cheap. You will measure it on the real model with an agent whose
     every turn resends its whole history, and with many users behind one long system prompt.
-    The lesson ends with a table of every optimization in this course: what it changes, which
-    lesson takes it apart, and, for the ones this engine already has, its effect measured on
-    your machine.
     """)
     return
 
 
 @app.cell
 def _(LLM, SamplingParams, mo, torch):
-    # Two paged engines that differ in one knob. The token budget is CPU-sized: a step never
-    # carries more than 256 tokens, so long prompts are prefilled in chunks on both engines.
+    # One loaded model; every experiment below starts with
+    # llm.reconfigure(enable_prefix_caching=...): a fresh KV pool and an empty prefix cache
+    # over the same weights. The token budget is CPU-sized: a step never carries more than
+    # 256 tokens, so long prompts are prefilled in chunks.
     BLOCK_SIZE, MAX_MODEL_LEN, TOKEN_BUDGET, NUM_KV_BLOCKS = 16, 1024, 256, 512
-    _knobs = dict(max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
-                  max_num_batched_tokens=TOKEN_BUDGET, num_kv_blocks=NUM_KV_BLOCKS)
-    cached = LLM(enable_prefix_caching=True, **_knobs)
-    uncached = LLM(enable_prefix_caching=False, **_knobs)
-    # Warm-up: a process's first forward passes pay one-time setup. (Its text shares no
-    # block with anything below, so it changes no hit count.)
-    for _llm in (cached, uncached):
-        _llm.generate("Warm-up. " * 40, SamplingParams(max_tokens=2), use_tqdm=False)
+    llm = LLM(max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
+              max_num_batched_tokens=TOKEN_BUDGET, num_kv_blocks=NUM_KV_BLOCKS,
+              enable_prefix_caching=True)
+    # Warm-up: a process's first forward passes pay one-time setup.
+    llm.generate("Warm-up. " * 40, SamplingParams(max_tokens=2), use_tqdm=False)
     BIG = torch.cuda.is_available()          # a GPU runs the larger settings below
     device = torch.cuda.get_device_name() if BIG else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
-          f"({str(cached.engine.dtype).removeprefix('torch.')})  \n"
-          f"`{cached.engine!r}` with prefix caching  \n`{uncached.engine!r}` without")
-    return BIG, BLOCK_SIZE, MAX_MODEL_LEN, TOKEN_BUDGET, cached, device, uncached
+          f"({str(llm.engine.dtype).removeprefix('torch.')})  \n`{llm.engine!r}`, prefix "
+          "caching switched on and off with `llm.reconfigure(enable_prefix_caching=...)`")
+    return BIG, BLOCK_SIZE, device, llm
 
 
 @app.cell
@@ -71,15 +66,15 @@ def _(mo):
 
     Below, a travel agent talks to a traveller for several turns. Each turn adds the result
     of the last tool call and the traveller's next message, and the model answers greedily.
-    The same conversation runs on both engines, turn by turn, alternating, so that a busy
-    machine slows both alike.
+    The same conversation runs twice on the same loaded model: with prefix caching on, then
+    with it off.
     """)
     return
 
 
 @app.cell
-def _(cached):
-    _tok = cached.tokenizer
+def _(llm):
+    _tok = llm.tokenizer
     IM_END = _tok.convert_tokens_to_ids("<|im_end|>")
 
     def chat(role, text):
@@ -155,19 +150,19 @@ def _(
     SYSTEM_AGENT,
     SamplingParams,
     TURNS,
-    cached,
     chat,
     common_prefix,
+    llm,
     predicted_hit,
-    uncached,
 ):
     NUM_TURNS = len(TURNS) if BIG else 5
     _params = SamplingParams(temperature=0, max_tokens=24 if BIG else 12)
 
-    def conversation(llm, earlier):
-        """Play the agent's conversation on `llm`, one turn per `next()`. `earlier` collects
-        the token lists whose K/V the engine has computed."""
-        engine, history = llm.engine, chat("system", SYSTEM_AGENT)
+    def conversation(caching):
+        """Play the agent's conversation with prefix caching on or off; a row per turn.
+        `earlier` collects the token lists whose K/V the engine has computed."""
+        llm.reconfigure(enable_prefix_caching=caching)
+        engine, history, earlier, rows = llm.engine, chat("system", SYSTEM_AGENT), [], []
         for tool_result, user_text in TURNS[:NUM_TURNS]:
             if tool_result is not None:
                 history = history + chat("tool", tool_result)
@@ -175,29 +170,27 @@ def _(
             hits_before = engine.stats().prefix_cache_hit_tokens
             out = llm.generate([prompt], _params, use_tqdm=False)[0]
             answer = list(out.outputs[0].token_ids)
-            yield {"prompt_tokens": len(prompt),
-                   "hit_tokens": engine.stats().prefix_cache_hit_tokens - hits_before,
-                   "predicted_hit_tokens": predicted_hit(prompt, earlier),
-                   "seen_before": max((common_prefix(prompt, e) for e in earlier),
-                                      default=0),
-                   "ttft_s": out.metrics.ttft, "answer": answer}
+            rows.append({"prompt_tokens": len(prompt),
+                         "hit_tokens": engine.stats().prefix_cache_hit_tokens - hits_before,
+                         "predicted_hit_tokens": predicted_hit(prompt, earlier),
+                         "seen_before": max((common_prefix(prompt, e) for e in earlier),
+                                            default=0),
+                         "ttft_s": out.metrics.ttft, "answer": answer})
             # Everything but the last sampled token now has K/V in the cache.
             earlier.append(prompt + answer[:-1])
             history = prompt + answer + ([] if answer[-1] == IM_END else [IM_END]) + NEWLINE
+        return rows
 
-    conv_cached, conv_uncached, computed_on_cached = [], [], []
-    for _a, _b in zip(conversation(cached, computed_on_cached),
-                      conversation(uncached, [])):                    # alternate turns
-        conv_cached.append(_a)
-        conv_uncached.append(_b)
+    conv_cached = conversation(True)
+    conv_uncached = conversation(False)
     turn_hit_rate = [r["hit_tokens"] / r["prompt_tokens"] for r in conv_cached]
     print("turn  prompt  hit (predicted)  hit rate  TTFT cached / uncached")
     for _i, (_a, _b) in enumerate(zip(conv_cached, conv_uncached)):
         print(f"{_i + 1:4d}  {_a['prompt_tokens']:6d}  {_a['hit_tokens']:4d} "
               f"({_a['predicted_hit_tokens']:4d})    {turn_hit_rate[_i]:7.1%}   "
               f"{1000 * _a['ttft_s']:6.0f} ms / {1000 * _b['ttft_s']:6.0f} ms")
-    print("last answer:", repr(cached.tokenizer.decode(conv_cached[-1]["answer"])))
-    return NUM_TURNS, computed_on_cached, conv_cached, conv_uncached, turn_hit_rate
+    print("last answer:", repr(llm.tokenizer.decode(conv_cached[-1]["answer"])))
+    return NUM_TURNS, conv_cached, conv_uncached, turn_hit_rate
 
 
 @app.cell
@@ -252,23 +245,23 @@ def _(mo):
     have the same K/V for those positions, whatever comes after: the same numbers, not
     close ones.
 
-    Let us look at it in the real cache, not in an equation. On the engine **without**
-    prefix caching, so that each request computes everything itself, we send two prompts:
+    Let us look at it in the real cache, not in an equation. With prefix caching **off**, so
+    that each request computes everything itself, we send two prompts:
 
     * tokens 0-63 (4 blocks): the same system text;
     * tokens 64-79 (block 4): different words;
     * tokens 80-111 (blocks 5-6): the same words again, at the same positions.
 
-    Both are prefilled; then, while both are still decoding, we read their block tables from
-    the scheduler and compare their blocks in `engine.runner.kv_cache` (shape `[layers, 2,
+    Both are prefilled; then, while both are still decoding, we read their block tables
+    (`engine.requests[id].seqs[0].block_table`) and compare their blocks in `engine.runner.kv_cache` (shape `[layers, 2,
     num_blocks, block_size, kv_heads, head_dim]`) one block and one layer at a time.
     """)
     return
 
 
 @app.cell
-def _(BLOCK_SIZE, SYSTEM_AGENT, SamplingParams, chat, torch, uncached):
-    _tok = uncached.tokenizer
+def _(BLOCK_SIZE, SYSTEM_AGENT, SamplingParams, chat, llm, torch):
+    _tok = llm.tokenizer
     _shared = chat("system", SYSTEM_AGENT)[:4 * BLOCK_SIZE]
     _own_a = _tok.encode(" Which flights leave Lisbon for Oslo on the morning of 14 March, "
                          "and how long do they take?")[:BLOCK_SIZE]
@@ -280,17 +273,14 @@ def _(BLOCK_SIZE, SYSTEM_AGENT, SamplingParams, chat, torch, uncached):
     assert len(_own_a) == len(_own_b) == BLOCK_SIZE and len(_tail) == 2 * BLOCK_SIZE
     kv_prompts = {"kv-a": _shared + _own_a + _tail, "kv-b": _shared + _own_b + _tail}
 
-    _engine = uncached.engine
+    _engine = llm.reconfigure(enable_prefix_caching=False).engine
     for _rid, _ids in kv_prompts.items():
         _engine.add_request(_rid, _ids, SamplingParams(temperature=0, max_tokens=8,
                                                        ignore_eos=True))
-    while True:                                     # until both have sampled a token
+    _seqs = {_rid: _engine.requests[_rid].seqs[0] for _rid in kv_prompts}
+    while not all(_s.num_output_tokens for _s in _seqs.values()):   # both sampled a token
         _engine.step()
-        _running = {s.request_id: s for s in _engine.scheduler.running
-                    if s.request_id in kv_prompts}
-        if len(_running) == 2 and all(s.num_output_tokens for s in _running.values()):
-            break
-    _ta, _tb = _running["kv-a"].block_table, _running["kv-b"].block_table
+    _ta, _tb = _seqs["kv-a"].block_table, _seqs["kv-b"].block_table
     _kv = _engine.runner.kv_cache              # [layers, 2, num_blocks, block_size, kv_heads, hd]
     _num_blocks = len(kv_prompts["kv-a"]) // BLOCK_SIZE           # 7 full blocks each
     # kv_diff[layer, block]: largest |difference| over K and V of that block in that layer.
@@ -387,8 +377,13 @@ def _(conv_cached, conv_uncached, np, plt, turn_hit_rate):
                               == [r["answer"] for r in conv_uncached])
     ttft_cached = np.array([r["ttft_s"] for r in conv_cached])
     ttft_uncached = np.array([r["ttft_s"] for r in conv_uncached])
-    # Turn 1 is cold on both engines; compare the turns that have a history, by the median
-    # of their ratios (one turn slowed by another job on the machine cannot swing it).
+    # Turn 1 is cold either way; compare the turns that have a history, by the median of
+    # their ratios. The work (prompt tokens computed, counted by the engine) is what the
+    # checks below assert on; the time it buys is shown beside it, since a shared machine
+    # can slow one run several-fold.
+    _work = [(u["prompt_tokens"], c["prompt_tokens"] - c["hit_tokens"])
+             for u, c in zip(conv_uncached, conv_cached)]
+    conv_work_ratio = float(np.median([_u / _c for _u, _c in _work[1:]]))
     conv_ttft_ratio = float(np.median(ttft_uncached[1:] / ttft_cached[1:]))
     _fig, (_a, _b) = plt.subplots(1, 2, figsize=(10, 3.4))
     _a.bar(_turns - 0.2, _prompt, 0.4, color="tab:gray", label="without caching")
@@ -411,12 +406,14 @@ def _(conv_cached, conv_uncached, np, plt, turn_hit_rate):
     _b.set_title("time to first token")
     _fig.tight_layout()
     print(f"prompt tokens computed over {len(_turns)} turns: {conv_computed_uncached} without "
-          f"caching, {conv_computed_cached} with; TTFT of turns 2-{len(_turns)}: "
-          f"median {conv_ttft_ratio:.1f}x lower with caching; identical answers: "
+          f"caching, {conv_computed_cached} with; turns 2-{len(_turns)}: median "
+          f"{conv_work_ratio:.1f}x fewer prompt tokens computed, TTFT median "
+          f"{conv_ttft_ratio:.1f}x lower ({1000 * np.median(ttft_uncached[1:]):.0f} -> "
+          f"{1000 * np.median(ttft_cached[1:]):.0f} ms); identical answers: "
           f"{conv_outputs_identical}")
     _fig
     return (conv_computed_cached, conv_computed_uncached, conv_outputs_identical,
-            conv_ttft_ratio)
+            conv_ttft_ratio, conv_work_ratio)
 
 
 @app.cell
@@ -426,6 +423,7 @@ def _(
     conv_computed_uncached,
     conv_outputs_identical,
     conv_ttft_ratio,
+    conv_work_ratio,
     mo,
     turn_hit_rate,
 ):
@@ -437,8 +435,9 @@ def _(
     Hit rate per turn: **{_rates}**. The first turn is cold; from then on almost the whole
     prompt is found in the cache, and the share grows because the history grows while each
     turn's new text does not. The engine computed **{conv_computed_cached}** prompt tokens
-    instead of **{conv_computed_uncached}**, and a turn with a history reached its first
-    token **{conv_ttft_ratio:.1f}x** sooner (the median over turns 2 on). The answers were
+    instead of **{conv_computed_uncached}**: a turn with a history computed
+    **{conv_work_ratio:.1f}x** fewer prompt tokens and reached its first token
+    **{conv_ttft_ratio:.1f}x** sooner on this machine (medians over turns 2 on). The answers were
     {_same}: reusing K/V changes the cost, not the result.
 
     Every hit count above {_match} the prediction made by hand (the `predicted` column): the
@@ -457,7 +456,7 @@ def _(mo):
     The other common shape: one long system prompt (instructions plus reference text or
     tool schemas) in front of every user's question. Here a documentation bot answers
     different questions. The first request runs alone and fills the cache; the others then
-    arrive together. Both engines serve the same requests.
+    arrive together. The same requests run with prefix caching on and off.
     """)
     return
 
@@ -467,11 +466,9 @@ def _(
     ASSISTANT,
     BIG,
     SamplingParams,
-    cached,
     chat,
-    computed_on_cached,
+    llm,
     predicted_hit,
-    uncached,
 ):
     SYSTEM_DOCS = (
         "You answer questions about minivllm, a small LLM serving engine. Use only the "
@@ -509,9 +506,9 @@ def _(
     docs_prompts = [docs_prefix + chat("user", _q) + ASSISTANT for _q in QUESTIONS]
     _params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
-    def serve_docs(llm):
+    def serve_docs(caching):
         """First question alone, then the rest together. Per request: hits, TTFT, answer."""
-        engine, rows = llm.engine, []
+        engine, rows = llm.reconfigure(enable_prefix_caching=caching).engine, []
         before = engine.stats().prefix_cache_hit_tokens
         _first = llm.generate([docs_prompts[0]], _params, use_tqdm=False)
         after_first = engine.stats().prefix_cache_hit_tokens
@@ -521,12 +518,15 @@ def _(
                          "answer": list(out.outputs[0].token_ids)})
         return rows, after_first - before, engine.stats().prefix_cache_hit_tokens - after_first
 
-    docs_cached, _first_hits, docs_hit_tokens = serve_docs(cached)
-    docs_uncached, _, _ = serve_docs(uncached)
-    # By hand: what should each later question find? What the cached engine computed before
-    # it: the agent's turns, and the first question with its answer; not the other later
-    # questions, which were prefilled in the same steps as it.
-    _earlier = computed_on_cached + [docs_prompts[0] + docs_cached[0]["answer"][:-1]]
+    docs_cached, _first_hits, docs_hit_tokens = serve_docs(True)
+    # The block manager's prefix cache as the questions left it, drawn below. (The next
+    # reconfigure builds a new one; this object stays as it is.)
+    docs_prefix_cache = llm.engine.block_manager.prefix_cache
+    docs_uncached, _, _ = serve_docs(False)
+    # By hand: what should each later question find? What the engine computed before it:
+    # the first question with its answer; not the other later questions, which were
+    # prefilled in the same steps as it.
+    _earlier = [docs_prompts[0] + docs_cached[0]["answer"][:-1]]
     docs_predicted_hits = sum(predicted_hit(_p, _earlier) for _p in docs_prompts[1:])
     docs_computed_seqs = [_p + _r["answer"][:-1] for _p, _r in zip(docs_prompts, docs_cached)]
     docs_prefix_len = len(docs_prefix)
@@ -547,15 +547,15 @@ def _(
           f"{docs_computed['cached']} with; mean TTFT of the later questions: "
           f"{1000 * docs_ttft['uncached']:.0f} ms without, {1000 * docs_ttft['cached']:.0f} "
           f"ms with; identical answers: {docs_outputs_identical}")
-    return (QUESTIONS, docs_computed, docs_computed_seqs, docs_hit_tokens,
-            docs_outputs_identical, docs_predicted_hits, docs_prefix, docs_prefix_len,
-            docs_prefix_skip, docs_ttft)
+    return (docs_computed_seqs, docs_hit_tokens, docs_outputs_identical,
+            docs_predicted_hits, docs_prefix, docs_prefix_cache, docs_prefix_len,
+            docs_prefix_skip, docs_prompts)
 
 
 @app.cell
-def _(FancyBboxPatch, cached, np):
+def _(FancyBboxPatch, llm, np):
     def _snippet(ids, width=13, tail=False):
-        text = cached.tokenizer.decode(list(ids)).replace("\n", "⏎")
+        text = llm.tokenizer.decode(list(ids)).replace("\n", "⏎")
         if len(text) <= width:
             return text
         return "…" + text[1 - width:] if tail else text[:width - 1] + "…"
@@ -609,80 +609,37 @@ def _(FancyBboxPatch, cached, np):
         ax.axis("off")
         return trunk
 
-    def radix_tree(seqs):
-        """For contrast, the same token sequences as a radix tree (SGLang's RadixAttention):
-        each edge holds a run of tokens of any length, split only where sequences part.
-        A list of (edge tokens, subtree)."""
-        groups = {}
-        for s in seqs:
-            if s:
-                groups.setdefault(s[0], []).append(s)
-        edges = []
-        for group in groups.values():
-            n = min(len(s) for s in group)
-            for s in group[1:]:
-                n = next((i for i in range(n) if s[i] != group[0][i]), n)
-            edges.append((group[0][:n], radix_tree([s[n:] for s in group])))
-        return edges
-
-    def draw_radix(ax, tree):
-        pos, leaves = {}, iter(range(10**6))
-
-        def place(edges, x):
-            kids = [place(child, x + 1) for _, child in edges]
-            y = float(np.mean(kids)) if kids else -float(next(leaves))
-            pos[id(edges)] = (x, y)
-            for (tokens, child), yc in zip(edges, kids):
-                ax.annotate("", xy=(x + 1, yc), xytext=(x, y),
-                            arrowprops=dict(arrowstyle="-", lw=1, color="tab:purple"))
-                label = f"{len(tokens)} tokens: '{_snippet(tokens, 22)}'"
-                if child:                    # an inner edge: label it in the middle
-                    ax.text(x + 0.5, (y + yc) / 2 + 0.12, label, ha="center",
-                            va="bottom", fontsize=6.5)
-                else:                        # a leaf: label it at its end
-                    ax.text(x + 1.04, yc, label, ha="left", va="center", fontsize=6.5)
-            ax.plot([x], [y], "o", color="tab:purple")
-            return y
-
-        place(tree, 0)
-        ys = [y for _, y in pos.values()]
-        ax.set_xlim(-0.1, max(x for x, _ in pos.values()) + 1.1)
-        ax.set_ylim(min(ys) - 0.6, max(ys) + 0.8)
-        ax.axis("off")
-    return draw_hash_chain, draw_radix, radix_tree
+    return (draw_hash_chain,)
 
 
 @app.cell
 def _(
     BLOCK_SIZE,
-    cached,
+    common_prefix,
     docs_computed_seqs,
     docs_prefix,
+    docs_prefix_cache,
     docs_prefix_len,
     draw_hash_chain,
-    draw_radix,
     plt,
-    radix_tree,
 ):
-    _pc = cached.engine.block_manager.prefix_cache
+    _pc = docs_prefix_cache
     _root = next(b for b, k in _pc.key_of_block.items()
                  if k.parent_block is None and list(k.token_ids) == docs_prefix[:BLOCK_SIZE])
-    _fig, (_a, _b) = plt.subplots(2, 1, figsize=(10, 7.5), height_ratios=[3, 2])
+    _fig, _a = plt.subplots(figsize=(10, 4.5))
     _trunk = draw_hash_chain(_a, _pc, _root)
     _a.set_title(f"vLLM / minivllm: the block manager's named blocks for the documentation "
                  f"bot (live state; {len(_pc)} named blocks in the whole cache)\nname = "
                  "hash(parent's name, the block's 16 tokens) · orange: passed through by "
                  "every question · blue: one question's own blocks", fontsize=9)
-    _tree = radix_tree(docs_computed_seqs)
-    draw_radix(_b, _tree)
-    _b.set_title("SGLang's view of the same sequences: a radix tree over tokens "
-                 "(drawn for contrast; minivllm does not build it)", fontsize=9)
     _fig.tight_layout()
     chain_shared_tokens = len(_trunk) * BLOCK_SIZE
-    radix_shared_tokens = len(_tree[0][0])
+    # What a token-level structure would share: the tokens every question has in common.
+    radix_shared_tokens = min(common_prefix(docs_computed_seqs[0], _s)
+                              for _s in docs_computed_seqs[1:])
     print(f"hash chain: {len(_trunk)} blocks ({chain_shared_tokens} tokens) shared by every "
-          f"question; radix tree: one edge of {radix_shared_tokens} shared tokens; the "
-          f"system prompt itself is {docs_prefix_len} tokens")
+          f"question; {radix_shared_tokens} tokens shared in all; the system prompt itself "
+          f"is {docs_prefix_len} tokens")
     _fig
     return chain_shared_tokens, radix_shared_tokens
 
@@ -690,7 +647,7 @@ def _(
 @app.cell
 def _(BLOCK_SIZE, chain_shared_tokens, docs_prefix_len, mo, radix_shared_tokens):
     mo.md(f"""
-    The top picture is the block manager's real state after the questions: an orange
+    The picture is the block manager's real state after the questions: an orange
     trunk of blocks that every question passed through (found by the chain of names), then
     one blue branch per question for its own words and its answer. The trunk is
     **{chain_shared_tokens // BLOCK_SIZE} blocks = {chain_shared_tokens} tokens**. The
@@ -699,9 +656,9 @@ def _(BLOCK_SIZE, chain_shared_tokens, docs_prefix_len, mo, radix_shared_tokens)
     in a block that also holds each question's own words, so that block's name differs per
     question and it is computed every time: the price of working in blocks.
 
-    The bottom picture stores the same sequences the way SGLang's RadixAttention does. A
-    radix tree splits exactly where two sequences part, so it reuses every shared token, and
-    finding a prefix means walking down the tree comparing tokens. vLLM keeps a flat
+    SGLang's RadixAttention stores the same sequences as a radix tree over tokens, split
+    exactly where two sequences part: it reuses every shared token, and finding a prefix
+    means walking down the tree comparing tokens. vLLM keeps a flat
     dictionary instead: a lookup is one hash per block, eviction is a free list of
     blocks, and a block is the unit that paging already manages, so sharing costs nothing
     extra. The tree's advantage is the up-to-`block_size - 1` tokens per request that the
@@ -735,10 +692,10 @@ def _(mo):
 
 
 @app.cell
-def _(BlockManager, SamplingParams, Sequence, cached, docs_prefix, torch):
+def _(BlockManager, SamplingParams, SequenceGroup, docs_prefix, llm):
     PROMPT_LEN = 160
     _other = list(reversed(docs_prefix))               # different tokens for the tail
-    _stamps = [cached.tokenizer.encode(f"Now: 09:41:{_s:02d}, 14 March 2025. ")
+    _stamps = [llm.tokenizer.encode(f"Now: 09:41:{_s:02d}, 14 March 2025. ")
                for _s in (7, 9)]
     assert len(_stamps[0]) == len(_stamps[1])
 
@@ -752,12 +709,12 @@ def _(BlockManager, SamplingParams, Sequence, cached, docs_prefix, torch):
             a, b = _stamps[0] + a, _stamps[1] + b
         bm = BlockManager(2 * (len(a) // block_size + 1), block_size,
                           enable_prefix_caching=True)
-        first = Sequence(0, "a", None, a, SamplingParams(), 0, torch.device("cpu"))
+        first = SequenceGroup("a", None, a, SamplingParams(), 0).seqs[0]
         bm.allocate(first)
         first.num_computed_tokens = len(a)    # as the engine records after the model ran
         bm.cache_computed_blocks(first)
         bm.free(first)
-        second = Sequence(1, "b", None, b, SamplingParams(), 0, torch.device("cpu"))
+        second = SequenceGroup("b", None, b, SamplingParams(), 1).seqs[0]
         bm.allocate(second)
         return second.num_computed_tokens
     return PROMPT_LEN, hits_for
@@ -805,11 +762,11 @@ def _(docs_prefix_len, mo):
     ## Exercise: predict the hits
 
     The documentation bot's system message ({docs_prefix_len} tokens) is in the cache from
-    the questions above, with `block_size = 16`. A client that wants a shorter prompt keeps
-    only the **first 203 tokens** of it and appends **30 tokens** of its own. How many of its
-    233 prompt tokens does the engine find in the cache? The cell after the answer box sends
-    exactly this request to the engine with caching, so the checker compares you with the
-    real thing.
+    the first question above, with `block_size = 16`. A client that wants a shorter prompt
+    keeps only the **first 203 tokens** of it and appends **30 tokens** of its own. How many
+    of its 233 prompt tokens does the engine find in the cache? The cell after the answer box
+    serves the first question again with caching on, then sends exactly this request, so the
+    checker compares you with the real thing.
     """)
     hits_answer = mo.ui.number(start=0, stop=10_000, value=0, label="tokens found cached")
     hits_answer
@@ -817,15 +774,8 @@ def _(docs_prefix_len, mo):
 
 
 @app.cell
-def _(
-    SamplingParams,
-    cached,
-    computed_on_cached,
-    docs_computed_seqs,
-    docs_prefix,
-    predicted_hit,
-):
-    _tok = cached.tokenizer
+def _(SamplingParams, docs_prefix, docs_prompts, llm, predicted_hit):
+    _tok = llm.tokenizer
     _own = [t for t in _tok.encode(" Summarise the reference above in three short bullet "
                                    "points, for a reader who has never served a language "
                                    "model, and say which part matters most for speed.")
@@ -834,19 +784,23 @@ def _(
     assert len(exercise_prompt) == 233
 
     def measure_exercise():
-        """Admit the exercise's prompt on the caching engine (one step), read how many of its
-        tokens were hits, and abort it."""
-        engine = cached.engine
+        """With caching on, serve the first question (its blocks are now cached), then admit
+        the exercise's prompt (one step), read how many of its tokens were hits, abort it.
+        Returns the hits and the token lists computed before the exercise."""
+        engine = llm.reconfigure(enable_prefix_caching=True).engine
+        _out = llm.generate([docs_prompts[0]], SamplingParams(temperature=0, max_tokens=8,
+                                                              ignore_eos=True),
+                            use_tqdm=False)[0]
         before = engine.stats().prefix_cache_hit_tokens
         engine.add_request("exercise", exercise_prompt, SamplingParams(temperature=0,
                                                                        max_tokens=4))
         engine.step()
         hit = engine.stats().prefix_cache_hit_tokens - before
         engine.abort_request("exercise")
-        return hit
+        return hit, [docs_prompts[0] + list(_out.outputs[0].token_ids)[:-1]]
 
-    exercise_hits = measure_exercise()
-    exercise_by_hand = predicted_hit(exercise_prompt, computed_on_cached + docs_computed_seqs)
+    exercise_hits, _computed = measure_exercise()
+    exercise_by_hand = predicted_hit(exercise_prompt, _computed)
     print(f"exercise: the engine found {exercise_hits} of {len(exercise_prompt)} tokens "
           f"cached; by hand {exercise_by_hand}")
     return exercise_by_hand, exercise_hits
@@ -888,212 +842,13 @@ def _(check_hits_answer, hits_answer, mo):
 
 
 @app.cell
-def _(mo):
-    mo.md(r"""
-    ## The optimization catalog
-
-    Prefix caching is one entry in a list. The table below has every optimization this
-    course covers, in the order of the course outline's ranking by throughput impact, with
-    the lesson that takes it apart. Where minivllm already has the mechanism and a CPU can
-    show it, the last column is measured right here, on tiny workloads of a few requests.
-
-    The measurements need one more engine: a **baseline** with a slab of `max_model_len`
-    slots per request (lesson 01) and static batching (a new batch only when the last one
-    has finished). It has both things off, so each row uses a workload on which only that
-    row's knob changes what happens: in the paging row every request is admitted at once,
-    so static batching changes nothing (the step counts agree); in the batching row the
-    baseline has a slab for every request, so memory never decides; in the chunking row all
-    requests arrive together, so both engines admit them at the first step they can.
-    """)
-    return
-
-
-@app.cell
 def _(
-    BIG,
-    LLM,
-    MAX_MODEL_LEN,
-    SamplingParams,
-    cached,
-    kv_bytes_per_token,
-    uncached,
-):
-    NUM_SLABS = 8
-    _e = cached.engine
-    baseline = LLM(max_model_len=MAX_MODEL_LEN, kv_layout="contiguous", scheduling="static",
-                   max_num_seqs=NUM_SLABS,
-                   kv_cache_memory=NUM_SLABS * MAX_MODEL_LEN
-                   * kv_bytes_per_token(_e.model_config, _e.dtype))
-    _text = cached.tokenizer.encode(
-        "Every optimization in a serving engine trades one resource for another: memory for "
-        "compute, latency for throughput, or bookkeeping for bandwidth. " * 60)
-
-    def serve(llm, requests, tag):
-        """requests: (arrival step, prompt ids, max_tokens), by arrival. Steps the engine until
-        all are done. Returns per-step records, the outputs in order, and for each request
-        the steps from its arrival to its first token (1: the step it arrived in)."""
-        engine, seqs, outs, first, steps, i = llm.engine, [], {}, {}, [], 0
-        while i < len(requests) or engine.has_unfinished_requests():
-            while i < len(requests) and requests[i][0] <= len(steps):
-                _, ids, max_tokens = requests[i]
-                engine.add_request(f"{tag}{i}", ids, SamplingParams(
-                    temperature=0, max_tokens=max_tokens, ignore_eos=True))
-                seqs += engine.requests[f"{tag}{i}"]
-                i += 1
-            before = sum(s.num_computed_tokens for s in seqs)
-            for out in engine.step():
-                if out.outputs[0].token_ids:
-                    first.setdefault(out.request_id, len(steps))
-                if out.finished:
-                    outs[out.request_id] = out
-            stats = engine.stats()
-            steps.append({"tokens": sum(s.num_computed_tokens for s in seqs) - before,
-                          "held": stats.tokens_cached, "reserved": stats.slots_reserved})
-        return steps, [outs[f"{tag}{k}"] for k in range(len(requests))], \
-            [first[f"{tag}{k}"] - requests[k][0] + 1 for k in range(len(requests))]
-
-    # Paging: 6 requests, all at once (216 prompt tokens: one step on both engines).
-    _lens = [(24, 16), (60, 8), (12, 24), (50, 12), (40, 20), (30, 8)]
-    _reqs = [(0, _text[7 * _k:7 * _k + _p], _o) for _k, (_p, _o) in enumerate(_lens)]
-    _slab, _, _ = serve(baseline, _reqs, "cat-slab-")
-    _paged, _, _ = serve(uncached, _reqs, "cat-paged-")
-    catalog_paging = {
-        "slab": sum(s["held"] for s in _slab) / sum(s["reserved"] for s in _slab),
-        "paged": sum(s["held"] for s in _paged) / sum(s["reserved"] for s in _paged),
-        "steps": (len(_slab), len(_paged))}
-
-    # Batching: 6 requests arriving every 3 steps, one long answer first.
-    _outs = [24, 6, 10, 6, 14, 6]
-    _reqs = [(3 * _k, _text[11 * _k:11 * _k + 20], _o) for _k, _o in enumerate(_outs)]
-    _static, _, _wait_static = serve(baseline, _reqs, "cat-static-")
-    _cont, _, _wait_cont = serve(uncached, _reqs, "cat-cont-")
-    catalog_batching = {"steps": (len(_static), len(_cont)),
-                        "ttft_steps": (sum(_wait_static) / 6, sum(_wait_cont) / 6)}
-
-    # Chunking: three short prompts and one long one, all at once.
-    _long = 600 if BIG else 480
-    _reqs = [(0, _text[5 * _k:5 * _k + 16], 6) for _k in range(3)] + [(0, _text[:_long], 2)]
-    _whole, _whole_out, _whole_wait = serve(baseline, _reqs, "cat-whole-")
-    _chunk, _chunk_out, _chunk_wait = serve(uncached, _reqs, "cat-chunk-")
-    catalog_chunking = {
-        "largest_step": (max(s["tokens"] for s in _whole), max(s["tokens"] for s in _chunk)),
-        # the size of the step that gave the short requests their first token (all arrived
-        # at step 0, so that step's index is their wait minus one)
-        "short_first_step": (max(_whole[_w - 1]["tokens"] for _w in _whole_wait[:3]),
-                             max(_chunk[_w - 1]["tokens"] for _w in _chunk_wait[:3])),
-        "short_ttft_s": (sum(o.metrics.ttft for o in _whole_out[:3]) / 3,
-                         sum(o.metrics.ttft for o in _chunk_out[:3]) / 3)}
-    print(f"paging: KV utilization {catalog_paging['slab']:.1%} (slab) vs "
-          f"{catalog_paging['paged']:.1%} (paged), steps {catalog_paging['steps']}")
-    print(f"batching: {catalog_batching['steps'][0]} steps static vs "
-          f"{catalog_batching['steps'][1]} continuous; mean steps to a first token "
-          f"{catalog_batching['ttft_steps'][0]:.1f} vs {catalog_batching['ttft_steps'][1]:.1f}")
-    print(f"chunking: largest step {catalog_chunking['largest_step'][0]} vs "
-          f"{catalog_chunking['largest_step'][1]} tokens; the short requests' first token "
-          f"came from a {catalog_chunking['short_first_step'][0]} vs "
-          f"{catalog_chunking['short_first_step'][1]}-token step; their TTFT "
-          f"{1000 * catalog_chunking['short_ttft_s'][0]:.0f} vs "
-          f"{1000 * catalog_chunking['short_ttft_s'][1]:.0f} ms")
-    return baseline, catalog_batching, catalog_chunking, catalog_paging
-
-
-@app.cell
-def _(
-    TOKEN_BUDGET,
-    cached,
-    catalog_batching,
-    catalog_chunking,
-    catalog_paging,
-    docs_computed,
-    docs_ttft,
-    mo,
-):
-    _cfg = cached.engine.model_config
-    _gqa = _cfg.num_attention_heads // _cfg.num_key_value_heads
-    _p, _b, _c = catalog_paging, catalog_batching, catalog_chunking
-    _skip = 1 - docs_computed["cached"] / docs_computed["uncached"]
-    # (technique, lesson, mechanism, effect measured on this machine, or None and why not)
-    catalog = [
-        ("PagedAttention", "02", "KV kept in fixed-size blocks behind per-sequence block "
-         "tables: memory is reserved as tokens arrive, so more sequences fit",
-         f"KV utilization {_p['slab']:.0%} with a slab per request -> {_p['paged']:.0%} "
-         "paged (6 requests)"),
-        ("Continuous batching", "04", "the batch is rebuilt every step, so a finished "
-         "sequence's place is refilled at once instead of when the whole batch ends",
-         f"6 staggered requests done in {_b['steps'][0]} -> {_b['steps'][1]} steps; mean "
-         f"wait for a first token {_b['ttft_steps'][0]:.1f} -> {_b['ttft_steps'][1]:.1f} "
-         "steps"),
-        ("FlashAttention", "03", "attention computed tile by tile with a running softmax; "
-         "the T x T score matrix never reaches main GPU memory",
-         None, "a GPU kernel, not timed in this lesson"),
-        ("GQA / MQA", "09", "several query heads share one K/V head, so the cache shrinks "
-         "by that factor",
-         f"this model: {_cfg.num_attention_heads} query heads share "
-         f"{_cfg.num_key_value_heads} K/V heads, a {_gqa}x smaller cache (from its config)"),
-        ("Chunked prefill", "10", "long prompts are cut to fit a per-step token budget and "
-         "share steps with decodes",
-         f"largest step {_c['largest_step'][0]} -> {_c['largest_step'][1]} tokens (budget "
-         f"{TOKEN_BUDGET}); short requests' first token waited for a "
-         f"{_c['short_first_step'][0]}- -> {_c['short_first_step'][1]}-token step, TTFT "
-         f"{1000 * _c['short_ttft_s'][0]:.0f} -> {1000 * _c['short_ttft_s'][1]:.0f} ms"),
-        ("Automatic prefix caching", "05", "full blocks are named by a hash chain; a new "
-         "prompt reuses the K/V of its longest cached prefix",
-         f"{_skip:.0%} of all prompt tokens not computed (documentation bot, first "
-         f"question cold); later questions' mean TTFT {1000 * docs_ttft['uncached']:.0f} -> "
-         f"{1000 * docs_ttft['cached']:.0f} ms"),
-        ("Quantization (weights, KV)", "13", "weights and/or K/V stored in 8 or 4 bits: "
-         "fewer bytes read per step, more tokens per GB", None, ""),
-        ("Speculative decoding", "07", "a cheap draft proposes k tokens, the model checks "
-         "them in one pass, rejection sampling keeps the output distribution exact",
-         None, ""),
-        ("Preemption and swap", "11", "when blocks run out, the newest sequence is dropped "
-         "and recomputed later, or its blocks are parked in host memory",
-         None, "the engine has both modes"),
-        ("Tensor parallelism", "15", "each layer's matrices are split across GPUs and the "
-         "partial results summed (all-reduce)", None, "needs several GPUs"),
-        ("CUDA graphs", "14", "a decode step's kernel launches are recorded once and "
-         "replayed, removing per-step CPU overhead", None, "GPU only"),
-        ("Prefill/decode disaggregation", "08", "prefill and decode run on separate device "
-         "pools and the KV cache is shipped between them", None, "needs two device pools"),
-        ("Multi-LoRA", "12", "many small adapters over one base model, applied per request "
-         "with grouped matrix products", None, ""),
-    ]
-    _dir = mo.notebook_dir()
-
-    def _exists(nn):
-        return _dir is not None and any(_dir.glob(f"{nn}_*.py"))
-
-    def _effect(nn, effect, why=""):
-        if effect is not None:
-            return effect
-        where = f"see lesson {nn}" if _exists(nn) else "lesson to come"
-        return f"not measured here ({why + '; ' if why else ''}{where})"
-
-    _rows = "\n".join(
-        f"| {_k} | {_row[0]} | {_row[1]}{'' if _exists(_row[1]) else ' (to come)'} | "
-        f"{_row[2]} | {_effect(_row[1], *_row[3:])} |"
-        for _k, _row in enumerate(catalog, start=1))
-    _measured = [_row[0] for _row in catalog if _row[3] is not None]
-    print(f"catalog: {len(_measured)} of {len(catalog)} rows measured or computed on this "
-          f"machine: {', '.join(_measured)}")
-    mo.md("| rank | technique | lesson | mechanism | effect on this machine |\n"
-          "|---|---|---|---|---|\n" + _rows)
-    return (catalog,)
-
-
-@app.cell
-def _(
-    TOKEN_BUDGET,
-    catalog,
-    catalog_batching,
-    catalog_chunking,
-    catalog_paging,
     check_hits_answer,
     conv_cached,
     conv_computed_cached,
     conv_computed_uncached,
     conv_outputs_identical,
-    conv_ttft_ratio,
+    conv_work_ratio,
     docs_hit_tokens,
     docs_outputs_identical,
     docs_predicted_hits,
@@ -1128,20 +883,12 @@ def _(
     def test_identical_greedy_outputs_with_and_without_caching():
         assert conv_outputs_identical and docs_outputs_identical
 
-    def test_caching_skips_the_shared_prefix_and_saves_time():
+    def test_caching_skips_the_shared_prefix_and_saves_work():
+        # Counted by the engine, not timed: the TTFT ratio is printed beside it, but wall time
+        # on a shared machine can swing several-fold between two runs.
         assert docs_prefix_skip >= 0.9
         assert conv_computed_cached < conv_computed_uncached / 2
-        assert conv_ttft_ratio > 1.3        # the work ratio is far larger; time is noisy
-
-    def test_catalog_measurements():
-        assert catalog_paging["paged"] > 0.8 > 0.2 > catalog_paging["slab"]
-        assert catalog_paging["steps"][0] == catalog_paging["steps"][1]
-        assert catalog_batching["steps"][0] > catalog_batching["steps"][1]
-        assert catalog_batching["ttft_steps"][0] > catalog_batching["ttft_steps"][1]
-        assert catalog_chunking["largest_step"][1] <= TOKEN_BUDGET
-        assert catalog_chunking["largest_step"][0] > TOKEN_BUDGET
-        assert catalog_chunking["short_first_step"][0] > catalog_chunking["short_first_step"][1]
-        assert len(catalog) == 13
+        assert conv_work_ratio > 3
 
     def test_exercise_checker():
         assert check_hits_answer(192).startswith("Correct")
@@ -1153,12 +900,10 @@ def _(
 
 @app.cell
 def _(
-    catalog_batching,
-    catalog_chunking,
-    catalog_paging,
     conv_computed_cached,
     conv_computed_uncached,
     conv_ttft_ratio,
+    conv_work_ratio,
     docs_prefix_skip,
     mo,
     turn_hit_rate,
@@ -1166,12 +911,11 @@ def _(
     findings = {
         "turn_hit_rate": [round(_r, 4) for _r in turn_hit_rate],
         "conversation_prompt_tokens_computed": (conv_computed_uncached, conv_computed_cached),
+        "conversation_work_ratio": conv_work_ratio,
         "conversation_ttft_ratio": conv_ttft_ratio,
         "docs_prefix_skipped": docs_prefix_skip,
-        "kv_utilization_slab_paged": (catalog_paging["slab"], catalog_paging["paged"]),
-        "steps_static_continuous": catalog_batching["steps"],
-        "largest_step_whole_chunked": catalog_chunking["largest_step"],
     }
+    print("findings:", findings)
     mo.md(f"""
     ## What we found
 
@@ -1180,14 +924,12 @@ def _(
       prefixes, which is what the chain of block hashes encodes.
     * Over the agent's conversation the hit rate per turn went
       {", ".join(f"{_r:.0%}" for _r in turn_hit_rate)}; the engine computed
-      {conv_computed_cached} prompt tokens instead of {conv_computed_uncached}, and the time
-      to first token of the turns with history fell {conv_ttft_ratio:.1f}x, with the same
-      greedy answers.
+      {conv_computed_cached} prompt tokens instead of {conv_computed_uncached} (a median
+      {conv_work_ratio:.1f}x less per turn with history, whose time to first token fell
+      {conv_ttft_ratio:.1f}x on this machine), with the same greedy answers.
     * With many questions behind one system prompt, **{docs_prefix_skip:.0%}** of the later
       requests' system-prompt tokens were never computed, and every hit count matched the
       count predicted from `block_size` and the shared prefix length.
-    * The catalog measured paging, continuous batching, chunked prefill and prefix caching
-      on this machine; the rest wait for their lessons or for a GPU.
 
     ## Where the code lives
 
@@ -1203,6 +945,9 @@ def _(
     * `minivllm/config.py`: `enable_prefix_caching` (on by default, as in vLLM).
     * `python -m minivllm.bench prefix`: the same two workloads at a larger size, with and
       without caching, in one run.
+
+    Prefix caching is one entry in a longer list: the optimization catalog on the site ranks
+    every optimization in this course and links each to the lesson that measures it.
     """)
     return (findings,)
 
