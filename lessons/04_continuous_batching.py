@@ -7,7 +7,6 @@ app = marimo.App(width="medium")
 @app.cell
 def _():
     import functools
-    import time
 
     import marimo as mo
     import matplotlib.pyplot as plt
@@ -15,7 +14,9 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
-    return LLM, SamplingParams, functools, mo, np, plt, time, torch
+    from minivllm.workloads import Request, serve, spread_requests
+    return (LLM, Request, SamplingParams, functools, mo, np, plt, serve, spread_requests,
+            torch)
 
 
 @app.cell
@@ -35,20 +36,18 @@ def _(mo):
 
 @app.cell
 def _(LLM, mo, torch):
-    # Two engines that differ in one knob: `scheduling`. Both have MAX_NUM_SEQS batch slots.
-    # Prefix caching is off so that a prompt served twice costs the same both times.
-    # num_kv_blocks is given so that, on a GPU, the two engines do not both size their pool
-    # from free memory (the first would take it all).
+    # One loaded model, two settings of one knob: `scheduling`, switched with
+    # llm.reconfigure(scheduling=...) (a fresh KV pool, the same weights). MAX_NUM_SEQS batch
+    # slots. Prefix caching is off so that a prompt served twice costs the same both times.
+    # num_kv_blocks is given so that, on a GPU, the pool is not sized from free memory.
     MAX_NUM_SEQS = 4
-    _common = dict(max_model_len=512, max_num_seqs=MAX_NUM_SEQS, num_kv_blocks=256,
-                   enable_prefix_caching=False)
-    static = LLM(scheduling="static", **_common)
-    continuous = LLM(scheduling="continuous", **_common)
+    llm = LLM(max_model_len=512, max_num_seqs=MAX_NUM_SEQS, num_kv_blocks=256,
+              enable_prefix_caching=False)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
-          f"({str(continuous.engine.dtype).removeprefix('torch.')}) · "
-          f"**batch slots:** max_num_seqs = {MAX_NUM_SEQS}  \n`{continuous.engine!r}`")
-    return MAX_NUM_SEQS, continuous, device, static
+          f"({str(llm.engine.dtype).removeprefix('torch.')}) · "
+          f"**batch slots:** max_num_seqs = {MAX_NUM_SEQS}  \n`{llm.engine!r}`")
+    return MAX_NUM_SEQS, device, llm
 
 
 @app.cell
@@ -75,75 +74,50 @@ def _(mo):
 
 
 @app.cell
-def _(SamplingParams, continuous, mo, np, static, time, torch):
-    # A seeded request set. Output lengths are log-normal around MEAN_OUT tokens; `spread` is
-    # the sigma of the log, rescaled so that every spread asks for (almost) the same number
-    # of tokens in total: only the mix changes. EOS is ignored, so each request produces
-    # exactly its length and the schedule is the same on every machine.
+def _(MAX_NUM_SEQS, llm, mo, serve, spread_requests, torch):
+    # A seeded request set (minivllm.workloads.spread_requests). Output lengths are
+    # log-normal around MEAN_OUT tokens; `spread` is the sigma of the log, rescaled so that
+    # every spread asks for (almost) the same number of tokens in total: only the mix
+    # changes. EOS is ignored, so each request produces exactly its length and the schedule
+    # is the same on every machine.
     NUM_REQUESTS = 24 if torch.cuda.is_available() else 12
     MEAN_OUT = 16 if torch.cuda.is_available() else 12
-    _text = continuous.tokenizer.encode(
-        "A batch slot is a seat at the table of one forward pass. A request sits down, eats "
-        "one token per step, and leaves when its answer is complete; the question is how soon "
-        "the next guest may take the empty chair. " * 20)
 
-    def make_requests(spread, n=NUM_REQUESTS, mean_out=MEAN_OUT, seed=0):
-        """[(prompt token ids, output length)]: short prompts, output lengths with `spread`."""
-        rng = np.random.default_rng(seed)
-        z = rng.standard_normal(n)
-        prompt_lens = rng.integers(8, 33, n)
-        weights = np.exp(spread * z)
-        outs = np.maximum(1, np.rint(mean_out * weights / weights.mean())).astype(int)
-        return [(_text[7 * i: 7 * i + int(p)], int(o))
-                for i, (p, o) in enumerate(zip(prompt_lens, outs))]
+    def make_requests(spread, n=NUM_REQUESTS, mean_out=MEAN_OUT):
+        """Short prompts (8 to 32 tokens), output lengths with `spread`."""
+        return spread_requests(llm.tokenizer, n, mean_out, spread, prompt_range=(8, 32))
 
-    def serve(llm, requests, tag):
-        """Serve `requests`, all arriving at once, one engine step at a time.
+    def run(scheduling, requests):
+        """Serve `requests`, all arriving at once, with `scheduling`, and read the step trace:
+        the batches (the requests scheduled in each step), the step in which each request
+        finished (counted from 1), its tokens and the wall time."""
+        res = serve(llm.reconfigure(scheduling=scheduling), requests)
+        batches = [sorted(int(x.request_id.removeprefix("req-")) for x in s.scheduled)
+                   for s in res.steps]
+        num_out = res.num_output_tokens
+        return {"batches": batches, "finish_step": res.finish_step,
+                "tokens": [o.outputs[0].token_ids for o in res.outputs],
+                "seconds": res.elapsed, "steps": len(batches), "output_tokens": num_out,
+                "slot_utilization": sum(map(len, batches)) / (len(batches) * MAX_NUM_SEQS),
+                "tokens_per_step": num_out / len(batches),
+                "tokens_per_s": res.output_throughput,
+                "out_lens": [r.params.max_tokens for r in requests]}
 
-        Every request that takes part in a step gets a RequestOutput from that step, so the
-        outputs of step k name exactly the requests in batch k. Returns the batches, the
-        step in which each request finished (counted from 1), its tokens and the wall time.
-        """
-        engine = llm.engine
-        for i, (prompt, out_len) in enumerate(requests):
-            engine.add_request(f"{tag}{i}", prompt, SamplingParams(
-                temperature=0, max_tokens=out_len, ignore_eos=True))
-        batches, finish_step, tokens = [], {}, {}
-        t0 = time.perf_counter()
-        while engine.has_unfinished_requests():
-            outs = engine.step()
-            batches.append(sorted(int(o.request_id.removeprefix(tag)) for o in outs))
-            for o in outs:
-                if o.finished:
-                    i = int(o.request_id.removeprefix(tag))
-                    finish_step[i] = len(batches)
-                    tokens[i] = o.outputs[0].token_ids
-        seconds = time.perf_counter() - t0
-        slots = engine.config.max_num_seqs
-        num_out = sum(len(t) for t in tokens.values())
-        return {"batches": batches, "finish_step": finish_step, "tokens": tokens,
-                "seconds": seconds, "steps": len(batches), "output_tokens": num_out,
-                "slot_utilization": sum(map(len, batches)) / (len(batches) * slots),
-                "tokens_per_step": num_out / len(batches), "tokens_per_s": num_out / seconds,
-                "out_lens": [o for _, o in requests]}
-
-    for _llm in (static, continuous):        # warm-up: first-step allocations, lazy imports
-        serve(_llm, make_requests(0.0, n=2, mean_out=4), "warmup-")
-    _lens = [o for _, o in make_requests(1.0)]
+    for _mode in ("static", "continuous"):   # warm-up: first-step allocations, lazy imports
+        run(_mode, make_requests(0.0, n=2, mean_out=4))
+    _lens = [r.params.max_tokens for r in make_requests(1.0)]
     mo.md(f"{NUM_REQUESTS} requests, prompts of 8 to 32 tokens; output lengths at spread 1.0: "
           f"`{_lens}` (sum {sum(_lens)})")
-    return MEAN_OUT, NUM_REQUESTS, make_requests, serve
+    return MEAN_OUT, NUM_REQUESTS, make_requests, run
 
 
 @app.cell
-def _(continuous, functools, make_requests, serve, static):
+def _(functools, make_requests, run):
     @functools.cache
     def compare(spread):
-        """Serve the request set with `spread` on both engines (cached per spread)."""
+        """Serve the request set with `spread` with each policy (cached per spread)."""
         requests = make_requests(spread)
-        tag = f"s{spread}-"
-        return serve(static, requests, "static-" + tag), serve(continuous, requests,
-                                                               "cont-" + tag)
+        return run("static", requests), run("continuous", requests)
 
     DEFAULT_SPREAD = 1.0
     static_run, continuous_run = compare(DEFAULT_SPREAD)
@@ -200,7 +174,7 @@ def _(mo):
     mo.md(r"""
     ## The problem, measured: slots that wait for the slowest request
 
-    The static engine serves the request set below. Each row is one of the 4 batch slots,
+    With `scheduling="static"` the engine serves the request set below. Each row is one of the 4 batch slots,
     each bar a request (its prefill step, which also samples its first token, then one step
     per further token). Red hatching marks a slot that sat empty *while a request was
     waiting in the queue*: the step cost the same, that seat produced nothing.
@@ -228,7 +202,7 @@ def _(mo):
     mo.md(r"""
     ## The mechanism, live: re-decide the batch at every step
 
-    Same requests, same 4 slots, same model, the continuous engine. Whenever a bar ends, the
+    Same requests, same 4 slots, same model, `scheduling="continuous"`. Whenever a bar ends, the
     next waiting request starts in that slot at the very next step. Its prefill rides in the
     same forward pass as the other slots' decodes (lesson 10 looks at that mix closely).
     """)
@@ -300,7 +274,7 @@ def _(DEFAULT_SPREAD, mo):
 
     The slider sets how different the requests' output lengths are, at a fixed total. Before
     moving it, predict the ratio of steps (static / continuous) at spread 0, where every
-    request asks for the same number of tokens. Each new value runs both engines (a few
+    request asks for the same number of tokens. Each new value runs both policies (a few
     seconds on a CPU).
 
     {spread}
@@ -379,7 +353,7 @@ def _(mo):
 
     In which step does **F** produce its last token with continuous batching, and in which
     with static batching? Requests are admitted in the order A to F. The checker runs the
-    scenario on both engines.
+    scenario with both policies.
     """)
     answer_continuous = mo.ui.number(start=0, stop=100, value=0, label="continuous: F ends in step")
     answer_static = mo.ui.number(start=0, stop=100, value=0, label="static: F ends in step")
@@ -388,14 +362,13 @@ def _(mo):
 
 
 @app.cell
-def _(continuous, serve, static):
+def _(Request, SamplingParams, llm, run):
     EXERCISE = [(12, 6), (30, 2), (8, 9), (20, 3), (15, 4), (10, 5)]   # (prompt, output)
-    _ids = continuous.tokenizer.encode("Predict the step in which the last request ends. " * 8)
-    _requests = [(_ids[:_p], _o) for _p, _o in EXERCISE]
-    exercise_truth = {
-        "continuous": serve(continuous, _requests, "ex-cont-")["finish_step"][5],
-        "static": serve(static, _requests, "ex-static-")["finish_step"][5],
-    }
+    _ids = llm.tokenizer.encode("Predict the step in which the last request ends. " * 8)
+    _requests = [Request(_ids[:_p], SamplingParams(temperature=0, max_tokens=_o,
+                                                   ignore_eos=True)) for _p, _o in EXERCISE]
+    exercise_truth = {_mode: run(_mode, _requests)["finish_step"][5]
+                      for _mode in ("continuous", "static")}
 
     def check_finish_step(schedule, value):
         """Say whether `value` is the step in which F finishes under `schedule`."""
