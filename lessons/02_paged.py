@@ -12,12 +12,16 @@ def _():
     import torch
     from matplotlib.patches import Rectangle
 
+    import collections
+
     from minivllm import LLM, SamplingParams
     from minivllm.block_manager import cdiv
     from minivllm.config import resolve_device, resolve_dtype
     from minivllm.kv_cache import kv_bytes_per_token, reference_config
-    return (LLM, Rectangle, SamplingParams, cdiv, kv_bytes_per_token, mo, np, plt,
-            reference_config, resolve_device, resolve_dtype, torch)
+    from minivllm.workloads import lognormal_requests, serve
+    return (LLM, Rectangle, SamplingParams, cdiv, collections, kv_bytes_per_token,
+            lognormal_requests, mo, np, plt, reference_config, resolve_device,
+            resolve_dtype, serve, torch)
 
 
 @app.cell
@@ -45,26 +49,28 @@ def _(
     resolve_dtype,
     torch,
 ):
-    # One byte budget for both engines: room for NUM_SLABS requests of MAX_MODEL_LEN tokens.
+    # One byte budget for both caches: room for NUM_SLABS requests of MAX_MODEL_LEN tokens.
     MAX_MODEL_LEN, NUM_SLABS, BLOCK_SIZE = 2048, 8, 16
     _dtype = resolve_dtype("auto", resolve_device("auto"))     # fp32 on CPU, bf16 on CUDA
     bytes_per_token = kv_bytes_per_token(reference_config("SmolLM2-135M"), _dtype)
     kv_budget = NUM_SLABS * MAX_MODEL_LEN * bytes_per_token    # 755 MB in fp32
     # The baseline: a slab of MAX_MODEL_LEN slots per running request. On CUDA the engine
     # sizes its pool from free GPU memory, so max_num_seqs is what keeps it to NUM_SLABS.
-    static = LLM(max_model_len=MAX_MODEL_LEN, kv_layout="contiguous",
-                 kv_cache_memory=kv_budget, max_num_seqs=NUM_SLABS)
+    SLABS = dict(kv_layout="contiguous", kv_cache_memory=kv_budget, num_kv_blocks=None,
+                 max_num_seqs=NUM_SLABS, enable_prefix_caching=True)
     # Paged: the same bytes cut into blocks of BLOCK_SIZE tokens. Prefix caching (lesson 05)
     # is off, so that every shared block below comes from parallel sampling alone.
-    paged = LLM(max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
-                num_kv_blocks=kv_budget // (BLOCK_SIZE * bytes_per_token),
-                enable_prefix_caching=False)
+    PAGED = dict(kv_layout="paged", kv_cache_memory=None, max_num_seqs=64,
+                 num_kv_blocks=kv_budget // (BLOCK_SIZE * bytes_per_token),
+                 enable_prefix_caching=False)
+    # One loaded model; llm.reconfigure(**SLABS) or (**PAGED) switches the cache over the
+    # same weights.
+    llm = LLM(max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE, **PAGED)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
-          f"({str(paged.engine.dtype).removeprefix('torch.')}) · **KV budget:** "
-          f"{kv_budget / 2**20:,.0f} MiB for each engine  \n`{static.engine!r}`  \n"
-          f"`{paged.engine!r}`")
-    return BLOCK_SIZE, MAX_MODEL_LEN, NUM_SLABS, device, paged, static
+          f"({str(llm.engine.dtype).removeprefix('torch.')}) · **KV budget:** "
+          f"{kv_budget / 2**20:,.0f} MiB for each cache  \n`{llm.engine!r}`")
+    return BLOCK_SIZE, MAX_MODEL_LEN, NUM_SLABS, PAGED, SLABS, device, llm
 
 
 @app.cell
@@ -104,9 +110,10 @@ def _(BLOCK_SIZE, MAX_MODEL_LEN, NUM_REQUESTS, NUM_SLABS, mo):
     mo.md(f"""
     ## The problem, measured: one request set, one budget, two caches
 
-    Both engines above got the same number of bytes for K and V: room for {NUM_SLABS}
-    requests of {MAX_MODEL_LEN} tokens. The contiguous one spends it as {NUM_SLABS} slabs;
-    the paged one as blocks of {BLOCK_SIZE} tokens. We send both the same {NUM_REQUESTS}
+    Both caches get the same number of bytes for K and V: room for {NUM_SLABS} requests of
+    {MAX_MODEL_LEN} tokens. The contiguous one (`llm.reconfigure(**SLABS)`) spends it as
+    {NUM_SLABS} slabs; the paged one (`**PAGED`) as blocks of {BLOCK_SIZE} tokens. We send
+    both the same {NUM_REQUESTS}
     requests, with prompt and output lengths drawn from log-normal distributions (most
     requests short, a few long, as in chat traffic), and after every engine step record how
     many KV slots are reserved and how many hold a token.
@@ -115,17 +122,14 @@ def _(BLOCK_SIZE, MAX_MODEL_LEN, NUM_REQUESTS, NUM_SLABS, mo):
 
 
 @app.cell
-def _(np, paged, torch):
-    # A seeded workload with a long tail. On a GPU the same lesson serves more requests.
+def _(llm, lognormal_requests, np, torch):
+    # A seeded workload with a long tail (log-normal lengths, (mu, sigma, min, max)). On a GPU
+    # the same lesson serves more requests.
     NUM_REQUESTS = 48 if torch.cuda.is_available() else 16
-    _rng = np.random.default_rng(5)
-    _text = paged.tokenizer.encode(
-        "Serving a language model is mostly a memory problem. Each request keeps the keys and "
-        "values of its context, and the engine must decide where they live. " * 80)
-    prompt_lens = np.clip(_rng.lognormal(5.0, 0.6, NUM_REQUESTS), 16, 600).astype(int)
-    output_lens = np.clip(_rng.lognormal(3.3, 0.5, NUM_REQUESTS), 8, 100).astype(int)
-    workload = [(_text[_i * 7: _i * 7 + _p], int(_o))
-                for _i, (_p, _o) in enumerate(zip(prompt_lens, output_lens))]
+    workload = lognormal_requests(llm.tokenizer, NUM_REQUESTS, prompt=(5.0, 0.6, 16, 600),
+                                  output=(3.3, 0.5, 8, 100), seed=5, stride=7)
+    prompt_lens = np.array([len(_r.prompt) for _r in workload])
+    output_lens = np.array([_r.params.max_tokens for _r in workload])
     print(f"{NUM_REQUESTS} requests; prompt tokens: median {int(np.median(prompt_lens))}, "
           f"max {prompt_lens.max()}; output tokens: median {int(np.median(output_lens))}, "
           f"max {output_lens.max()}")
@@ -133,11 +137,10 @@ def _(np, paged, torch):
 
 
 @app.cell
-def _(paged, static, workload):
-    from minivllm.bench import serve_traced     # engine.stats() after every step
-
-    static_trace, _ = serve_traced(static, workload, "static-")
-    paged_trace, _ = serve_traced(paged, workload, "paged-")
+def _(PAGED, SLABS, llm, serve, workload):
+    # Every step recorded, with the engine's stats after it (StepRecord.stats).
+    static_trace = [_s.stats for _s in serve(llm.reconfigure(**SLABS), workload).steps]
+    paged_trace = [_s.stats for _s in serve(llm.reconfigure(**PAGED), workload).steps]
     return paged_trace, static_trace
 
 
@@ -241,9 +244,9 @@ def _(mo):
 
 
 @app.cell
-def _(SamplingParams, paged):
+def _(PAGED, SamplingParams, collections, llm):
     PROMPT_LEN, SAMPLE_TOKENS = 40, 16
-    prompt_ids = paged.tokenizer.encode(
+    prompt_ids = llm.tokenizer.encode(
         "The quick brown fox jumps over the lazy dog. A paged cache lends memory one block "
         "at a time, and a block table remembers where each block went. Write a short story "
         "about a fox who learns to share its den with three other foxes, one room at a "
@@ -258,32 +261,33 @@ def _(SamplingParams, paged):
         key = (n, prompt_len, max_tokens)
         if key in _cache:
             return _cache[key]
-        engine = paged.engine
-        bm = engine.block_manager
+        engine = llm.reconfigure(**PAGED).engine
         rid = f"parallel-n{n}-p{prompt_len}"
         engine.add_request(rid, prompt_ids[:prompt_len], SamplingParams(
             n=n, temperature=0.8, seed=0, max_tokens=max_tokens, ignore_eos=True))
-        seqs = list(engine.requests[rid])
-        cow_before = bm.num_copy_on_write
+        group = engine.requests[rid]       # its samples: one until the prompt is done, then n
         snapshots = []
-        while engine.has_unfinished_requests():
-            engine.step()
-            tables = [(s.seq_id, s.num_computed_tokens, list(s.block_table))
-                      for s in seqs if s.block_table]
-            if not tables:                 # the last step finished every sample
-                break
-            blocks = {b for _, _, t in tables for b in t}
-            snapshots.append({
-                "tables": tables,
-                "ref_counts": {b: bm.ref_counts[b] for b in sorted(blocks)},
-                "blocks_used": len(blocks),
-                "blocks_unshared": sum(len(t) for _, _, t in tables),
-                "shared_blocks": sum(1 for b in blocks if bm.ref_counts[b] > 1),
-                "cow": bm.num_copy_on_write - cow_before,
-            })
-        texts = [" ".join(paged.tokenizer.decode(s.output_token_ids,
-                                                 skip_special_tokens=True).split())
-                 for s in seqs]
+        with engine.trace() as steps:      # StepRecord.num_blocks_copied: copy-on-write
+            while engine.has_unfinished_requests():
+                engine.step()
+                tables = [(s.seq_id, s.num_computed_tokens, list(s.block_table))
+                          for s in group.seqs if s.block_table]
+                if not tables:             # the last step finished every sample
+                    break
+                # How many block tables point at each block: its reference count, since this
+                # request is alone in the pool and prefix caching is off.
+                refs = collections.Counter(b for _, _, t in tables for b in t)
+                snapshots.append({
+                    "tables": tables,
+                    "ref_counts": dict(sorted(refs.items())),
+                    "blocks_used": len(refs),
+                    "blocks_unshared": sum(len(t) for _, _, t in tables),
+                    "shared_blocks": sum(1 for c in refs.values() if c > 1),
+                    "cow": sum(r.num_blocks_copied for r in steps),
+                })
+        texts = [" ".join(llm.tokenizer.decode(s.output_token_ids,
+                                               skip_special_tokens=True).split())
+                 for s in group.seqs]
         _cache[key] = result = {"n": n, "prompt_len": prompt_len, "snapshots": snapshots,
                                 "texts": texts}
         return result
@@ -501,11 +505,11 @@ def _(mo):
 
 
 @app.cell
-def _(SamplingParams, cdiv, paged, prompt_ids):
+def _(PAGED, SamplingParams, cdiv, llm, prompt_ids):
     def measure_exercise(generated=20):
         """Run the exercise's request set on the paged engine; count blocks when every
         sequence holds `generated` output tokens' K/V. Then abort it."""
-        engine = paged.engine
+        engine = llm.reconfigure(**PAGED).engine
         ids = prompt_ids
         requests = [("ex-a", ids[:100], 1), ("ex-b", ids[:16], 1), ("ex-c", ids[:33], 1),
                     ("ex-d", ids[:40], 3)]
@@ -514,7 +518,8 @@ def _(SamplingParams, cdiv, paged, prompt_ids):
                 n=n, temperature=0.8, seed=1, max_tokens=generated + 5, ignore_eos=True))
         for _ in range(generated + 1):     # step 1 prefills; each later step caches 1 token
             engine.step()
-        held = [s.num_computed_tokens for rid, _, _ in requests for s in engine.requests[rid]]
+        held = [s.num_computed_tokens for rid, _, _ in requests
+                for s in engine.requests[rid].seqs]
         used = engine.stats().num_blocks_used
         for rid, _, _ in requests:
             engine.abort_request(rid)
