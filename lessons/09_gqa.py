@@ -26,8 +26,8 @@ def _():
     from minivllm.attention import AttentionMetadata, paged_attention
     from minivllm.block_manager import BlockManager
     from minivllm.kv_cache import kv_bytes_per_token, reference_config
-    from minivllm.sequence import Sequence
-    return (AttentionMetadata, BlockManager, LLM, Path, SamplingParams, Sequence,
+    from minivllm.sequence import SequenceGroup
+    return (AttentionMetadata, BlockManager, LLM, Path, SamplingParams, SequenceGroup,
             dataclasses, json, kv_bytes_per_token, load_file, mo, paged_attention,
             paged_decode_attention, plt, random_paged_batch, reference_config, save_file,
             shutil, tempfile, time, torch)
@@ -147,15 +147,14 @@ def _(mo):
 
 
 @app.cell
-def _(BlockManager, SamplingParams, Sequence, torch):
+def _(BlockManager, SamplingParams, SequenceGroup):
     def pool_capacity(kv_budget, bytes_per_token, block_size=16, seq_len=1024):
         """Sequences of seq_len tokens a block pool of kv_budget bytes admits, found by asking
         the engine's BlockManager until it says no."""
         bm = BlockManager(kv_budget // (bytes_per_token * block_size), block_size)
         n = 0
         while True:
-            seq = Sequence(n, f"r{n}", None, [0] * seq_len, SamplingParams(), None,
-                           torch.device("cpu"))
+            seq = SequenceGroup(f"r{n}", None, [0] * seq_len, SamplingParams(), n).seqs[0]
             if not bm.can_allocate(seq):
                 return n, bm.num_blocks
             bm.allocate(seq)
