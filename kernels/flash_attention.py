@@ -18,6 +18,15 @@ Query row i of a sequence with seq_len tokens in the cache, q_len of them new th
 position ctx_len + i (ctx_len = seq_len - q_len) and sees keys 0 .. ctx_len + i. GQA/MQA: query
 head h reads KV head h // (num_heads // num_kv_heads); nothing is copied or repeated.
 
+Precision: bf16/fp16 inputs go through the tensor cores with fp32 accumulation. fp32 inputs
+are the engine's *exact* mode, so their dots are asked for in IEEE fp32 (`input_precision=
+"ieee"`), not in TF32, which Triton picks by default on a GPU and which moves outputs by ~1e-3;
+IEEE dots need more registers, so fp32 gets smaller tiles (default_tiles).
+
+Under the interpreter (CPU, TRITON_INTERPRET=1, set by `import minivllm`) fp32 and fp16 are
+exact, but a bf16 `tl.dot` is wrong in the Triton we lock (3.9: a 16 x 16 dot off by 1e10), so
+bf16 is refused there with a ValueError instead of returning garbage (check_launch).
+
 Left out: the backward pass, dropout, sliding windows, ALiBi, soft-capping, FP8, and
 warp-specialised Hopper tricks (TMA, wgmma pipelining by hand); Triton's compiler does the
 software pipelining of the key loop.
@@ -47,14 +56,15 @@ def load_kv_tile(cache, table_row, offs_n, valid, kv_head_off, stride_b, stride_
 
 
 @triton.jit
-def online_softmax_step(acc, m_i, l_i, s, v):
+def online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
     """Fold one tile of scores s (log2 units, (M, N)) and its values v (N, D) into the running
     statistics: m = row max so far, l = sum of exp2(s - m) so far, acc = unnormalised output."""
     m_new = tl.maximum(m_i, tl.max(s, 1))                   # (M,)
     alpha = tl.exp2(m_i - m_new)                            # old terms were scaled by 2^-m_i
     p = tl.exp2(s - m_new[:, None])                         # (M, N)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)   # (M, D)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,  # (M, D)
+                                        input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 # --8<-- [end:tile_step]
 
@@ -76,6 +86,7 @@ def _flash_attention_kernel(
     BLOCK_D: tl.constexpr,     # HEAD_DIM rounded up to a power of two
     BLOCK_M: tl.constexpr,     # query rows per program
     BLOCK_N: tl.constexpr,     # keys per tile of the inner loop
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (exact), "tf32" (ignored) for 16-bit
 ):
     m_block, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(query_start_loc + seq)
@@ -112,8 +123,8 @@ def _flash_attention_kernel(
                          offs_d, HEAD_DIM, BLOCK_SIZE)           # (BLOCK_N, BLOCK_D)
         v = load_kv_tile(V_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
                          offs_d, HEAD_DIM, BLOCK_SIZE)
-        s = tl.dot(q, tl.trans(k)) * qk_scale                    # (BLOCK_M, BLOCK_N)
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION)
     for start_n in range(diag_start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         valid = offs_n < seq_len
@@ -121,9 +132,9 @@ def _flash_attention_kernel(
                          offs_d, HEAD_DIM, BLOCK_SIZE)
         v = load_kv_tile(V_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
                          offs_d, HEAD_DIM, BLOCK_SIZE)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         s = tl.where(offs_n[None, :] <= q_pos[:, None], s, float("-inf"))  # causal
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION)
 
     out = acc / l_i[:, None]             # the one division, after the last tile
     tl.store(Out + q_rows * stride_ot + head * stride_oh + offs_d[None, :],
@@ -134,12 +145,35 @@ def default_tiles(head_dim: int, max_query_len: int, on_gpu: bool, elem_bytes: i
     """Tile sizes and launch settings. Under the interpreter (CPU) every program costs about a
     millisecond, so small tiles keep tests quick; tl.dot needs every dimension >= 16 on a GPU.
     The GPU numbers are a starting point; `python -m kernels.bench sweep` measures others.
-    fp32 tiles take twice the shared memory: half the query rows keep them under ~100 KB."""
+    fp32 dots run in IEEE fp32 on CUDA cores, not on tensor cores, and hold their operands in
+    registers: 32 x 32 tiles keep them from spilling (tests/test_aot_compile.py checks it)."""
     if not on_gpu:
         return dict(block_m=16, block_n=16, num_warps=4, num_stages=1)
-    block_m = 128 if max_query_len > 64 and elem_bytes <= 2 else 64
+    if elem_bytes == 4:
+        return dict(block_m=32, block_n=32, num_warps=4, num_stages=2)
+    block_m = 128 if max_query_len > 64 else 64
     return dict(block_m=block_m, block_n=64, num_warps=8 if block_m == 128 else 4,
                 num_stages=3 if head_dim <= 64 else 2)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 is the exact mode: IEEE dots. 16-bit inputs ignore the setting (tensor cores)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def check_launch(x: torch.Tensor, kernel) -> None:
+    """Refuse, with the reason, the launches Triton would fail on obscurely or get wrong."""
+    interpreted = not isinstance(kernel, triton.runtime.JITFunction)
+    if interpreted and x.dtype == torch.bfloat16:
+        raise ValueError(
+            "dtype torch.bfloat16 cannot run under Triton's interpreter (TRITON_INTERPRET=1): "
+            "its bf16 tl.dot returns wrong numbers in this Triton version; use float32 or "
+            "float16 on the CPU, or a CUDA GPU for bf16")
+    if not interpreted and not x.is_cuda:
+        raise RuntimeError(
+            f"a Triton kernel got a tensor on {x.device}, but Triton's interpreter is off: "
+            "set TRITON_INTERPRET=1 before Triton is imported (`import minivllm` does it on a "
+            "machine without CUDA)")
 
 
 def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -149,7 +183,8 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """Causal attention of the new tokens q ([num_tokens, num_heads, head_dim]) over their
     sequences' paged K/V (which already hold this step's tokens). Returns q's shape.
 
-    tiles: override default_tiles (block_m, block_n, num_warps, num_stages).
+    tiles: override default_tiles (block_m, block_n, num_warps, num_stages). on_gpu=True takes
+    the GPU's tile sizes on any device (the interpreter test of those sizes uses it).
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -157,10 +192,12 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads "
                          f"({num_kv_heads})")
     assert q.stride(-1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    check_launch(q, _flash_attention_kernel)
     out = torch.empty_like(q)
     if num_tokens == 0:
         return out
-    t = {**default_tiles(head_dim, max_query_len, q.is_cuda, q.element_size()), **tiles}
+    on_gpu = tiles.pop("on_gpu", q.is_cuda)
+    t = {**default_tiles(head_dim, max_query_len, on_gpu, q.element_size()), **tiles}
     grid = (triton.cdiv(max_query_len, t["block_m"]), seq_lens.shape[0], num_heads)
     _flash_attention_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables, scale * LOG2E,
@@ -168,7 +205,8 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         NUM_QUERIES_PER_KV=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=t["block_m"],
-        BLOCK_N=t["block_n"], num_warps=t["num_warps"], num_stages=t["num_stages"])
+        BLOCK_N=t["block_n"], DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=t["num_warps"], num_stages=t["num_stages"])
     return out
 
 
@@ -233,7 +271,7 @@ def bench(seq_len=4096, num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.
             "sdpa_ms": sdpa_ms, "sdpa_TFLOP/s": flops / sdpa_ms / 1e9, "vs_sdpa": sdpa_ms / ms}
 
 
-if __name__ == "__main__":   # python -m kernels.flash_attention (the package sets the interpreter)
+if __name__ == "__main__":   # python -m kernels.flash_attention (CPU: TRITON_INTERPRET=1 first)
     if torch.cuda.is_available():
         test_flash_attention("cuda", torch.bfloat16, head_dim=128)
         print(bench())

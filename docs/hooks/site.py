@@ -107,7 +107,7 @@ MODULE_MAP: list[tuple[str, str, str, str]] = [
     ("minivllm/quant.py", "weight and KV quantization", "quantization", "13"),
     ("minivllm/parallel.py", "tensor parallelism over torch.distributed",
      "tensor_parallel_size", "15"),
-    ("kernels/backend.py", "the Triton attention backend: write K/V, pick a kernel",
+    ("minivllm/triton_attention.py", "the Triton attention backend: write K/V, pick a kernel",
      "attention backend selection", "03"),
     ("kernels/write_kv.py", "scatter K/V into their slots (Triton)", "reshape_and_cache", "02"),
     ("kernels/flash_attention.py", "tiled online-softmax attention over paged KV (Triton)",
