@@ -18,10 +18,12 @@ Query row i of a sequence with seq_len tokens in the cache, q_len of them new th
 position ctx_len + i (ctx_len = seq_len - q_len) and sees keys 0 .. ctx_len + i. GQA/MQA: query
 head h reads KV head h // (num_heads // num_kv_heads); nothing is copied or repeated.
 
-Precision: bf16/fp16 inputs go through the tensor cores with fp32 accumulation. fp32 inputs
-are the engine's *exact* mode, so their dots are asked for in IEEE fp32 (`input_precision=
-"ieee"`), not in TF32, which Triton picks by default on a GPU and which moves outputs by ~1e-3;
-IEEE dots need more registers, so fp32 gets smaller tiles (default_tiles).
+Precision: every tl.dot accumulates in fp32. bf16/fp16 operands are exact inputs to the tensor
+cores; fp32 operands go through them as TF32 on a GPU (Triton's default: 10-bit mantissa, so
+outputs move by ~1e-3 against an fp32 reference; tests state that tolerance). IEEE fp32 dots
+(`input_precision="ieee"`) would be exact but spill: 255 registers and 848 bytes of local
+memory per thread at head_dim 128 even with 32 x 32 tiles (`python -m kernels.aot`), and
+3xTF32 spills too. On a CPU (the interpreter) fp32 dots are exact fp32.
 
 Under the interpreter (CPU, TRITON_INTERPRET=1, set by `import minivllm`) fp32 and fp16 are
 exact, but a bf16 `tl.dot` is wrong in the Triton we lock (3.9: a 16 x 16 dot off by 1e10), so
@@ -56,15 +58,14 @@ def load_kv_tile(cache, table_row, offs_n, valid, kv_head_off, stride_b, stride_
 
 
 @triton.jit
-def online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
+def online_softmax_step(acc, m_i, l_i, s, v):
     """Fold one tile of scores s (log2 units, (M, N)) and its values v (N, D) into the running
     statistics: m = row max so far, l = sum of exp2(s - m) so far, acc = unnormalised output."""
     m_new = tl.maximum(m_i, tl.max(s, 1))                   # (M,)
     alpha = tl.exp2(m_i - m_new)                            # old terms were scaled by 2^-m_i
     p = tl.exp2(s - m_new[:, None])                         # (M, N)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,  # (M, D)
-                                        input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)   # (M, D)
     return acc, m_new, l_i
 # --8<-- [end:tile_step]
 
@@ -86,7 +87,6 @@ def _flash_attention_kernel(
     BLOCK_D: tl.constexpr,     # HEAD_DIM rounded up to a power of two
     BLOCK_M: tl.constexpr,     # query rows per program
     BLOCK_N: tl.constexpr,     # keys per tile of the inner loop
-    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (exact), "tf32" (ignored) for 16-bit
 ):
     m_block, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(query_start_loc + seq)
@@ -123,8 +123,8 @@ def _flash_attention_kernel(
                          offs_d, HEAD_DIM, BLOCK_SIZE)           # (BLOCK_N, BLOCK_D)
         v = load_kv_tile(V_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
                          offs_d, HEAD_DIM, BLOCK_SIZE)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION)
+        s = tl.dot(q, tl.trans(k)) * qk_scale                    # (BLOCK_M, BLOCK_N)
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
     for start_n in range(diag_start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         valid = offs_n < seq_len
@@ -132,33 +132,30 @@ def _flash_attention_kernel(
                          offs_d, HEAD_DIM, BLOCK_SIZE)
         v = load_kv_tile(V_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
                          offs_d, HEAD_DIM, BLOCK_SIZE)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(offs_n[None, :] <= q_pos[:, None], s, float("-inf"))  # causal
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION)
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
 
     out = acc / l_i[:, None]             # the one division, after the last tile
     tl.store(Out + q_rows * stride_ot + head * stride_oh + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=q_mask)
 
 
-def default_tiles(head_dim: int, max_query_len: int, on_gpu: bool, elem_bytes: int = 2) -> dict:
+def default_tiles(head_dim: int, max_query_len: int, on_gpu: bool, elem_bytes: int = 2,
+                  capability: tuple[int, int] = (9, 0)) -> dict:
     """Tile sizes and launch settings. Under the interpreter (CPU) every program costs about a
     millisecond, so small tiles keep tests quick; tl.dot needs every dimension >= 16 on a GPU.
-    The GPU numbers are a starting point; `python -m kernels.bench sweep` measures others.
-    fp32 dots run in IEEE fp32 on CUDA cores, not on tensor cores, and hold their operands in
-    registers: 32 x 32 tiles keep them from spilling (tests/test_aot_compile.py checks it)."""
+    The GPU numbers are a starting point; `python -m kernels.bench sweep` measures others, and
+    `python -m kernels.aot` checks that each fits (no spills, shared memory within the limit).
+    fp32 tiles take twice the shared memory: half the query rows keep them under ~100 KB.
+    Before Hopper (capability < 9.0, no wgmma), head_dim 128 with 64-key tiles spills (255
+    registers + 48 to 72 bytes of local memory on sm_80); 32-key tiles fit (196 to 226)."""
     if not on_gpu:
         return dict(block_m=16, block_n=16, num_warps=4, num_stages=1)
-    if elem_bytes == 4:
-        return dict(block_m=32, block_n=32, num_warps=4, num_stages=2)
-    block_m = 128 if max_query_len > 64 else 64
-    return dict(block_m=block_m, block_n=64, num_warps=8 if block_m == 128 else 4,
+    block_m = 128 if max_query_len > 64 and elem_bytes <= 2 else 64
+    block_n = 64 if capability >= (9, 0) or head_dim <= 64 else 32
+    return dict(block_m=block_m, block_n=block_n, num_warps=8 if block_m == 128 else 4,
                 num_stages=3 if head_dim <= 64 else 2)
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 is the exact mode: IEEE dots. 16-bit inputs ignore the setting (tensor cores)."""
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def check_launch(x: torch.Tensor, kernel) -> None:
@@ -184,7 +181,8 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     sequences' paged K/V (which already hold this step's tokens). Returns q's shape.
 
     tiles: override default_tiles (block_m, block_n, num_warps, num_stages). on_gpu=True takes
-    the GPU's tile sizes on any device (the interpreter test of those sizes uses it).
+    the GPU's tile sizes on any device (the interpreter test of those sizes uses it);
+    capability=(8, 0) those of another GPU generation (kernels/aot.py uses it).
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -197,7 +195,10 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if num_tokens == 0:
         return out
     on_gpu = tiles.pop("on_gpu", q.is_cuda)
-    t = {**default_tiles(head_dim, max_query_len, on_gpu, q.element_size()), **tiles}
+    capability = tiles.pop("capability", None) or (
+        torch.cuda.get_device_capability(q.device) if q.is_cuda else (9, 0))
+    t = {**default_tiles(head_dim, max_query_len, on_gpu, q.element_size(), capability),
+         **tiles}
     grid = (triton.cdiv(max_query_len, t["block_m"]), seq_lens.shape[0], num_heads)
     _flash_attention_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables, scale * LOG2E,
@@ -205,8 +206,7 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         NUM_QUERIES_PER_KV=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=t["block_m"],
-        BLOCK_N=t["block_n"], DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=t["num_warps"], num_stages=t["num_stages"])
+        BLOCK_N=t["block_n"], num_warps=t["num_warps"], num_stages=t["num_stages"])
     return out
 
 

@@ -35,8 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.flash_attention import (LOG2E, check_launch, dot_precision, load_kv_tile,
-                                     online_softmax_step)
+from kernels.flash_attention import LOG2E, check_launch, load_kv_tile, online_softmax_step
 
 
 @triton.jit
@@ -56,7 +55,6 @@ def _paged_decode_kernel(
     BLOCK_N: tl.constexpr,    # keys per tile (divides PARTITION_SIZE)
     PARTITION_SIZE: tl.constexpr,  # keys per program (a multiple of BLOCK_N)
     ONE_PARTITION: tl.constexpr,   # True: write the final output, skip kernel 2
-    DOT_PRECISION: tl.constexpr,   # "ieee" for fp32 inputs (exact), "tf32" (ignored) for 16-bit
 ):
     seq, kv_head, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens + seq).to(tl.int32)
@@ -84,9 +82,9 @@ def _paged_decode_kernel(
                          offs_d, HEAD_DIM, BLOCK_SIZE)            # (BLOCK_N, BLOCK_D)
         v = load_kv_tile(V_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
                          offs_d, HEAD_DIM, BLOCK_SIZE)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_H, BLOCK_N)
+        s = tl.dot(q, tl.trans(k)) * qk_scale                     # (BLOCK_H, BLOCK_N)
         s = tl.where(valid[None, :], s, float("-inf"))            # the new token sees all keys
-        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v, DOT_PRECISION)
+        acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
 
     out = acc / l_i[:, None]
     if ONE_PARTITION:
@@ -246,8 +244,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         NUM_QUERIES_PER_KV=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=t["block_n"],
         PARTITION_SIZE=t["partition_size"], ONE_PARTITION=num_parts == 1,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=t["num_warps"],
-        num_stages=t["num_stages"])
+        num_warps=t["num_warps"], num_stages=t["num_stages"])
     if num_parts > 1:
         _reduce_partitions_kernel[(num_seqs, num_heads)](
             out, scratch.part_o, scratch.part_m, scratch.part_l, seq_lens,

@@ -2,8 +2,8 @@
 
 On a CPU they run under TRITON_INTERPRET=1 (set by `import minivllm` in conftest.py), on small
 shapes: every program instance costs about a millisecond there, so grids stay small. On a GPU
-the same tests run compiled; fp32 keeps its 1e-4 tolerances there because the kernels ask for
-IEEE fp32 dots in fp32 (not TF32, which moves outputs by ~1e-3; see flash_attention.py).
+the same tests run compiled, and fp32 dots run as TF32 there (see flash_attention.py): fp32's
+tolerance is then 5e-3, stated below from a measurement.
 Each flash/decode case is also checked against the engine's own reference,
 minivllm.attention.paged_attention, so the kernels, the naive references and the engine's CPU
 backend all agree on one definition of attention.
@@ -24,7 +24,13 @@ from minivllm.config import EngineConfig
 from minivllm.loader import default_gguf_path
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: 1e-4, torch.float16: 2e-3}
+# fp32 on a GPU is TF32 inside tl.dot (10-bit mantissa). Emulated on these tests' batches
+# (operands of both dots rounded to TF32, the rest in fp64), outputs move by at most 9.3e-4
+# (mean of the per-case maxima 7e-4); hardware that truncates instead of rounding doubles that
+# (the issue measured up to 2.8e-3). 5e-3 is that worst case with room, and still 50x below
+# what a wrong mask or a missed block moves (> 0.1 with these random values).
+F32_TOL = 5e-3 if DEVICE == "cuda" else 1e-4
+TOL = {torch.float32: F32_TOL, torch.float16: 2e-3}
 
 
 def _has_packaged_model() -> bool:
@@ -93,7 +99,7 @@ def test_flash_attention_matches_reference(case):
     args = (b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables)
     out = flash_attention(*args, b.max_query_len, d ** -0.5)
     torch.testing.assert_close(out, flash_attention_reference(*args, d ** -0.5),
-                               atol=1e-4, rtol=1e-4)
+                               atol=F32_TOL, rtol=F32_TOL)
     _check_against_engine_reference(b, out, d ** -0.5)
 
 
@@ -113,7 +119,8 @@ def test_flash_attention_tiles_do_not_change_the_answer():
             b.max_query_len, 32 ** -0.5)
     base = flash_attention(*args)
     for tiles in (dict(block_m=32, block_n=16), dict(block_m=16, block_n=32)):
-        torch.testing.assert_close(flash_attention(*args, **tiles), base, atol=1e-5, rtol=1e-5)
+        tol = 1e-5 if DEVICE == "cpu" else F32_TOL    # TF32 rounds p, which the tile changes
+        torch.testing.assert_close(flash_attention(*args, **tiles), base, atol=tol, rtol=tol)
 
 
 # ------------------------------------------------------------------------------- paged decode
@@ -136,8 +143,8 @@ def test_paged_decode_matches_reference(case):
     b = random_paged_batch([1] * len(ctx), ctx, h, hkv, d, device=DEVICE, seed=len(case))
     args = (b.q, b.k_cache, b.v_cache, b.seq_lens, b.block_tables)
     out = paged_decode_attention(*args, b.max_seq_len, d ** -0.5, partition_size=part)
-    torch.testing.assert_close(out, paged_decode_reference(*args, d ** -0.5), atol=1e-4,
-                               rtol=1e-4)
+    torch.testing.assert_close(out, paged_decode_reference(*args, d ** -0.5), atol=F32_TOL,
+                               rtol=F32_TOL)
     _check_against_engine_reference(b, out, d ** -0.5)
 
 
@@ -170,7 +177,8 @@ def test_reduce_merges_many_partitions_in_chunks():
     b = random_paged_batch([1, 1], [700, 40], 4, 2, 16, device=DEVICE)
     args = (b.q, b.k_cache, b.v_cache, b.seq_lens, b.block_tables)
     out = paged_decode_attention(*args, b.max_seq_len, 0.25, partition_size=16)
-    torch.testing.assert_close(out, paged_decode_reference(*args, 0.25), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out, paged_decode_reference(*args, 0.25), atol=F32_TOL,
+                               rtol=F32_TOL)
 
 
 def test_decode_scratch_is_fixed_and_reused():
@@ -183,8 +191,8 @@ def test_decode_scratch_is_fixed_and_reused():
         b = random_paged_batch([1] * len(ctx), ctx, 4, 2, 32, device=DEVICE, seed=len(ctx))
         args = (b.q, b.k_cache, b.v_cache, b.seq_lens, b.block_tables)
         out = paged_decode_attention(*args, b.max_seq_len, 0.2, scratch=scratch)
-        torch.testing.assert_close(out, paged_decode_reference(*args, 0.2), atol=1e-4,
-                                   rtol=1e-4)
+        torch.testing.assert_close(out, paged_decode_reference(*args, 0.2), atol=F32_TOL,
+                                   rtol=F32_TOL)
     b = random_paged_batch([1] * 5, [3] * 5, 4, 2, 32, device=DEVICE)
     with pytest.raises(ValueError, match="scratch holds 4 sequences"):
         paged_decode_attention(b.q, b.k_cache, b.v_cache, b.seq_lens, b.block_tables,
@@ -208,7 +216,7 @@ def test_bf16_under_the_interpreter_is_refused_not_wrong():
 # The tile sizes CUDA picks, run by the interpreter: a tile-size assumption (a block_n that does
 # not divide the partition, a mask that only works when the tile is smaller than a block, a
 # query tile larger than the chunk) cannot hide behind the interpreter's 16 x 16 tiles. fp16
-# (bf16's tiles; bf16 itself is refused here) and fp32 (its own, smaller IEEE tiles).
+# (bf16's tiles; bf16 itself is refused here) and fp32 (its own tiles: 64 query rows).
 @pytest.mark.parametrize("dtype,heads,kv_heads,head_dim", [
     (torch.float16, 6, 2, 64), (torch.float16, 4, 1, 128), (torch.float32, 3, 1, 64)])
 def test_flash_attention_with_gpu_tiles(dtype, heads, kv_heads, head_dim):
@@ -218,7 +226,7 @@ def test_flash_attention_with_gpu_tiles(dtype, heads, kv_heads, head_dim):
                            device=DEVICE)
     args = (b.q, b.k_cache, b.v_cache, b.query_start_loc, b.seq_lens, b.block_tables)
     tiles = default_tiles(head_dim, b.max_query_len, True, b.q.element_size())
-    assert tiles["block_m"] == (128 if dtype == torch.float16 else 32)
+    assert tiles["block_m"] == (128 if dtype == torch.float16 else 64)
     out = flash_attention(*args, b.max_query_len, head_dim ** -0.5, on_gpu=True)
     torch.testing.assert_close(out, flash_attention_reference(*args, head_dim ** -0.5),
                                atol=TOL[dtype], rtol=TOL[dtype])
