@@ -5,8 +5,9 @@ What you will learn:
     target=GPUTarget("cuda", 90, 32))` runs the whole pipeline (TTIR -> TTGIR -> LLVM -> PTX ->
     ptxas -> cubin) on a CPU-only box, because Triton's wheel ships ptxas;
   * what decides whether a kernel fits an SM: registers per thread (255 at most; more spill
-    to local memory, i.e. to HBM through L1: cuobjdump's LOCAL bytes) and shared memory per block (the K/V tiles times
-    num_stages of software pipelining: 227 KB on an H100, 163 KB on an A100).
+    to local memory, i.e. to HBM through L1: cuobjdump's LOCAL bytes) and shared memory per
+    block (the K/V tiles times num_stages of software pipelining: 227 KB on an H100, 163 KB on
+    an A100).
 
 The launches compiled here are the launchers' own: each launcher (write_kv, flash_attention,
 paged_decode_attention) is called with "meta" tensors (shapes and dtypes, no memory) while its

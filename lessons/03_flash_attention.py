@@ -484,7 +484,8 @@ def _(kernel_errors, mo, traffic_ratio_4k):
     * `kernels/paged_attention.py`: the decode kernel and `_reduce_partitions_kernel`, whose
       merge is this lesson's exercise.
     * `minivllm/triton_attention.py`: how the engine picks a kernel each step;
-      `minivllm/attention.py`: the torch reference that runs on CPU, and `Attention.forward`, which dispatches.
+      `minivllm/attention.py`: the torch reference that runs on CPU, and `Attention.forward`,
+      which dispatches.
     * `python -m kernels.bench` (GPU): this kernel against torch SDPA's flash backend.
     """)
     return
