@@ -1,9 +1,7 @@
-"""The GPU benchmark of the attention kernels and of the engine that uses them. Needs CUDA.
+"""The GPU benchmark of the attention kernels. Needs CUDA.
 
-    python -m kernels.bench                  # kernels, then end to end on both model shapes
-    python -m kernels.bench kernels          # decode GB/s and prefill TFLOP/s only
+    python -m kernels.bench                  # decode GB/s, prefill TFLOP/s, write_kv GB/s
     python -m kernels.bench sweep            # the same, over several tile settings
-    python -m kernels.bench e2e --models qwen3-0.6b
 
 What it measures, and against what:
   * decode: one paged decode step at batch 64 x 2k context in bf16 (Llama-3-8B and Qwen3-0.6B
@@ -12,21 +10,16 @@ What it measures, and against what:
     Target: >= 60% of peak. Beside it: torch SDPA on the same K/V laid out contiguously.
   * prefill: one causal 4k-token prompt. TFLOP/s of flash_attention (K/V read through block
     tables) and of torch SDPA's flash backend on contiguous tensors. Target: >= 0.7x SDPA.
-  * end to end, random weights with Qwen3-0.6B and Llama-3-8B shapes in bf16 (no download; a
-    word-level tokenizer stands in): minivllm (Triton backend) against transformers' generate
-    on the same checkpoint: inter-token latency at batch 1, output tokens/s at batch 64.
 
-Nothing here asserts: it prints what it measured and the machine it measured on. Leaves out
-CUDA graphs (the engine's decode steps are eager here) and multi-GPU.
+The engine end to end on a GPU (random weights of real model shapes, against transformers) is
+minivllm/gpu_bench.py: kernels/ imports nothing from minivllm. Nothing here asserts: it prints
+what it measured and the machine it measured on. Leaves out multi-GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -37,20 +30,6 @@ from kernels.write_kv import bench as bench_write
 
 ATTN_SHAPES = {"llama3-8b": dict(num_heads=32, num_kv_heads=8, head_dim=128),
                "qwen3-0.6b": dict(num_heads=16, num_kv_heads=8, head_dim=128)}
-
-MODEL_SHAPES = {
-    "qwen3-0.6b": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024,
-                       intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                       max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1e6,
-                       tie_word_embeddings=True),
-    "llama3-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
-                      intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, head_dim=128, vocab_size=128256,
-                      max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=5e5,
-                      tie_word_embeddings=False),
-}
-
 
 def machine() -> str:
     import triton
@@ -137,110 +116,36 @@ def run_kernels(sweep: bool = False) -> dict:
     return results
 
 
-# ------------------------------------------------------------------------------ end to end
-def random_checkpoint(shape: str | dict, path: Path, dtype=torch.bfloat16, device="cuda",
-                      std: float | None = None):
-    """A checkpoint directory with random weights of a shape (a MODEL_SHAPES name or a config
-    dict like them), written by transformers, plus a word-level tokenizer (the benchmark feeds
-    token ids; the engine wants a tokenizer). Returns the transformers model, on `device`.
-    std: redraw every weight with this spread (norms around 1) for less degenerate outputs."""
-    import transformers
-    from tokenizers import Tokenizer, models
-    cfg = dict(MODEL_SHAPES[shape] if isinstance(shape, str) else shape)
-    cfg.pop("architectures", None)
-    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg,
-                                               bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    with torch.device(device):
-        try:
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-        except TypeError:                          # transformers < 4.56 spells it torch_dtype
-            model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
-    model.eval()
-    if std is not None:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.normal_(1.0 if "norm" in name else 0.0, std)
-    model.save_pretrained(path)
-    vocab = {f"w{i}": i for i in range(1000)}
-    Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"unk_token": "w0"}))
-    return model
-
-
-def _timed(fn) -> float:
-    fn()                                               # warm-up: compile, allocate
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
-def run_e2e(name: str, batch: int = 64, prompt_len: int = 512, new_tokens: int = 256) -> dict:
-    """Batch-1 inter-token latency and batch-`batch` throughput, transformers vs minivllm."""
-    from minivllm import LLM, SamplingParams
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, 1000, (batch, prompt_len), generator=g).tolist()
-    one = prompts[:1]
-    res = {"model": name, "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp)
-        model = random_checkpoint(name, path)
-
-        def hf(ids, n):
-            x = torch.tensor(ids, device="cuda")
-            return lambda: model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                                          max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
-        hf_itl = (_timed(hf(one, 65)) - _timed(hf(one, 1))) / 64
-        hf_tps = batch * new_tokens / _timed(hf(prompts, new_tokens))
-        del model
-        gc.collect()
-        torch.cuda.empty_cache()
-
-        llm = LLM(str(path), dtype="bfloat16", max_model_len=prompt_len + new_tokens + 64,
-                  max_num_seqs=batch, max_num_batched_tokens=8192)
-        print(f"  {llm}")
-
-        def ours(ids, n):
-            p = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-            return lambda: llm.generate(ids, p, use_tqdm=False)
-        our_itl = (_timed(ours(one, 65)) - _timed(ours(one, 1))) / 64
-        our_tps = batch * new_tokens / _timed(ours(prompts, new_tokens))
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
-    res.update(hf_itl_ms=1e3 * hf_itl, minivllm_itl_ms=1e3 * our_itl,
-               hf_tok_s=hf_tps, minivllm_tok_s=our_tps)
-    print(f"  batch 1 inter-token latency: transformers {1e3 * hf_itl:.2f} ms, "
-          f"minivllm {1e3 * our_itl:.2f} ms")
-    print(f"  batch {batch} x {prompt_len}+{new_tokens} tokens: transformers {hf_tps:.0f} "
-          f"tok/s, minivllm {our_tps:.0f} tok/s ({our_tps / hf_tps:.2f}x)")
-    return res
+def summary(results: dict) -> str:
+    """The default-tile numbers as one short table: what gpu_check prints last."""
+    rows = [f"{'kernel':<22}{'shape':<12}{'ms':>8}  result"]
+    for r in results["decode"]:
+        if not r["tiles"]:
+            rows.append(f"{'decode b64 x 2k':<22}{r['shape']:<12}{r['ms']:8.3f}  "
+                        f"{r['GB/s']:.0f} GB/s ({r['pct_peak']:.0f}% of peak; target >= 60%)")
+    for r in results["prefill"]:
+        if not r["tiles"]:
+            rows.append(f"{'prefill 4k causal':<22}{r['shape']:<12}{r['ms']:8.3f}  "
+                        f"{r['TFLOP/s']:.0f} TFLOP/s ({r['vs_sdpa']:.2f}x SDPA; target >= 0.7x)")
+    w = results["write_kv"]
+    rows.append(f"{'write_kv 8k tokens':<22}{'8 x 128':<12}{w['ms']:8.3f}  {w['GB/s']:.0f} GB/s")
+    return "\n".join(rows)
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", nargs="?", default="all", choices=["all", "kernels", "sweep", "e2e"])
-    ap.add_argument("--models", default="qwen3-0.6b,llama3-8b",
-                    help=f"end-to-end model shapes, from {sorted(MODEL_SHAPES)}")
+    ap.add_argument("what", nargs="?", default="kernels", choices=["kernels", "sweep"])
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("kernels.bench measures GPU speed and needs CUDA; on a CPU run "
                          "`pytest tests/test_kernels.py` (the interpreter checks correctness)")
     print(f"machine: {machine()}")
-    results = {"machine": machine()}
-    if args.what in ("all", "kernels", "sweep"):
-        results["kernels"] = run_kernels(sweep=args.what == "sweep")
-    if args.what in ("all", "e2e"):
-        results["e2e"] = []
-        for name in args.models.split(","):
-            print(f"\nend to end, {name} shapes, random weights, bf16")
-            results["e2e"].append(run_e2e(name))
+    results = {"machine": machine(), "kernels": run_kernels(sweep=args.what == "sweep")}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2, default=str))
+    print(f"\nsummary ({machine()})\n{summary(results['kernels'])}")
     return results
 
 

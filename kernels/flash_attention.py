@@ -18,6 +18,17 @@ Query row i of a sequence with seq_len tokens in the cache, q_len of them new th
 position ctx_len + i (ctx_len = seq_len - q_len) and sees keys 0 .. ctx_len + i. GQA/MQA: query
 head h reads KV head h // (num_heads // num_kv_heads); nothing is copied or repeated.
 
+Precision: every tl.dot accumulates in fp32. bf16/fp16 operands are exact inputs to the tensor
+cores; fp32 operands go through them as TF32 on a GPU (Triton's default: 10-bit mantissa, so
+outputs move by ~1e-3 against an fp32 reference; tests state that tolerance). IEEE fp32 dots
+(`input_precision="ieee"`) would be exact but spill: 255 registers and 848 bytes of local
+memory per thread at head_dim 128 even with 32 x 32 tiles (`python -m kernels.aot`), and
+3xTF32 spills too. On a CPU (the interpreter) fp32 dots are exact fp32.
+
+Under the interpreter (CPU, TRITON_INTERPRET=1, set by `import minivllm`) fp32 and fp16 are
+exact, but a bf16 `tl.dot` is wrong in the Triton we lock (3.9: a 16 x 16 dot off by 1e10), so
+bf16 is refused there with a ValueError instead of returning garbage (check_launch).
+
 Left out: the backward pass, dropout, sliding windows, ALiBi, soft-capping, FP8, and
 warp-specialised Hopper tricks (TMA, wgmma pipelining by hand); Triton's compiler does the
 software pipelining of the key loop.
@@ -130,16 +141,36 @@ def _flash_attention_kernel(
              out.to(Out.dtype.element_ty), mask=q_mask)
 
 
-def default_tiles(head_dim: int, max_query_len: int, on_gpu: bool, elem_bytes: int = 2) -> dict:
+def default_tiles(head_dim: int, max_query_len: int, on_gpu: bool, elem_bytes: int = 2,
+                  capability: tuple[int, int] = (9, 0)) -> dict:
     """Tile sizes and launch settings. Under the interpreter (CPU) every program costs about a
     millisecond, so small tiles keep tests quick; tl.dot needs every dimension >= 16 on a GPU.
-    The GPU numbers are a starting point; `python -m kernels.bench sweep` measures others.
-    fp32 tiles take twice the shared memory: half the query rows keep them under ~100 KB."""
+    The GPU numbers are a starting point; `python -m kernels.bench sweep` measures others, and
+    `python -m kernels.aot` checks that each fits (no spills, shared memory within the limit).
+    fp32 tiles take twice the shared memory: half the query rows keep them under ~100 KB.
+    Before Hopper (capability < 9.0, no wgmma), head_dim 128 with 64-key tiles spills (255
+    registers + 48 to 72 bytes of local memory on sm_80); 32-key tiles fit (196 to 226)."""
     if not on_gpu:
         return dict(block_m=16, block_n=16, num_warps=4, num_stages=1)
     block_m = 128 if max_query_len > 64 and elem_bytes <= 2 else 64
-    return dict(block_m=block_m, block_n=64, num_warps=8 if block_m == 128 else 4,
+    block_n = 64 if capability >= (9, 0) or head_dim <= 64 else 32
+    return dict(block_m=block_m, block_n=block_n, num_warps=8 if block_m == 128 else 4,
                 num_stages=3 if head_dim <= 64 else 2)
+
+
+def check_launch(x: torch.Tensor, kernel) -> None:
+    """Refuse, with the reason, the launches Triton would fail on obscurely or get wrong."""
+    interpreted = not isinstance(kernel, triton.runtime.JITFunction)
+    if interpreted and x.dtype == torch.bfloat16:
+        raise ValueError(
+            "dtype torch.bfloat16 cannot run under Triton's interpreter (TRITON_INTERPRET=1): "
+            "its bf16 tl.dot returns wrong numbers in this Triton version; use float32 or "
+            "float16 on the CPU, or a CUDA GPU for bf16")
+    if not interpreted and not x.is_cuda:
+        raise RuntimeError(
+            f"a Triton kernel got a tensor on {x.device}, but Triton's interpreter is off: "
+            "set TRITON_INTERPRET=1 before Triton is imported (`import minivllm` does it on a "
+            "machine without CUDA)")
 
 
 def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -149,7 +180,9 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """Causal attention of the new tokens q ([num_tokens, num_heads, head_dim]) over their
     sequences' paged K/V (which already hold this step's tokens). Returns q's shape.
 
-    tiles: override default_tiles (block_m, block_n, num_warps, num_stages).
+    tiles: override default_tiles (block_m, block_n, num_warps, num_stages). on_gpu=True takes
+    the GPU's tile sizes on any device (the interpreter test of those sizes uses it);
+    capability=(8, 0) those of another GPU generation (kernels/aot.py uses it).
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -157,10 +190,15 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads "
                          f"({num_kv_heads})")
     assert q.stride(-1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    check_launch(q, _flash_attention_kernel)
     out = torch.empty_like(q)
     if num_tokens == 0:
         return out
-    t = {**default_tiles(head_dim, max_query_len, q.is_cuda, q.element_size()), **tiles}
+    on_gpu = tiles.pop("on_gpu", q.is_cuda)
+    capability = tiles.pop("capability", None) or (
+        torch.cuda.get_device_capability(q.device) if q.is_cuda else (9, 0))
+    t = {**default_tiles(head_dim, max_query_len, on_gpu, q.element_size(), capability),
+         **tiles}
     grid = (triton.cdiv(max_query_len, t["block_m"]), seq_lens.shape[0], num_heads)
     _flash_attention_kernel[grid](
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables, scale * LOG2E,
@@ -233,7 +271,7 @@ def bench(seq_len=4096, num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.
             "sdpa_ms": sdpa_ms, "sdpa_TFLOP/s": flops / sdpa_ms / 1e9, "vs_sdpa": sdpa_ms / ms}
 
 
-if __name__ == "__main__":   # python -m kernels.flash_attention (the package sets the interpreter)
+if __name__ == "__main__":   # python -m kernels.flash_attention (CPU: TRITON_INTERPRET=1 first)
     if torch.cuda.is_available():
         test_flash_attention("cuda", torch.bfloat16, head_dim=128)
         print(bench())

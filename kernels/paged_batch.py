@@ -25,14 +25,6 @@ class PagedBatch:
     max_query_len: int
     max_seq_len: int
 
-    def metadata(self):
-        """The same batch as minivllm's AttentionMetadata, to call the engine's reference."""
-        from minivllm.attention import AttentionMetadata
-        return AttentionMetadata(slot_mapping=self.seq_lens.new_empty(0),
-                                 query_start_loc=self.query_start_loc, seq_lens=self.seq_lens,
-                                 block_tables=self.block_tables, max_query_len=self.max_query_len,
-                                 max_seq_len=self.max_seq_len)
-
 
 def random_paged_batch(q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_heads: int,
                        head_dim: int, block_size: int = 16, dtype=torch.float32, device="cpu",

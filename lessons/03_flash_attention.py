@@ -6,7 +6,7 @@ app = marimo.App(width="medium")
 
 @app.cell
 def _():
-    import kernels  # noqa: F401  first: without CUDA it switches Triton's interpreter on
+    import minivllm  # noqa: F401  first: without CUDA it switches Triton's interpreter on
 
     import time
 
@@ -520,8 +520,9 @@ def _(kernel_errors, mo, traffic_ratio_4k):
       `flash_attention` (launcher), `flash_attention_reference`, the test and `bench`.
     * `kernels/paged_attention.py`: the decode kernel and `_reduce_partitions_kernel`, whose
       merge is this lesson's exercise.
-    * `kernels/backend.py`: how the engine picks a kernel each step; `minivllm/attention.py`:
-      the torch reference that runs on CPU, and `Attention.forward`, which dispatches.
+    * `minivllm/triton_attention.py`: how the engine picks a kernel each step;
+      `minivllm/attention.py`: the torch reference that runs on CPU, and `Attention.forward`,
+      which dispatches.
     * `python -m kernels.bench` (GPU): this kernel against torch SDPA's flash backend.
     """)
     return

@@ -7,8 +7,10 @@ import os
 
 import torch
 
-# Triton runs on a CPU only through its interpreter, and reads the switch when its modules are
-# first imported (torch may import them early): set it before anything else happens.
+# The one place TRITON_INTERPRET is decided. Triton runs on a CPU only through its interpreter,
+# and reads the switch when a kernel is defined (torch may import Triton early): so it is set
+# here, before anything else, on a machine without CUDA. An explicit TRITON_INTERPRET wins.
+# Lessons and tests import minivllm before kernels/ for this reason; kernels/ never sets it.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -29,7 +29,6 @@ max_model_len with one block per sequence, so it runs through the same code.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +48,8 @@ class AttentionMetadata:
     # The torch backend's gather indices depend on the batch, not on the layer: the first layer
     # builds them, the other layers of the step reuse them.
     torch_layout: TorchBatchLayout | None = None
+    # The Triton backend's decode partials: the ModelRunner's, allocated once per engine.
+    decode_scratch: object | None = None    # kernels.paged_attention.DecodeScratch
 
 
 @dataclass(slots=True)
@@ -174,14 +175,22 @@ def paged_attention_padded(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
     """'auto' -> the Triton kernels on CUDA in bf16/fp16, this file's torch reference otherwise.
-    'triton' on a CPU runs the kernels through Triton's interpreter: exact, and very slow."""
+    'triton' on a CPU runs the kernels through Triton's interpreter (switched on by
+    minivllm/__init__.py): exact in fp32 and fp16, very slow, and refused in bf16."""
     if backend == "auto":
         return "triton" if device.type == "cuda" and dtype != torch.float32 else "torch"
     if backend == "triton" and device.type == "cpu":
-        import kernels  # noqa: F401  (without CUDA, importing it turns TRITON_INTERPRET on)
-        if os.environ.get("TRITON_INTERPRET") != "1":
+        import triton
+
+        from kernels.flash_attention import _flash_attention_kernel
+        if isinstance(_flash_attention_kernel, triton.runtime.JITFunction):
             raise ValueError("attention_backend='triton' on device='cpu' runs Triton's "
-                             "interpreter; set TRITON_INTERPRET=1 before starting Python")
+                             "interpreter, but Triton was imported before it was switched on: "
+                             "set TRITON_INTERPRET=1, or import minivllm before torch and triton")
+        if dtype == torch.bfloat16:
+            raise ValueError("attention_backend='triton' on device='cpu' cannot run dtype "
+                             "torch.bfloat16: the interpreter's bf16 tl.dot returns wrong "
+                             "numbers in this Triton version; use float32 or float16")
     return backend
 
 
@@ -202,8 +211,9 @@ class Attention(torch.nn.Module):
 
     def forward(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
         # q: (T, H, D), k/v: (T, Hkv, D)
-        if self.backend == "triton":    # the same two steps as fused kernels (kernels/backend.py)
-            from kernels.backend import triton_attention  # imported only when asked for
-            return triton_attention(q, k, v, self.k_cache, self.v_cache, md, self.scale)
+        if self.backend == "triton":    # the same two steps as fused kernels
+            from minivllm.triton_attention import triton_attention  # imported only when asked
+            return triton_attention(q, k, v, self.k_cache, self.v_cache, md, self.scale,
+                                    md.decode_scratch)
         write_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
         return paged_attention(q, self.k_cache, self.v_cache, md, self.scale)

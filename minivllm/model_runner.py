@@ -43,7 +43,7 @@ class ModelRunner:
         self.config = model_config
         self.device, self.dtype = device, dtype
         # Before the model is built: building it may import Triton (through torch), and on a CPU
-        # Triton must see TRITON_INTERPRET=1 before that (see kernels/__init__.py).
+        # Triton must see TRITON_INTERPRET=1 before that (see minivllm/__init__.py).
         resolve_attention_backend(engine_config.attention_backend, device, dtype)
         with torch.device("meta"):          # no time wasted on random init of real weights
             model = LlamaForCausalLM(model_config)
@@ -60,11 +60,20 @@ class ModelRunner:
         """Size and allocate the KV pool (and the swap pool) for engine_config, replacing any
         pool from an earlier configuration. The weights stay as they are."""
         self.engine_config = engine_config
-        self.kv_cache = self.cpu_kv_cache = None           # let the old pools go first
+        self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.attention_backend = resolve_attention_backend(engine_config.attention_backend,
                                                            self.device, self.dtype)
+        # The Triton decode kernel's partial results: one fixed buffer for the engine's largest
+        # decode batch (max_num_seqs sequences of max_model_len tokens), before the KV pool
+        # takes what memory is left.
+        self.decode_scratch = None
+        if self.attention_backend == "triton":
+            from minivllm.triton_attention import DecodeScratch
+            self.decode_scratch = DecodeScratch.allocate(
+                engine_config.max_num_seqs, self.config.num_attention_heads,
+                self.config.head_dim, engine_config.max_model_len, self.device)
         self.model.model.rotary_emb.build(engine_config.max_model_len, self.device, self.dtype)
         # The KV pool. "paged": blocks of block_size tokens; "contiguous": one slab of
         # max_model_len tokens per sequence (lesson 01's baseline), addressed the same way.
@@ -156,7 +165,8 @@ class ModelRunner:
         md = AttentionMetadata(
             slot_mapping=as_tensor(slot_mapping), query_start_loc=as_tensor(query_start_loc),
             seq_lens=as_tensor(seq_lens), block_tables=as_tensor(block_tables),
-            max_query_len=max(num_new_tokens), max_seq_len=max(seq_lens))
+            max_query_len=max(num_new_tokens), max_seq_len=max(seq_lens),
+            decode_scratch=self.decode_scratch)
         return as_tensor(input_ids), as_tensor(positions), md
     # --8<-- [end:prepare]
 

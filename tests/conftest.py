@@ -1,20 +1,17 @@
 """Shared fixtures. Heavy objects (the packaged model, transformers' reference) load once per
 session; tiny random checkpoints are built per architecture."""
 
-import os
+# First: importing minivllm switches Triton's interpreter on without CUDA (minivllm/__init__.py
+# decides TRITON_INTERPRET, for the kernels' tests too), before any @triton.jit is defined.
+import minivllm  # noqa: F401, I001
 
+import json
+import shutil
+
+import pytest
 import torch
 
-# Triton kernels run on the CPU through the interpreter; it must be on before any @triton.jit.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import json  # noqa: E402
-import shutil  # noqa: E402
-
-import pytest  # noqa: E402
-
-from minivllm.loader import default_gguf_path, resolve_model_path  # noqa: E402
+from minivllm.loader import default_gguf_path, resolve_model_path
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -61,47 +61,76 @@ def _free():
 
 @pytest.fixture(scope="module")
 def tiny_gpu_checkpoint(tmp_path_factory):
-    from kernels.bench import random_checkpoint
+    from minivllm.gpu_bench import random_checkpoint
     path = tmp_path_factory.mktemp("tiny-gpu")
     random_checkpoint(TINY, path, dtype=torch.float32, device="cuda", std=0.08)
     _free()
     return path
 
 
-def test_engine_on_cuda_defaults_to_triton_and_matches_torch(tiny_gpu_checkpoint, monkeypatch):
-    """bf16 on CUDA picks the kernels. In fp32 with exact (IEEE, not TF32) dots both backends
-    give the same greedy tokens, through chunked prefill, mixed batches and split decodes."""
+def _agree_until_a_near_tie(ours, ref, tie: float) -> int:
+    """Greedy tokens must match step by step until the reference's top two logprobs are within
+    `tie` (a near-tie that rounding may legitimately flip); returns the steps compared."""
+    for i, (a, b) in enumerate(zip(ours.token_ids, ref.token_ids)):
+        assert a == b, f"step {i}: {a} != {b} with top-2 logprobs {ref.logprobs[i]}"
+        top = sorted(ref.logprobs[i].values(), reverse=True)
+        if len(top) > 1 and top[0] - top[1] < tie:
+            return i + 1
+    return len(ref.token_ids)
+
+
+def test_engine_on_cuda_defaults_to_triton_and_matches_torch(tiny_gpu_checkpoint):
+    """bf16 on CUDA picks the kernels. In fp32 both backends give the same greedy tokens,
+    through chunked prefill, mixed batches and split decodes, up to the first near-tie: the
+    kernels' fp32 dots are TF32 (kernels/flash_attention.py), which moves attention outputs by
+    ~1e-3, so a top-2 gap under 0.05 nats may flip and is where the comparison stops."""
     from minivllm import LLM, SamplingParams
     path = str(tiny_gpu_checkpoint)
     default = LLM(path, max_model_len=1024, gpu_memory_utilization=0.3)
     assert "attention=triton" in repr(default) and "dtype=bfloat16" in repr(default)
     del default
     _free()
-    monkeypatch.setenv("TRITON_F32_DEFAULT", "ieee")
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 1000, (n,), generator=g).tolist() for n in (5, 100, 700)]
-    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=2)
     outs = {}
     for backend in ("torch", "triton"):
         llm = LLM(path, dtype="float32", max_model_len=1024, max_num_batched_tokens=256,
                   gpu_memory_utilization=0.3, attention_backend=backend)
-        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params,
-                                                                      use_tqdm=False)]
+        outs[backend] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
         _free()
-    assert outs["triton"] == outs["torch"]
+    compared = [_agree_until_a_near_tie(a, b, tie=0.05)
+                for a, b in zip(outs["triton"], outs["torch"])]
+    assert sum(compared) >= 30, compared     # the test must compare something
 
 
-def test_engine_bf16_logits_close_to_torch_backend(tiny_gpu_checkpoint):
+# Thresholds of the bf16 test, from a measured distribution (a CPU stand-in: no GPU has run
+# this yet). This tiny random model in bf16 against itself in fp32 (torch backend, 4 prompts x
+# 300 positions): cosine min 0.9944 (1st percentile 0.9964, median 0.9989), argmax agreement
+# 91% (random weights have many near-ties: 2/3 of the rows have a top-2 margin under twice
+# bf16's error), 100% on rows whose margin exceeds twice the error. The old thresholds (cosine
+# > 0.999 and argmax agreement > 0.95 between the two bf16 backends) sat inside that noise. So
+# both bf16 backends are measured against the fp32 reference, and the kernels must add no more
+# than bf16 itself does: mean error within 1.5x of the torch backend's, cosine above 0.99, and
+# every decisive row (margin > twice either backend's error) agreeing.
+def test_engine_bf16_logits_as_close_to_fp32_as_torch_bf16(tiny_gpu_checkpoint):
     from minivllm import LLM
     ids = torch.randint(3, 1000, (300,), generator=torch.Generator().manual_seed(2)).tolist()
     logits = {}
-    for backend in ("torch", "triton"):
-        llm = LLM(str(tiny_gpu_checkpoint), dtype="bfloat16", max_model_len=1024,
+    for dtype, backend in (("float32", "torch"), ("bfloat16", "torch"), ("bfloat16", "triton")):
+        llm = LLM(str(tiny_gpu_checkpoint), dtype=dtype, max_model_len=1024,
                   gpu_memory_utilization=0.3, attention_backend=backend)
-        logits[backend] = llm.engine.prompt_logits(ids).float()
+        logits[dtype, backend] = llm.engine.prompt_logits(ids).float()
         del llm
         _free()
-    a, b = logits["triton"], logits["torch"]
-    assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.999
-    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.95
+    ref = logits["float32", "torch"]
+    ours, theirs = logits["bfloat16", "triton"], logits["bfloat16", "torch"]
+    cos = torch.nn.functional.cosine_similarity(ours, ref, dim=-1)
+    assert cos.min() > 0.99, cos.min()
+    assert (ours - ref).abs().mean() < 1.5 * (theirs - ref).abs().mean()
+    err = torch.maximum((ours - ref).abs().amax(-1), (theirs - ref).abs().amax(-1))
+    top2 = ref.topk(2, -1).values
+    decisive = top2[:, 0] - top2[:, 1] > 2 * err
+    assert decisive.sum() >= 30, int(decisive.sum())
+    assert torch.equal(ours.argmax(-1)[decisive], ref.argmax(-1)[decisive])

@@ -97,6 +97,8 @@ MODULE_MAP: list[tuple[str, str, str, str]] = [
     ("minivllm/detokenizer.py", "incremental detokenization, a few tokens per step",
      "IncrementalDetokenizer", ""),
     ("minivllm/bench.py", "throughput and latency measurements", "benchmarks/", ""),
+    ("minivllm/gpu_bench.py", "end to end on a GPU vs transformers, random weights",
+     "benchmarks/", ""),
     ("minivllm/prefix_cache.py", "automatic prefix caching", "enable_prefix_caching", "05"),
     ("minivllm/async_engine.py", "async engine loop and streaming", "AsyncLLMEngine", "06"),
     ("minivllm/server.py", "OpenAI-compatible HTTP server", "vllm serve", "06"),
@@ -107,7 +109,7 @@ MODULE_MAP: list[tuple[str, str, str, str]] = [
     ("minivllm/quant.py", "weight and KV quantization", "quantization", "13"),
     ("minivllm/parallel.py", "tensor parallelism over torch.distributed",
      "tensor_parallel_size", "15"),
-    ("kernels/backend.py", "the Triton attention backend: write K/V, pick a kernel",
+    ("minivllm/triton_attention.py", "the Triton attention backend: write K/V, pick a kernel",
      "attention backend selection", "03"),
     ("kernels/write_kv.py", "scatter K/V into their slots (Triton)", "reshape_and_cache", "02"),
     ("kernels/flash_attention.py", "tiled online-softmax attention over paged KV (Triton)",
@@ -115,6 +117,7 @@ MODULE_MAP: list[tuple[str, str, str, str]] = [
     ("kernels/paged_attention.py", "decode attention split along the context (Triton)",
      "paged_attention_v2 / flash-decoding", "03"),
     ("kernels/paged_batch.py", "random paged batches for kernel tests and benchmarks", "", ""),
+    ("kernels/aot.py", "compile every kernel for sm_90 / sm_80 without a GPU", "", ""),
 ]
 
 LESSON_MODE = os.environ.get("MINIVLLM_DOCS_LESSONS", "run").lower()
