@@ -101,11 +101,11 @@ class AsyncLLMEngine:
         """The engine's stats after its last step (read without stopping the loop)."""
         return self._stats
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
-        """Yield the request's RequestOutput (cumulative) each time it progresses; the last one
-        has finished=True. A bad request raises here (TypeError/ValueError from add_request)
-        before anything is yielded. Closing or cancelling the iterator aborts the request."""
+    async def add_request(self, request_id: str, prompt: str | list[int],
+                          params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Add a request; return its stream of RequestOutputs (cumulative; the last one has
+        finished=True). A bad request raises here (TypeError/ValueError from
+        LLMEngine.add_request), once the engine thread has taken it: within one step."""
         stream = _Stream(asyncio.get_running_loop())
         added: Future = Future()
         with self._lock:          # the loop cannot stop between this check and the put
@@ -113,7 +113,15 @@ class AsyncLLMEngine:
                 raise EngineDeadError(f"the engine loop has stopped: {self._error}")
             self._commands.put(("add", request_id, prompt, params, stream, added))
         try:
-            await asyncio.wrap_future(added)      # validation errors are raised here
+            await asyncio.wrap_future(added)
+        except asyncio.CancelledError:
+            self.abort(request_id)                # it may have been added meanwhile
+            raise
+        return self._outputs(request_id, stream)
+
+    async def _outputs(self, request_id: str, stream: _Stream) -> AsyncIterator[RequestOutput]:
+        """Closing or cancelling this iterator before the end aborts the request."""
+        try:
             while True:
                 item = await stream.queue.get()
                 while not stream.queue.empty() and not isinstance(item, BaseException):
@@ -128,6 +136,16 @@ class AsyncLLMEngine:
         finally:
             if not stream.finished:               # cancelled, or the client went away
                 self.abort(request_id)
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """add_request and its stream in one: `async for out in aengine.generate(...)`."""
+        outputs = await self.add_request(request_id, prompt, params)
+        try:
+            async for out in outputs:
+                yield out
+        finally:
+            await outputs.aclose()
 
     def abort(self, request_id: str) -> None:
         """Abort a request: its blocks are freed before the engine's next step. Thread-safe."""
