@@ -206,8 +206,9 @@ class Server:
     `graceful_s` seconds, then cancels them; the engine loop then answers whatever is left."""
 
     def __init__(self, aengine: AsyncLLMEngine, sock: socket.socket, served_model_name: str,
-                 api_key: str | None = None, graceful_s: float = 5.0, log_level="warning"):
-        self.aengine, self.sock = aengine, sock
+                 api_key: str | None = None, graceful_s: float = 5.0, log_level="warning",
+                 owns_engine: bool = True):
+        self.aengine, self.sock, self.owns_engine = aengine, sock, owns_engine
         self.app = build_app(aengine, served_model_name, api_key)
         self.uvicorn = uvicorn.Server(uvicorn.Config(
             self.app, log_level=log_level, timeout_graceful_shutdown=graceful_s))
@@ -222,7 +223,8 @@ class Server:
         try:
             asyncio.run(self.uvicorn.serve(sockets=[self.sock]))
         finally:
-            self.aengine.shutdown()
+            if self.owns_engine:        # answer what is still in flight, stop the loop
+                self.aengine.shutdown()
 
     def start(self, timeout: float = 30.0) -> "Server":
         import threading
