@@ -71,7 +71,9 @@ async def until_disconnected(request: Request, work):
         watch.cancel()
         if not task.done():
             task.cancel()
-    return await task
+            await asyncio.gather(task, return_exceptions=True)
+            raise OpenAIError(499, "the client disconnected; its request was aborted")
+    return task.result()
 
 
 def check_model(app: FastAPI, name: str | None) -> None:
@@ -82,7 +84,8 @@ def check_model(app: FastAPI, name: str | None) -> None:
 
 async def start_requests(app: FastAPI, request_id: str, prompts: list[str | list[int]],
                          make_params, max_tokens: int | None, default_max_tokens,
-                         prompt_field: str) -> tuple[list[AsyncIterator], list[int], SamplingParams]:
+                         prompt_field: str
+                         ) -> tuple[list[AsyncIterator], list[int], SamplingParams]:
     """Validate, tokenize and add each prompt; return their output streams (timed), their
     prompt lengths and the SamplingParams. All or nothing: on an error, nothing stays queued."""
     aengine, tokenizer = app.state.aengine, app.state.aengine.tokenizer
@@ -145,7 +148,7 @@ def streaming_response(body: AsyncIterator[str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache"})
 
 
-def _usage(prompt_lens: list[int], n: int, completion_tokens: int) -> dict:
+def _usage(prompt_lens: list[int], completion_tokens: int) -> dict:
     prompt_tokens = sum(prompt_lens)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -182,7 +185,7 @@ async def stream_events(app: FastAPI, request_id: str, envelope: dict, streams, 
                     completion_tokens += len(c.token_ids)
         if include_usage:
             yield sse({**envelope, "choices": [],
-                       "usage": _usage(prompt_lens, params.n, completion_tokens)})
+                       "usage": _usage(prompt_lens, completion_tokens)})
     except EngineDeadError as e:
         yield sse(error_body(503, str(e)))
     finally:
@@ -228,7 +231,7 @@ def add_routes(app: FastAPI) -> None:
         choices = [choice(i * params.n + c.index, c.text, c, 0, 0)
                    for i, out in enumerate(finals) for c in out.outputs]
         tokens = sum(len(c.token_ids) for out in finals for c in out.outputs)
-        return {**envelope, "choices": choices, "usage": _usage(prompt_lens, params.n, tokens)}
+        return {**envelope, "choices": choices, "usage": _usage(prompt_lens, tokens)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
@@ -266,4 +269,4 @@ def add_routes(app: FastAPI) -> None:
                    for c in out.outputs]
         tokens = sum(len(c.token_ids) for c in out.outputs)
         return {**envelope, "object": "chat.completion", "choices": choices,
-                "usage": _usage(prompt_lens, params.n, tokens)}
+                "usage": _usage(prompt_lens, tokens)}

@@ -72,8 +72,8 @@ def run(engine, reqs: dict) -> tuple[dict, dict]:
     return valid, done
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(requests)
 def test_random_requests_never_poison_the_engine(engine, reqs):
     built = {}
