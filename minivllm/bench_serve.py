@@ -165,12 +165,20 @@ def offline_throughput(engine_args: list[str], prompts: list[str], output_len: i
     llm = LLM(args.model, **engine_kwargs(args))
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.generate(prompts[:4], params, use_tqdm=False)           # warm-up, as the server had
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, params, use_tqdm=False)
-    duration = time.perf_counter() - t0
+    duration, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
     return {"duration_s": duration, "total_output_tokens": tokens,
-            "output_throughput": tokens / duration}
+            "output_throughput": tokens / duration, "cpu_ms_per_token": 1000 * cpu / tokens}
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far (Linux /proc). On a shared machine
+    it varies far less than wall time, so the HTTP layer's cost is compared in it too."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()     # fields 14 and 15: utime, stime
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def launch_server(server_args: list[str], timeout: float = 300) -> tuple[subprocess.Popen, str]:
@@ -238,10 +246,16 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(run_load(base_url, model, prompts[:4], args.output_len,   # warm-up
                              float("inf"), args.seed, args.api_key, progress=False))
         for rate in args.request_rate:
+            cpu0 = cpu_seconds(proc.pid) if proc else None
             res, duration = asyncio.run(run_load(base_url, model, prompts, args.output_len,
                                                  rate, args.seed, args.api_key,
                                                  progress=not args.no_progress))
             results.append(summarize(res, duration, rate))
+            if proc:                       # the server process's CPU per generated token
+                results[-1]["server_cpu_ms_per_token"] = 1000 * (
+                    cpu_seconds(proc.pid) - cpu0) / max(1, results[-1]["total_output_tokens"])
+                print(f"Server CPU per output token (ms):       "
+                      f"{results[-1]['server_cpu_ms_per_token']:.2f}")
             print_report(results[-1])
     finally:
         if proc is not None:
@@ -254,7 +268,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"LLM.generate, same requests and engine flags: "
               f"{offline['output_throughput']:.1f} output tok/s in {offline['duration_s']:.1f} s; "
               f"the server at saturation: {best['output_throughput']:.1f} tok/s "
-              f"(HTTP layer costs {offline['http_overhead_pct']:.1f}%)")
+              f"(HTTP layer costs {offline['http_overhead_pct']:.1f}% of wall-clock throughput)")
+        if "server_cpu_ms_per_token" in results[0]:
+            offline["http_cpu_overhead_pct"] = 100 * (
+                results[0]["server_cpu_ms_per_token"] / offline["cpu_ms_per_token"] - 1)
+            print(f"CPU per output token: LLM.generate {offline['cpu_ms_per_token']:.2f} ms, "
+                  f"the server at {results[0]['request_rate']} req/s "
+                  f"{results[0]['server_cpu_ms_per_token']:.2f} ms (HTTP layer costs "
+                  f"{offline['http_cpu_overhead_pct']:.1f}% CPU per token)")
     if args.save_result:
         with open(args.save_result, "w") as f:
             json.dump({"args": vars(args), "serve": results, "offline": offline}, f, indent=1,
