@@ -165,15 +165,19 @@ class AsyncLLMEngine:
                 # Wait for a command only when there is nothing to step; otherwise just drain.
                 if not self._drain(block=not self.engine.has_unfinished_requests()):
                     return
-                if self.engine.has_unfinished_requests():
-                    for out in self.engine.step():
-                        stream = self._streams.get(out.request_id)
-                        if stream is None:
-                            continue
-                        stream.put(_detach(out))
-                        if out.finished:
-                            del self._streams[out.request_id]
-                self._stats = self.engine.stats()   # after aborts too, even with no step
+                if not self.engine.has_unfinished_requests():
+                    self._stats = self.engine.stats()   # after aborts, with no step to run
+                    continue
+                outputs = self.engine.step()
+                # The snapshot first: whoever sees its request finish also sees its blocks free.
+                self._stats = self.engine.stats()
+                for out in outputs:
+                    stream = self._streams.get(out.request_id)
+                    if stream is None:
+                        continue
+                    stream.put(_detach(out))
+                    if out.finished:
+                        del self._streams[out.request_id]
         except BaseException as e:   # noqa: BLE001 -- whatever it was, every waiter must hear it
             logger.exception("the engine loop died")
             self._close(e, EngineDeadError(f"the engine loop died: {e!r}"))
