@@ -1,12 +1,49 @@
 """SamplingParams: how one request wants its tokens chosen, with vLLM's field names.
 
 Every value is checked in __post_init__, so a bad request fails when it is made, with a message
-that names the field, the limit and the value, never deep inside a forward pass.
+that names the field, the limit and the value, never deep inside a forward pass. Types are
+checked too, because requests arrive as JSON: `temperature="1"` is a TypeError that says so
+(not a bare `'<' not supported` from a comparison), `max_tokens=True` is refused (a bool is an
+int to Python, never to a user), and NaN or infinity never reach the sampler, where NaN passes
+every `<` test and poisons a softmax.
+
+What is left to the engine (it needs the model): token ids within the vocabulary.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from numbers import Integral, Real
+
+MAX_LOGPROBS = 20    # vLLM's default max_logprobs: top-k over the vocabulary costs per token
+
+
+def _int(name: str, value, lo: int | None = None, hi: int | None = None,
+         allowed: str | None = None) -> int:
+    """value as an int, or a TypeError/ValueError naming the field, the limit and the value."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    value = int(value)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+    return value
+
+
+def _float(name: str, value) -> float:
+    """value as a finite float, or an error naming the field (bools and strings refused)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    return value
+
+
+def _bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be true or false, got {value!r} ({type(value).__name__})")
+    return value
 
 
 @dataclass(slots=True)
@@ -25,24 +62,41 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids)
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        self.n = _int("n", self.n, lo=1, allowed="an integer >= 1")
+        self.temperature = _float("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        self.top_p = _float("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (disabled), 0 (disabled) or >= 1, got {self.top_k!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
+        self.top_k = _int("top_k", self.top_k, lo=-1,
+                          allowed="-1 (disabled), 0 (disabled) or >= 1")
+        self.max_tokens = _int("max_tokens", self.max_tokens, lo=1,
+                               allowed="an integer >= 1")
+        if self.seed is not None:
+            self.seed = _int("seed", self.seed)
+        if self.logprobs is not None:
+            self.logprobs = _int("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS,
+                                 allowed=f"None or an integer >= 0 and <= {MAX_LOGPROBS} "
+                                         "(max_logprobs)")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            _bool(name, getattr(self, name))
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, (list, tuple)):
+            raise TypeError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        self.stop = list(self.stop)
+        for s in self.stop:
+            if not isinstance(s, str):
+                raise TypeError(f"stop must be a string or a list of strings, got an item "
+                                f"{s!r} ({type(s).__name__})")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise TypeError(f"stop_token_ids must be a list of integers, got "
+                            f"{self.stop_token_ids!r}")
+        self.stop_token_ids = [_int("stop_token_ids", t, lo=0, allowed="token ids >= 0")
+                               for t in self.stop_token_ids]
         if self.n > 1 and self.temperature == 0:
             raise ValueError(f"n={self.n} samples with temperature=0 would be {self.n} copies of "
                              "the same greedy output; use temperature > 0")

@@ -1,0 +1,441 @@
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="medium")
+
+
+@app.cell
+def _():
+    import asyncio
+    import concurrent.futures
+    import time
+
+    import marimo as mo
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import torch
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.async_engine import AsyncLLMEngine
+    from minivllm.bench_serve import make_prompts, run_load, summarize
+    from minivllm.server import Server, bind_socket
+    return (AsyncLLMEngine, LLM, SamplingParams, Server, asyncio, bind_socket,
+            concurrent, make_prompts, mo, np, plt, run_load, summarize, time, torch)
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    # 06 · Serving: from an HTTP request to tokens, many users at once
+
+    After this lesson you can draw the path of a request through an OpenAI-compatible server,
+    say why the engine's step loop must not run inside the web server's event loop (and
+    measure what happens if it does), predict from one number, the engine's step time, the
+    request rate at which a server saturates, and recognize saturation in a load test: the
+    knee after which throughput stops growing and time to first token grows without bound.
+    """)
+    return
+
+
+@app.cell
+def _(LLM, mo, torch):
+    # One engine for the whole lesson. Few slots on purpose: the server saturates at a rate a
+    # CPU can reach in seconds.
+    MAX_NUM_SEQS, OUTPUT_LEN = 4, 8
+    llm = LLM(max_model_len=256, max_num_seqs=MAX_NUM_SEQS)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
+          f"({str(llm.engine.dtype).removeprefix('torch.')}) · **max_num_seqs:** "
+          f"{MAX_NUM_SEQS}  \n`{llm.engine!r}`")
+    return MAX_NUM_SEQS, OUTPUT_LEN, device, llm
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## The path of a request
+
+    ```
+     client ──HTTP──▶ uvicorn / FastAPI handler (a coroutine on the event loop)
+                        │ validate (pydantic, SamplingParams), tokenize, check max_model_len
+                        ▼
+                      command queue ──▶ engine thread: drain commands, step(), step(), ...
+                                                       │ one RequestOutput per request per step
+     client ◀──SSE── stream per request ◀── loop.call_soon_threadsafe(queue.put_nowait, out)
+    ```
+
+    The event loop does the waiting: thousands of connections, each mostly idle, cost it
+    nothing while they wait. The engine does the work: one `step()` is a forward pass over the
+    whole batch. They meet at two queues: commands in (add, abort), outputs out. A client that
+    disconnects becomes an `abort` command; the engine thread applies it before its next
+    step, so the request's KV blocks are free again within one step
+    (`minivllm/async_engine.py`, `minivllm/serving.py`).
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## The problem, measured: an engine inside the event loop
+
+    The obvious server calls `engine.step()` from a coroutine. Below, a deliberately naive
+    loop does that (labelled as such: it is not how minivllm serves) while a second
+    coroutine, a *ticker*, only wants to wake up every 5 ms, as a server wants to accept a
+    connection or flush a token. Then the same requests go through `AsyncLLMEngine`, whose
+    step loop runs on its own thread, with the same ticker. We count the ticker's wake-ups
+    per engine step: a count, not a time, so a busy machine does not flip the result.
+    """)
+    return
+
+
+@app.cell
+def _(AsyncLLMEngine, SamplingParams, asyncio, concurrent, llm, np, time):
+    def in_fresh_loop(coro_fn):
+        """Run an async function on its own event loop (a notebook may already run one)."""
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(lambda: asyncio.run(coro_fn())).result()
+
+    async def ticker(stop, period=0.005):
+        ticks, worst = 0, 0.0
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            await asyncio.sleep(period)
+            worst = max(worst, time.perf_counter() - t0 - period)
+            ticks += 1
+        return ticks, worst
+
+    _greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    _prompts = [f"Request {i}: tell me about rivers." for i in range(8)]
+    llm.generate(_prompts[:2], _greedy, use_tqdm=False)          # warm-up
+
+    async def inline():                                          # NAIVE: for contrast only
+        engine, stop = llm.engine, asyncio.Event()
+        tick = asyncio.create_task(ticker(stop))
+        for i, p in enumerate(_prompts):
+            engine.add_request(f"inline-{i}", p, _greedy)
+        step_s = []
+        while engine.has_unfinished_requests():
+            t0 = time.perf_counter()
+            engine.step()                  # the whole forward pass, with the loop frozen
+            step_s.append(time.perf_counter() - t0)
+            await asyncio.sleep(0)         # the loop runs only here, between steps
+        stop.set()
+        return step_s, *(await tick)
+
+    inline_step_s, inline_ticks, inline_worst = in_fresh_loop(inline)
+    num_steps = len(inline_step_s)
+
+    # From here on the engine belongs to its AsyncLLMEngine thread (and later the server).
+    aengine = AsyncLLMEngine(llm.engine)
+
+    async def threaded():
+        stop = asyncio.Event()
+        tick = asyncio.create_task(ticker(stop))
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(
+            _last(aengine.generate(p, _greedy, f"threaded-{i}")) for i, p in enumerate(_prompts)))
+        wall = time.perf_counter() - t0
+        stop.set()
+        return outs, wall, *(await tick)
+
+    async def _last(stream):
+        async for out in stream:
+            last = out
+        return last
+
+    _outs, threaded_wall, threaded_ticks, threaded_worst = in_fresh_loop(threaded)
+    step_s = float(np.median(inline_step_s))
+    print(f"{num_steps} engine steps, median {step_s * 1000:.0f} ms each. Ticker wake-ups: "
+          f"engine in the loop {inline_ticks} ({inline_ticks / num_steps:.1f} per step, worst "
+          f"delay {inline_worst * 1000:.0f} ms); engine on its thread {threaded_ticks} "
+          f"({threaded_ticks / num_steps:.1f} per step, worst delay "
+          f"{threaded_worst * 1000:.0f} ms)")
+    return (aengine, in_fresh_loop, inline_ticks, inline_worst, num_steps, step_s,
+            threaded_ticks, threaded_worst)
+
+
+@app.cell
+def _(inline_ticks, inline_worst, mo, num_steps, step_s, threaded_ticks, threaded_worst):
+    mo.md(f"""
+    With the engine inside the loop, the ticker woke up **{inline_ticks / num_steps:.1f}**
+    times per step: only in the gaps between steps, and its worst wait was
+    {inline_worst * 1000:.0f} ms, about one step ({step_s * 1000:.0f} ms median). A server built
+    that way accepts no connection and sends no token while the model runs. With the step
+    loop on its own thread, the ticker woke up **{threaded_ticks / num_steps:.1f}** times per
+    step (worst wait {threaded_worst * 1000:.0f} ms): torch releases Python's global lock
+    inside its kernels, so the event loop runs *during* the forward pass.
+
+    Why a thread and not a process: one process keeps one copy of the weights and the KV
+    cache, and outputs cross over as Python objects. A process (vLLM's V1 engine core) also
+    frees the scheduler and detokenizer from the lock, at the price of serializing every
+    request and output over a socket.
+    """)
+    return
+
+
+@app.cell
+def _(MAX_NUM_SEQS, OUTPUT_LEN, Server, aengine, bind_socket, mo, step_s):
+    server = Server(aengine, bind_socket("127.0.0.1", 0), "smol").start()
+    # The measured step time, with every slot busy decoding, bounds what the server can do:
+    # MAX_NUM_SEQS requests advance one token per step, and each needs OUTPUT_LEN of them.
+    capacity_rps = MAX_NUM_SEQS / (OUTPUT_LEN * step_s)
+    mo.md(f"""
+    ## A load test on the real server
+
+    A real server now runs on {server.url} (uvicorn on a thread of this notebook), over the
+    same engine. Requests arrive open-loop, as users do: Poisson arrivals at a set rate,
+    whatever the server is doing (`minivllm bench serve`'s generator, called from Python).
+    Each asks for {OUTPUT_LEN} tokens, streamed. With {MAX_NUM_SEQS} slots and
+    {step_s * 1000:.0f} ms per step, the engine can finish at most about
+    **{capacity_rps:.2f} requests/s**: that is our prediction of the knee.
+    """)
+    return capacity_rps, server
+
+
+@app.cell
+def _(
+    OUTPUT_LEN,
+    aengine,
+    asyncio,
+    in_fresh_loop,
+    make_prompts,
+    mo,
+    run_load,
+    server,
+    summarize,
+    time,
+):
+    NUM_REQUESTS = 12 if mo.app_meta().mode == "script" else 24
+
+    def load_test(rate, seed=0):
+        """Serve NUM_REQUESTS streamed requests arriving at `rate`/s; sample the queue."""
+        prompts = make_prompts(NUM_REQUESTS, 16, seed)
+        samples = []
+
+        async def main():
+            stop = asyncio.Event()
+
+            async def sample():
+                t0 = time.perf_counter()
+                while not stop.is_set():
+                    s = aengine.stats()
+                    samples.append((time.perf_counter() - t0, s.num_running, s.num_waiting))
+                    await asyncio.sleep(0.05)
+            sampler = asyncio.create_task(sample())
+            results, duration = await run_load(server.url, "smol", prompts, OUTPUT_LEN, rate,
+                                               seed, progress=False)
+            stop.set()
+            await sampler
+            return results, duration
+        results, duration = in_fresh_loop(main)
+        report = summarize(results, duration, rate)
+        report["queue"] = samples
+        report["max_waiting"] = max(w for _, _, w in samples)
+        report["ttft_by_arrival_s"] = [r.ttft for r in results]
+        return report
+    return NUM_REQUESTS, load_test
+
+
+@app.cell
+def _(NUM_REQUESTS, capacity_rps, load_test, mo, plt):
+    RATE_FACTORS = (0.4, 1.0, 3.0)
+    sweep = {_f: load_test(_f * capacity_rps) for _f in RATE_FACTORS}
+    _fig, (_a, _b, _c) = plt.subplots(1, 3, figsize=(12, 3.3))
+    _rates = [sweep[_f]["request_rate"] for _f in RATE_FACTORS]
+    _a.plot(_rates, [sweep[_f]["output_throughput"] for _f in RATE_FACTORS], "o-")
+    _a.set_xlabel("request rate, req/s")
+    _a.set_ylabel("output tokens/s")
+    _a.axvline(capacity_rps, color="k", ls="--", lw=1, label="predicted knee")
+    _a.legend(fontsize=8)
+    for _k, _col in (("median", "tab:blue"), ("p99", "tab:red")):
+        _b.plot(_rates, [sweep[_f][f"{_k}_ttft_ms"] for _f in RATE_FACTORS], "o-", color=_col,
+                label=f"TTFT {_k}")
+        _b.plot(_rates, [sweep[_f][f"{_k}_itl_ms"] for _f in RATE_FACTORS], "s--", color=_col,
+                label=f"ITL {_k}")
+    _b.set_xlabel("request rate, req/s")
+    _b.set_ylabel("ms")
+    _b.legend(fontsize=7)
+    for _f in RATE_FACTORS:
+        _q = sweep[_f]["queue"]
+        _c.plot([t for t, _, _ in _q], [w for _, _, w in _q], label=f"{_f}x the knee")
+    _c.set_xlabel("seconds into the test")
+    _c.set_ylabel("requests waiting")
+    _c.legend(fontsize=8)
+    _fig.tight_layout()
+    for _f in RATE_FACTORS:
+        _r = sweep[_f]
+        print(f"rate {_r['request_rate']:5.2f} req/s ({_f}x predicted knee): "
+              f"{_r['completed']}/{NUM_REQUESTS} done, {_r['output_throughput']:6.1f} tok/s, "
+              f"TTFT p50 {_r['median_ttft_ms']:7.0f} ms p99 {_r['p99_ttft_ms']:7.0f} ms, ITL "
+              f"p50 {_r['median_itl_ms']:5.0f} ms, most waiting {_r['max_waiting']}")
+    _fig
+    return RATE_FACTORS, sweep
+
+
+@app.cell
+def _(NUM_REQUESTS, RATE_FACTORS, mo, sweep):
+    _lo, _hi = sweep[RATE_FACTORS[0]], sweep[RATE_FACTORS[-1]]
+    mo.md(f"""
+    Below the knee, a request usually finds a free slot: at most {_lo['max_waiting']} waited
+    at once, and its TTFT is mostly its prefill ({_lo['median_ttft_ms']:.0f} ms median); the
+    server's throughput simply follows the arrival rate, because it is waiting for work.
+    Past the knee, requests arrive faster than slots free up and a queue forms (up to
+    {_hi['max_waiting']} waiting), so TTFT now includes time spent queueing, not computing
+    (p99 {_hi['p99_ttft_ms']:.0f} ms against {_lo['p99_ttft_ms']:.0f} ms). With only
+    {NUM_REQUESTS} requests the burst is short and the queue drains when it ends; under a
+    sustained load above the knee it would grow for as long as the load lasts. The seconds
+    come from this machine (shared, when the lesson was recorded); the queue lengths are
+    counts.
+    """)
+    return
+
+
+@app.cell
+def _(capacity_rps, mo):
+    rate = mo.ui.slider(0.2, 5.0, step=0.2, value=2.0, show_value=True,
+                        label="request rate, x the predicted knee")
+    mo.md(f"""
+    ### Try it: push the server over the knee
+
+    Pick a request rate as a multiple of the predicted knee ({capacity_rps:.2f} req/s). Each
+    dot below is one request: its time to first token against its arrival order. Under the
+    knee the dots lie flat; over it they climb, each request waiting for all the ones before
+    it. Where does the line start to climb?
+
+    {rate}
+    """)
+    return (rate,)
+
+
+@app.cell
+def _(capacity_rps, load_test, mo, plt, rate):
+    _r = load_test(rate.value * capacity_rps, seed=1)
+    _fig, _ax = plt.subplots(figsize=(7, 2.8))
+    _ax.plot([t * 1000 for t in _r["ttft_by_arrival_s"]], "o")
+    _ax.set_xlabel("request, in arrival order")
+    _ax.set_ylabel("TTFT, ms")
+    _ax.set_ylim(bottom=0)
+    _fig.tight_layout()
+    mo.vstack([_fig, mo.md(f"{rate.value}x the knee: {_r['output_throughput']:.1f} tok/s, "
+                           f"TTFT p99 {_r['p99_ttft_ms']:.0f} ms, at most "
+                           f"{_r['max_waiting']} requests waiting.")])
+    return
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## Exercise: predict the knee
+
+    Write `saturation_rate(step_s, max_num_seqs, output_len)`: the request rate (requests per
+    second) above which the queue must grow, for requests that each want `output_len` tokens,
+    on an engine that runs `max_num_seqs` sequences per step of `step_s` seconds. Ignore the
+    prefill (it shares steps with decodes). Hint: in one second, how many tokens can the
+    engine produce, and how many does one request need?
+    """)
+    return
+
+
+@app.function
+def saturation_rate(step_s, max_num_seqs, output_len):
+    # Your answer here: return a number of requests per second.
+    return None
+
+
+@app.cell
+def _(mo):
+    def check_saturation_rate(fn):
+        cases = [(0.1, 4, 8, 5.0), (0.05, 64, 128, 10.0), (0.02, 256, 256, 50.0)]
+        for step, seqs, out, truth in cases:
+            got = fn(step, seqs, out)
+            if got is None:
+                return "not answered yet: saturation_rate returns None"
+            if abs(got - truth) > 1e-6 * truth:
+                if abs(got - truth * out) < 1e-6 * truth * out:
+                    return (f"{got:g} for {(step, seqs, out)} is tokens per second; divide "
+                            "by the tokens one request needs")
+                return f"saturation_rate{(step, seqs, out)} = {got:g}; expected {truth:g}"
+        return "correct: max_num_seqs / (step_s x output_len)"
+    mo.md(f"**checker:** {check_saturation_rate(saturation_rate)}")
+    return (check_saturation_rate,)
+
+
+@app.cell
+def _(
+    MAX_NUM_SEQS,
+    NUM_REQUESTS,
+    RATE_FACTORS,
+    aengine,
+    check_saturation_rate,
+    inline_ticks,
+    num_steps,
+    sweep,
+    threaded_ticks,
+):
+    def test_the_event_loop_runs_during_a_step_only_with_the_thread():
+        assert inline_ticks <= num_steps + 2           # only between steps
+        assert threaded_ticks > 2 * inline_ticks
+
+    def test_every_request_served_and_no_block_left():
+        assert all(r["completed"] == NUM_REQUESTS and r["failed"] == 0
+                   for r in sweep.values())
+        s = aengine.stats()
+        assert (s.num_running, s.num_waiting, s.num_blocks_used) == (0, 0, 0)
+
+    def test_the_queue_grows_only_past_the_knee():
+        lo, hi = sweep[RATE_FACTORS[0]], sweep[RATE_FACTORS[-1]]
+        assert hi["max_waiting"] > lo["max_waiting"]
+        assert hi["max_waiting"] >= MAX_NUM_SEQS // 2
+
+    def test_exercise_checker():
+        assert check_saturation_rate(lambda s, n, o: n / (s * o)).startswith("correct")
+        assert "tokens per second" in check_saturation_rate(lambda s, n, o: n / s)
+        assert "not answered" in check_saturation_rate(lambda s, n, o: None)
+    return
+
+
+@app.cell
+def _(
+    RATE_FACTORS,
+    capacity_rps,
+    inline_ticks,
+    mo,
+    num_steps,
+    step_s,
+    sweep,
+    threaded_ticks,
+):
+    findings = {
+        "step_ms": step_s * 1000,
+        "ticks_per_step_inline": inline_ticks / num_steps,
+        "ticks_per_step_threaded": threaded_ticks / num_steps,
+        "predicted_knee_rps": capacity_rps,
+        "by_rate": {f"{_f}x": {k: sweep[_f][k] for k in (
+            "request_rate", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
+            "median_itl_ms", "p99_itl_ms", "max_waiting")} for _f in RATE_FACTORS},
+    }
+    print("findings:", findings)
+    mo.md(r"""
+    ## What we found
+
+    * An engine stepping inside the event loop freezes the server for a whole forward pass;
+      on its own thread, the loop keeps running during the step (the ticker counts above).
+    * One measured number, the step time at a full batch, predicts the request rate where
+      the server saturates. Past it, the waiting queue forms, and the time to first token
+      grows with it: latency is what pays for load beyond the knee.
+
+    ## Where the code lives
+
+    * `minivllm/async_engine.py`: `AsyncLLMEngine`, the step loop on its thread, the command
+      queue (add, abort, stop), one output stream per request.
+    * `minivllm/serving.py`: the completions and chat endpoints, SSE streaming, the hold-back
+      of text that may become a stop string; `minivllm/server.py`: the app, errors, `/metrics`.
+    * `minivllm/bench_serve.py`: `minivllm bench serve`, the open-loop load generator used
+      here. `uv run minivllm serve` serves the same thing from a terminal.
+    """)
+    return (findings,)
+
+
+if __name__ == "__main__":
+    app.run()

@@ -1,0 +1,290 @@
+"""The OpenAI-compatible server, end to end: a real uvicorn server on 127.0.0.1 (a free port),
+the official `openai` client, the packaged model loaded once for the module.
+
+The reference outputs come from LLM.generate / LLM.chat on the very engine the server then
+serves (so weights and settings are the same by construction); the server takes the engine
+over only after that, and the module's last test shuts it down with a request in flight.
+"""
+
+import asyncio
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.async_engine import AsyncLLMEngine
+from minivllm.server import Server, bind_socket
+
+from conftest import PROMPTS
+
+MODEL = "smol"
+MAX_MODEL_LEN = 256
+PROMPTS16 = PROMPTS + ["The best way to learn", "Water boils at", "My favourite fruit is",
+                       "In 1969, astronauts", "A haiku about rain:", "SELECT * FROM",
+                       "The mitochondria is", "Dear diary, today"]
+CHAT = [{"role": "user", "content": "Name a planet."}]
+GREEDY = SamplingParams(temperature=0, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def served(smol_path):
+    llm = LLM(str(smol_path), max_model_len=MAX_MODEL_LEN, max_num_seqs=64)
+    outs = llm.generate(PROMPTS16, GREEDY, use_tqdm=False)
+    ref = {"completions": [o.outputs[0].text for o in outs],
+           "tokens": [len(o.outputs[0].token_ids) for o in outs],
+           "chat": llm.chat(CHAT, GREEDY, use_tqdm=False)[0].outputs[0].text,
+           "long": llm.generate(PROMPTS[3], SamplingParams(temperature=0, max_tokens=24),
+                                use_tqdm=False)[0].outputs[0].text}
+    aengine = AsyncLLMEngine(llm.engine)
+    server = Server(aengine, bind_socket("127.0.0.1", 0), MODEL, graceful_s=1.0).start()
+    yield server, aengine, ref
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{served[0].url}/v1", api_key="none", max_retries=0,
+                         timeout=120)
+
+
+def wait_idle(aengine, timeout=20.0):
+    """Until the engine holds no request and no KV block (every block's ref count back to 0:
+    the prefix cache keeps blocks' contents, not references), or the timeout."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        s = aengine.stats()
+        if s.num_running == s.num_waiting == s.num_blocks_used == 0:
+            return s
+        time.sleep(0.02)
+    return aengine.stats()
+
+
+def post(url, body: bytes | dict, headers=None) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json",
+                                                          **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def test_models_and_health(served, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    with urllib.request.urlopen(f"{served[0].url}/health") as r:
+        assert r.status == 200
+
+
+def test_greedy_completions_equal_llm_generate(served, client):
+    _, _, ref = served
+    out = client.completions.create(model=MODEL, prompt=PROMPTS16[:4], max_tokens=8,
+                                    temperature=0)
+    assert [c.text for c in sorted(out.choices, key=lambda c: c.index)] == ref["completions"][:4]
+    assert out.usage.completion_tokens == sum(ref["tokens"][:4])
+    assert [c.finish_reason for c in out.choices] == ["length"] * 4
+
+
+def test_streaming_completion_equals_non_streaming(served, client):
+    _, _, ref = served
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=PROMPTS16[5], max_tokens=8, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == ref["completions"][5]
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and
+              c.choices[0].finish_reason]
+    assert finals == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+
+
+def test_chat_streaming_and_not_equal_llm_chat(served, client):
+    _, _, ref = served
+    out = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8,
+                                         temperature=0)
+    assert out.choices[0].message.content == ref["chat"]
+    assert out.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ref["chat"]
+
+
+def test_n_samples_and_seeded_reproducible(client):
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0, n=3)
+    a = client.completions.create(seed=5, **kw)
+    b = client.completions.create(seed=5, **kw)
+    c = client.completions.create(seed=6, **kw)
+    texts = lambda r: [ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)]  # noqa
+    assert sorted(ch.index for ch in a.choices) == [0, 1, 2]
+    assert texts(a) == texts(b) and texts(a) != texts(c)
+    assert len(set(texts(a))) > 1                    # three samples, not three copies
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_cuts_the_text(served, client, stream):
+    _, _, ref = served
+    full = ref["long"]                               # "1, 1, 2, 3, 5, 8," continued
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    expected = full[:full.index(stop)]
+    out = client.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=24,
+                                    temperature=0, stop=[stop], stream=stream)
+    if stream:
+        chunks = list(out)
+        text = "".join(c.choices[0].text for c in chunks)
+        reason = chunks[-1].choices[0].finish_reason
+    else:
+        text, reason = out.choices[0].text, out.choices[0].finish_reason
+    assert (text, reason) == (expected, "stop")
+
+
+def test_logprobs(client):
+    out = client.completions.create(model=MODEL, prompt="The capital of France is",
+                                    max_tokens=4, temperature=0, logprobs=2)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert "".join(lp.tokens) == out.choices[0].text
+    for token, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 2 and chosen <= 0
+        assert chosen == pytest.approx(max(top.values()))       # greedy picks the top one
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4,
+                                          temperature=0, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(t.top_logprobs) == 3 for t in content)
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+
+
+def test_64_concurrent_streams_correct_and_no_block_leaked(served):
+    server, aengine, ref = served
+
+    async def one(client, i):
+        stream = await client.completions.create(model=MODEL, prompt=PROMPTS16[i % 16],
+                                                 max_tokens=8, temperature=0, stream=True)
+        return "".join([c.choices[0].text async for c in stream])
+
+    async def main():
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none",
+                                    max_retries=0, timeout=300)
+        try:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+        finally:
+            await client.close()
+
+    texts = asyncio.run(main())
+    assert texts == [ref["completions"][i % 16] for i in range(64)]
+    s = wait_idle(aengine)
+    assert (s.num_running, s.num_waiting, s.num_blocks_used) == (0, 0, 0)
+
+
+def test_client_disconnect_frees_blocks(served, client):
+    _, aengine, _ = served
+    long = dict(model=MODEL, prompt="Tell me a story.", max_tokens=200, temperature=0,
+                extra_body={"ignore_eos": True})
+    stream = client.completions.create(stream=True, **long)
+    it = iter(stream)
+    next(it), next(it)
+    assert aengine.stats().num_blocks_used > 0
+    stream.close()                                   # the client goes away mid-stream
+    s = wait_idle(aengine, timeout=10)
+    assert (s.num_running, s.num_blocks_used) == (0, 0)
+    # Not streaming: a client that times out is gone too.
+    with pytest.raises(openai.APITimeoutError):
+        client.with_options(timeout=1.0).completions.create(**long)
+    s = wait_idle(aengine, timeout=10)
+    assert (s.num_running, s.num_blocks_used) == (0, 0)
+
+
+BAD = [  # (body, status, param, words the message must contain)
+    (b'{"prompt": "Hi", "max_tokens": ', 400, None, "malformed JSON"),
+    ({"prompt": "Hi", "temperature": "1"}, 400, "temperature", "valid number, got '1'"),
+    ({"prompt": "Hi", "max_tokens": -5}, 400, "max_tokens", "max_tokens must be an integer >= 1"),
+    ({"prompt": "Hi", "max_tokens": True}, 400, "max_tokens", "valid integer, got True"),
+    ({"prompt": "Hi", "top_p": 7}, 400, "top_p", "top_p must be in (0, 1], got 7.0"),
+    ({"prompt": "Hi", "n": 2, "temperature": 0}, 400, "n", "n=2 samples with temperature=0"),
+    ({"prompt": "Hi", "logprobs": 50}, 400, "logprobs", "less than or equal to 20"),
+    ({"prompt": "Hi", "max_tokenz": 3}, 400, "max_tokenz", "Extra inputs are not permitted"),
+    ({"prompt": "Hi", "model": "gpt-4o"}, 404, "model", "`gpt-4o` does not exist"),
+    ({"prompt": "word " * 400}, 400, "prompt", "maximum context length is 256 tokens"),
+    ({"prompt": "Hi", "max_tokens": 300}, 400, "max_tokens", "(1 in the prompt, 300 in the"),
+    ({"prompt": [10**6]}, 400, "prompt", "token id 1000000 is outside the vocabulary"),
+    ({"messages": []}, 400, "messages", "at least 1 item"),
+    ({"messages": [{"role": "wizard", "content": "Hi"}]}, 400, "messages.0.role", "wizard"),
+]
+
+
+@pytest.mark.parametrize("body, status, param, words", BAD,
+                         ids=[f"{b[1]}-{b[2]}" for b in BAD])
+def test_bad_requests_get_openai_errors_and_the_server_goes_on(served, body, status, param,
+                                                               words):
+    server, aengine, _ = served
+    path = "chat/completions" if isinstance(body, dict) and "messages" in body else "completions"
+    code, answer = post(f"{server.url}/v1/{path}", body)
+    assert code == status, answer
+    err = answer["error"]
+    assert err["code"] == status and err["param"] == param and words in err["message"], err
+    code, ok = post(f"{server.url}/v1/completions", {"prompt": "Hi", "max_tokens": 1})
+    assert code == 200 and ok["usage"]["completion_tokens"] == 1
+    assert aengine.is_running
+
+
+def test_openai_client_sees_the_message(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=-1)
+    assert e.value.status_code == 400 and "max_tokens must be an integer >= 1" in str(e.value)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="Hi", max_tokens=1)
+
+
+def test_api_key(served):
+    _, aengine, _ = served
+    locked = Server(aengine, bind_socket("127.0.0.1", 0), MODEL, api_key="sesame",
+                    owns_engine=False).start()
+    try:
+        code, err = post(f"{locked.url}/v1/completions", {"prompt": "Hi", "max_tokens": 1})
+        assert code == 401 and "API key" in err["error"]["message"]
+        code, _ = post(f"{locked.url}/v1/completions", {"prompt": "Hi", "max_tokens": 1},
+                       {"Authorization": "Bearer sesame"})
+        assert code == 200
+        with urllib.request.urlopen(f"{locked.url}/health") as r:   # not behind the key
+            assert r.status == 200
+    finally:
+        locked.stop()
+
+
+def test_metrics(served):
+    with urllib.request.urlopen(f"{served[0].url}/metrics") as r:
+        text = r.read().decode()
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line.startswith("minivllm:")}
+    for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                  "prefix_cache_hit_rate", "num_preemptions_total"):
+        assert f"minivllm:{gauge}" in values
+    assert values["minivllm:time_to_first_token_seconds_count"] >= 64
+    assert values["minivllm:e2e_request_latency_seconds_count"] >= 64
+    assert values["minivllm:inter_token_latency_seconds_count"] >= 64 * 7
+    assert values["minivllm:prefix_cache_hit_rate"] > 0      # 64 clients, 16 prompts
+
+
+def test_shutdown_answers_the_request_in_flight(served, client):
+    """Last: stops the module's server. A stream in flight ends (cut, with an error), it never
+    hangs, and its blocks are freed."""
+    server, aengine, _ = served
+    stream = client.completions.create(model=MODEL, prompt="Count slowly:", max_tokens=200,
+                                       temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    it = iter(stream)
+    next(it)
+    stopper = threading.Thread(target=server.stop)
+    t0 = time.perf_counter()
+    stopper.start()
+    with pytest.raises(Exception):                   # the server cut it: not 200 tokens
+        for _ in it:
+            pass
+    assert time.perf_counter() - t0 < 30
+    stopper.join(30)
+    assert not aengine.is_running and aengine.stats().num_blocks_used == 0
