@@ -7,6 +7,7 @@ import minivllm  # noqa: F401, I001
 
 import json
 import shutil
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -40,6 +41,24 @@ def smol_llm(smol_path):
     return LLM(str(smol_path), max_model_len=1024, max_num_seqs=16)
 
 
+@contextmanager
+def reconfigured(llm, **settings):
+    """`llm` with other engine settings inside the block (same weights, a fresh KV pool),
+    and as it was afterwards, whatever the block left in flight."""
+    from dataclasses import fields
+
+    from minivllm.config import EngineConfig
+    engine = llm.engine
+    before = {f.name: getattr(engine.config, f.name) for f in fields(EngineConfig)}
+    llm.reconfigure(**settings)
+    try:
+        yield llm
+    finally:
+        for request_id in list(engine.requests):
+            engine.abort_request(request_id)
+        llm.reconfigure(**before)
+
+
 @pytest.fixture
 def smol(smol_llm):
     """smol(**settings) -> the session's SmolLM2 LLM, reconfigured as a fresh
@@ -48,13 +67,9 @@ def smol(smol_llm):
     from dataclasses import fields
 
     from minivllm.config import EngineConfig
-    engine = smol_llm.engine
-    before = {f.name: getattr(engine.config, f.name) for f in fields(EngineConfig)}
     fresh = {f.name: f.default for f in fields(EngineConfig)} | {"max_model_len": None}
-    yield lambda **settings: smol_llm.reconfigure(**{**fresh, **settings})
-    for request_id in list(engine.requests):
-        engine.abort_request(request_id)
-    smol_llm.reconfigure(**before)
+    with reconfigured(smol_llm):
+        yield lambda **settings: smol_llm.reconfigure(**{**fresh, **settings})
 
 
 WEIGHT_LOADS = []

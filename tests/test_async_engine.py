@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from minivllm import LLMEngine, SamplingParams
+from conftest import reconfigured
+from minivllm import SamplingParams
 from minivllm.async_engine import AsyncLLMEngine, EngineDeadError
 from minivllm.engine import EngineStats
 from minivllm.outputs import CompletionOutput, RequestOutput
@@ -17,8 +18,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def engine(smol_path):
-    return LLMEngine(str(smol_path), max_model_len=256, max_num_seqs=8, num_kv_blocks=64)
+def engine(smol_llm):
+    with reconfigured(smol_llm, max_model_len=256, max_num_seqs=8, num_kv_blocks=64) as llm:
+        yield llm.engine
 
 
 async def collect(aengine, rid, prompt, params=GREEDY):

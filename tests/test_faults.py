@@ -3,28 +3,25 @@
 Random requests, valid and not, with aborts at random steps, thrown at one engine with a tiny KV
 pool: add_request refuses the bad ones with TypeError/ValueError, step() never raises, every
 valid greedy request finishes with the tokens it gets alone, and no KV block is left in use.
-
-Enabled once the engine side of part 0 is merged (validation against the vocabulary and fault
-isolation inside step(), in minivllm/engine.py: issue 11's rework): remove the skip mark then.
 """
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minivllm import LLMEngine, SamplingParams
-
-pytestmark = pytest.mark.skip(reason="enable after the engine side of issue 13 part 0 is "
-                                     "merged (engine.py: vocabulary checks, fault isolation)")
+from conftest import reconfigured
+from minivllm import SamplingParams
 
 VOCAB = 49152     # SmolLM2
 
 
 @pytest.fixture(scope="module")
-def engine(smol_path):
+def engine(smol_llm):
     # 12 blocks of 8 tokens: a few requests fill it, so preemption and admission waits happen.
-    return LLMEngine(str(smol_path), max_model_len=96, num_kv_blocks=12, block_size=8,
-                     max_num_seqs=4, max_num_batched_tokens=64)
+    # The session's engine, reconfigured (no second weight load), and put back afterwards.
+    with reconfigured(smol_llm, max_model_len=96, num_kv_blocks=12, block_size=8,
+                      max_num_seqs=4, max_num_batched_tokens=64) as llm:
+        yield llm.engine
 
 
 def maybe_bad(good, bad):

@@ -16,11 +16,11 @@ import urllib.request
 import openai
 import pytest
 
-from minivllm import LLM, SamplingParams
+from minivllm import SamplingParams
 from minivllm.async_engine import AsyncLLMEngine
 from minivllm.server import Server, bind_socket
 
-from conftest import PROMPTS
+from conftest import PROMPTS, reconfigured
 
 MODEL = "smol"
 MAX_MODEL_LEN = 256
@@ -32,8 +32,12 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8)
 
 
 @pytest.fixture(scope="module")
-def served(smol_path):
-    llm = LLM(str(smol_path), max_model_len=MAX_MODEL_LEN, max_num_seqs=64)
+def served(smol_llm):
+    with reconfigured(smol_llm, max_model_len=MAX_MODEL_LEN, max_num_seqs=64) as llm:
+        yield from _serve(llm)
+
+
+def _serve(llm):
     outs = llm.generate(PROMPTS16, GREEDY, use_tqdm=False)
     ref = {"completions": [o.outputs[0].text for o in outs],
            "tokens": [len(o.outputs[0].token_ids) for o in outs],
