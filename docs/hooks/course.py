@@ -30,15 +30,17 @@ def lessons_table(link=None) -> str:
 
 
 def ranking_table(link=None, measured=None) -> str:
-    """The optimizations by throughput impact; `measured(entry)` adds the lessons' findings."""
-    head = "| Rank | Technique | What it buys | Lesson |" + (" Measured here |" if measured else "")
-    rows = [head, "|---|---|---|---|" + ("---|" if measured else "")]
+    """The optimizations by throughput impact; `measured(entry)` adds the mechanism and what
+    the lessons recorded (the Optimization catalog page)."""
+    extra = " Mechanism | Measured here |" if measured else ""
+    rows = ["| Rank | Technique | What it buys | Lesson |" + extra,
+            "|---|---|---|---|" + ("---|---|" if measured else "")]
     for rank, r in enumerate(COURSE["ranking"], start=1):
         lesson = LESSONS[r["lesson"]]
         num = (f"[{r['lesson']}]({link(lesson)})" if link and lesson["status"] == "written"
                else r["lesson"] + ("" if lesson["status"] == "written" else " (coming)"))
         rows.append(f"| {rank} | {r['technique']} | {r['buys']} | {num} |"
-                    + (f" {measured(r)} |" if measured else ""))
+                    + (f" {r['mechanism']} | {measured(r)} |" if measured else ""))
     return "\n".join(rows)
 
 

@@ -1,25 +1,20 @@
 """Run a lesson notebook once, headless, in a child process; cache what it showed and proved.
 
-tests/test_lessons.py (findings as pytest items) and the site (one page per lesson) need the
-same run, and the run is the expensive part, so it happens here once and is cached in
-build/lessons/NN_name/ under a hash of the notebook, minivllm/ and kernels/.
+pytest (each `test_*` finding is an item) and the site (one page per lesson) share the run, in
+build/lessons/NN_name/, keyed by a hash of the notebook, minivllm/ and kernels/. The child uses
+marimo's public surface only:
 
-The child uses marimo's public surface only:
+- `marimo export ipynb --sort top-down` (no run): the cells in file order, prose as markdown;
+- `app.run()`: script mode, exactly `python lessons/NN_name.py` (`mo.app_meta().mode ==
+  "script"`: the lessons' CPU-sized settings); it returns each cell's output and the defs;
+- `mo.as_html(output).text` for what a cell displayed; the `test_*` functions from the defs,
+  called after the run.
 
-- `marimo export ipynb --sort top-down` (no run): the cells in file order, `mo.md` prose already
-  turned into markdown cells;
-- `app.run()`: marimo's script mode, exactly what `python lessons/NN_name.py` does (so
-  `mo.app_meta().mode == "script"` and the lesson picks its CPU-sized settings); it returns
-  each cell's output and the notebook's definitions;
-- `mo.as_html(output).text` for what a cell displayed; the notebook's own `test_*` functions,
-  found in the definitions and called after the run.
-
-It writes run.ipynb (the cells with their outputs, a standard notebook) and run.json (findings
-results, plain-valued globals, error). What marimo's `export ipynb --include-outputs` would do
-instead runs the notebook in edit mode (the lessons' larger interactive settings) and gives no
-definitions to call the findings on, so it would need a second run.
-What stays ours: which cell printed a line (the running cell's code, matched through Python's
-frames and linecache) and which cell raised.
+It writes run.ipynb (cells with outputs, a standard notebook) and run.json (findings results,
+plain-valued globals, error). Not `marimo export ipynb --include-outputs`: it runs the notebook
+in edit mode (the lessons' larger interactive settings) and returns no defs to call findings on.
+Ours: which cell printed a line or raised (the outermost frame whose source, from linecache, is
+a cell's code).
 
     uv run python docs/hooks/lesson_runner.py [lessons/01_kv_cache.py ...] [--force]
 """

@@ -6,16 +6,20 @@
 - The course tables (home page, lessons index, engine guide) and the Optimization catalog page,
   from docs/course.yml (course.py) and the findings the lessons recorded.
 
+Source excerpts in the guide are pymdownx.snippets' (`check_paths` fails a strict build on a
+missing file or section); Material's offline plugin and the vendored front end keep the site
+off the network.
+
 MINIVLLM_DOCS_LESSONS: `run` (default: reuse a cached run or run the notebook), `cached` (never
 run; use the last run even if out of date), `off` (prose and code only).
 """
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
 import posixpath
-import re
 
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
@@ -53,7 +57,6 @@ def on_config(config, **kwargs):
             mods = _modules()
             entries += [{m: f"api/{m}.md"} for m in mods if not m.startswith("kernels")]
             entries.append({"Kernels": [{m: f"api/{m}.md"} for m in mods if m.startswith("kernels")]})
-    config.nav.insert(2, {"Optimization catalog": "catalog.md"})
     # Material's offline plugin loads a polyfill from a CDN; serve our vendored copy instead.
     config.extra["polyfills"] = ["assets/vendor/iframe-worker-shim.js" if "iframe-worker" in p
                                  else p for p in config.extra.get("polyfills", [])]
@@ -86,32 +89,28 @@ def on_files(files: Files, config, **kwargs) -> Files:
         src = m.replace(".", "/") + ("/__init__" if m == "minivllm" else "")
         files.append(File.generated(config, f"api/{m}.md",
                                     content=f"# `{m}`\n\nSource: `{src}.py`\n\n::: {m}\n"))
-    files.append(File.generated(config, "catalog.md", content=_catalog()))
     return files
 
 
 def _measured(entry) -> str:
-    """What the lesson named in the entry's `finding` recorded, from its run."""
+    """What the lesson named in the ranking entry's `finding` recorded, from its run."""
     f = entry.get("finding")
-    run = _runs.get(f["lesson"]) if f else None
-    values = run.findings if run else {}
-    value = values.get(f["name"], values.get("findings", {}).get(f["name"])) if f else None
+    if not f:
+        return ""
+    values = _runs[f["lesson"]].findings if _runs.get(f["lesson"]) else {}
+    value = values.get(f["name"], values.get("findings", {}).get(f["name"]))
     if value is None:
-        return f"{f['means']}: (lesson {f['lesson']} not run)" if f else ""
+        return f"{f['means']}: (lesson {f['lesson']} not run)"
     shown = [f"{v:.2f}" if isinstance(v, float) else str(v)
              for v in (value if isinstance(value, list) else [value])]
     return f"{f['means']}: **{' vs '.join(shown)}** (lesson {f['lesson']})"
 
 
-def _catalog() -> str:
-    """The Optimization catalog page; its table is filled in by on_page_markdown."""
-    mechanisms = "\n".join(f"{r['technique']}\n:   {r['mechanism']}.\n"
-                           for r in course.COURSE["ranking"])
-    return ("# Optimization catalog\n\nEvery optimization the course covers, ranked by its "
-            "effect on throughput (the series' ranking), with the lesson that takes it apart. "
-            "The last column is what the lessons measured when this site was built, on that "
-            "machine (CPU runs say nothing about HBM; see each lesson).\n\n"
-            "<!-- course:ranking-measured -->\n\n## The mechanisms\n\n" + mechanisms)
+def _summary(module: str) -> str:
+    """First line of the module's docstring."""
+    path = REPO / (module.replace(".", "/") + ("/__init__.py" if module == "minivllm" else ".py"))
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or " "
+    return doc.strip().splitlines()[0].replace("|", "\\|") if doc.strip() else ""
 
 
 def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
@@ -133,13 +132,9 @@ def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
         ("course:ranking-measured", lambda: course.ranking_table(lesson_link, _measured)),
         ("course:ranking", lambda: course.ranking_table(lesson_link)),
         ("engine:modules", lambda: course.modules_table(exists, api_link, lesson_link)),
-        ("api:modules", lambda: "\n".join(["| Module |", "|---|"] + [
-            f"| [`{m}`]({rel(f'api/{m}.md')}) |" for m in _modules()])),
+        ("api:modules", lambda: "\n".join(["| Module | What it is |", "|---|---|"] + [
+            f"| [`{m}`]({rel(f'api/{m}.md')}) | {_summary(m)} |" for m in _modules()])),
     ):
         if f"<!-- {marker} -->" in markdown:
             markdown = markdown.replace(f"<!-- {marker} -->", table())
-    for m in re.finditer(r'--8<--\s+"([^":]+):([\w-]+)"', markdown):  # snippets' check_paths
-        text = (REPO / m.group(1)).read_text(encoding="utf-8")  # checks files, not sections
-        if f"[start:{m.group(2)}]" not in text or f"[end:{m.group(2)}]" not in text:
-            log.warning(f"{here}: {m.group(1)} has no snippet section '{m.group(2)}'")
     return markdown
