@@ -34,6 +34,13 @@ def test_course_lists_every_lesson_with_its_status():
     assert {r["lesson"] for r in course.COURSE["ranking"]} <= set(course.LESSONS)
 
 
+def test_course_lists_every_engine_module():
+    listed = {row[0] for row in course.COURSE["modules"]}
+    files = {str(f.relative_to(REPO)) for d in ("minivllm", "kernels")
+             for f in (REPO / d).rglob("*.py") if f.name != "__init__.py"}
+    assert not files - listed, f"docs/course.yml lacks modules: {sorted(files - listed)}"
+
+
 # White-box engine tests may reach into the engine's own internals; nothing reaches into
 # marimo's, and the harness and site code use public attributes only.
 ENGINE_WHITE_BOX = {"test_engine.py"}  # block_manager._take/_release to pin blocks
