@@ -18,11 +18,11 @@ LESSONS = {lesson["number"]: lesson for lesson in COURSE["lessons"]}
 
 
 def lessons_table(link=None) -> str:
-    """Every lesson; `link(lesson)` gives a written lesson's page URL (None: README's form)."""
+    """Every lesson; `link(lesson)` gives its page's URL, or None (README: no links)."""
     rows = ["| # | Lesson | What it shows | Engine code it drives |", "|---|---|---|---|"]
     for n in COURSE["lessons"]:
         written = n["status"] == "written"
-        title = f"[{n['title']}]({link(n)})" if written and link else n["title"]
+        title = f"[{n['title']}]({url})" if link and (url := link(n)) else n["title"]
         mods = ", ".join(f"`{m}`" for m in n["modules"])
         rows.append(f"| {n['number']} | {title}{'' if written else ' *(coming)*'} | "
                     f"{n['summary']} | {mods} |")
@@ -37,7 +37,7 @@ def ranking_table(link=None, measured=None) -> str:
             "|---|---|---|---|" + ("---|---|" if measured else "")]
     for rank, r in enumerate(COURSE["ranking"], start=1):
         lesson = LESSONS[r["lesson"]]
-        num = (f"[{r['lesson']}]({link(lesson)})" if link and lesson["status"] == "written"
+        num = (f"[{r['lesson']}]({url})" if link and (url := link(lesson))
                else r["lesson"] + ("" if lesson["status"] == "written" else " (coming)"))
         rows.append(f"| {rank} | {r['technique']} | {r['buys']} | {num} |"
                     + (f" {r['mechanism']} | {measured(r)} |" if measured else ""))
@@ -50,8 +50,8 @@ def modules_table(exists, link=None, lesson_link=None) -> str:
         name = f"`{path}`" if exists(path) else f"`{path}` *planned*"
         name = f"[{name}]({link(path)})" if link and exists(path) else name
         refs = [n.strip() for n in lessons.split(",") if n.strip()]
-        refs = [f"[{n}]({lesson_link(LESSONS[n])})" if lesson_link
-                and LESSONS[n]["status"] == "written" else n for n in refs]
+        refs = [f"[{n}]({url})" if lesson_link and (url := lesson_link(LESSONS[n])) else n
+                for n in refs]
         rows.append(f"| {name} | {what} | {vllm} | {', '.join(refs)} |")
     return "\n".join(rows)
 

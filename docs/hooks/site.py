@@ -121,7 +121,7 @@ def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
 
     def lesson_link(n) -> str:
         path = lessons.get(n["number"])
-        return rel(f"lessons/{path.stem}.md") if path else n["file"]
+        return rel(f"lessons/{path.stem}.md") if path else None
 
     def api_link(path: str) -> str:
         return rel(f"api/{path.removesuffix('.py').replace('/', '.')}.md")
