@@ -262,7 +262,8 @@ def _child(lesson: Path, out: Path) -> int:
                 entry["error"] = traceback.format_exc()
             record["tests"].append({**entry, "seconds": round(time.perf_counter() - t0, 3)})
     failed = [t["name"] for t in record["tests"] if not t["ok"]]
-    record.update(ok=not failed, findings={k: v for k, v in defs.items() if _plain(v)})
+    plain = {k: _plain(v) for k, v in defs.items()}
+    record.update(ok=not failed, findings={k: v for k, v in plain.items() if v is not _SKIP})
     record["error"] = "findings tests failed: " + ", ".join(failed) if failed else None
     nbformat.write(nb, out / "run.ipynb")
     (out / "run.json").write_text(json.dumps(record, indent=1, default=str), "utf-8")
@@ -294,16 +295,25 @@ def _display(value: Any, index: int, out: Path) -> dict[str, Any]:
     return nbformat.v4.new_output("display_data", data={"text/html": html})
 
 
-def _plain(value: Any, depth: int = 0) -> bool:
-    """Numbers, strings and small lists/dicts of them: what tests may assert on."""
+_SKIP = object()
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """Numbers, strings and small lists/dicts of them (numpy/torch scalars as numbers): what
+    tests may assert on. Anything else: _SKIP."""
     if value is None or isinstance(value, (bool, int, float)):
-        return True
+        return value
     if isinstance(value, str):
-        return len(value) < 10_000
+        return value if len(value) < 10_000 else _SKIP
+    if callable(getattr(value, "item", None)) and getattr(value, "shape", None) == ():
+        return _plain(value.item(), depth)  # a numpy or torch scalar
     if isinstance(value, (list, tuple, dict)) and depth < 3 and len(value) <= 1000:
         items = value.items() if isinstance(value, dict) else enumerate(value)
-        return all(isinstance(k, (str, int)) and _plain(v, depth + 1) for k, v in items)
-    return False
+        out = {k: _plain(v, depth + 1) for k, v in items if isinstance(k, (str, int))}
+        if len(out) < len(value) or any(v is _SKIP for v in out.values()):
+            return _SKIP
+        return out if isinstance(value, dict) else list(out.values())
+    return _SKIP
 
 
 def main(argv: list[str]) -> int:

@@ -93,17 +93,23 @@ def on_files(files: Files, config, **kwargs) -> Files:
 
 
 def _measured(entry) -> str:
-    """What the lesson named in the ranking entry's `finding` recorded, from its run."""
+    """The values the ranking entry's `finding` names, from its lesson's recorded `findings`."""
     f = entry.get("finding")
     if not f:
         return ""
-    values = _runs[f["lesson"]].findings if _runs.get(f["lesson"]) else {}
-    value = values.get(f["name"], values.get("findings", {}).get(f["name"]))
-    if value is None:
-        return f"{f['means']}: (lesson {f['lesson']} not run)"
-    shown = [f"{v:.2f}" if isinstance(v, float) else str(v)
-             for v in (value if isinstance(value, list) else [value])]
-    return f"{f['means']}: **{' vs '.join(shown)}** (lesson {f['lesson']})"
+    run = _runs.get(f["lesson"])
+    found = run.findings.get("findings", {}) if run and run.ok else {}
+    if not all(name in found for name in f["names"]):
+        return f"{f['means']}: (lesson {f['lesson']} did not record it)"
+
+    def show(v) -> str:
+        if isinstance(v, dict):
+            return ", ".join(f"{k} {show(x)}" for k, x in v.items())
+        if isinstance(v, list):
+            return " vs ".join(show(x) for x in v)
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    return f"{f['means']}: **{' vs '.join(show(found[n]) for n in f['names'])}**"
 
 
 def _summary(module: str) -> str:
