@@ -12,6 +12,12 @@ off the network.
 
 MINIVLLM_DOCS_LESSONS: `run` (default: reuse a cached run or run the notebook), `cached` (never
 run; use the last run even if out of date), `off` (prose and code only).
+
+What is custom in docs/hooks/, and why (no maintained tool does it): running a lesson once for
+both pytest and mkdocs, in a child process with a time limit and a content-keyed cache; saying
+which cell printed or raised (marimo's `app.run()` does not); turning marimo's custom HTML
+elements into static HTML; the course tables from docs/course.yml. Everything else is marimo's
+public API and CLI, nbformat, mkdocstrings, pymdownx.snippets and Material's offline plugin.
 """
 
 from __future__ import annotations
