@@ -178,8 +178,9 @@ import lesson_runner  # noqa: E402
 def lesson_run():
     """lesson_run("01_kv_cache") -> LessonRun: the lesson's single headless run.
 
-    .ok, .error, .stdout, .cells, .tests (the notebook's own test_* results) and .findings (the
-    notebook's plain-valued globals, e.g. run.findings["waste_pct"]) are there to assert on.
+    .ok, .error, .stdout, .notebook (run.ipynb as JSON), .tests (the notebook's own test_*
+    results) and .findings (the notebook's plain-valued globals, e.g. run.findings["waste_pct"])
+    are there to assert on.
     """
     runs: dict[str, lesson_runner.LessonRun] = {}
 
