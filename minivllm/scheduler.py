@@ -38,7 +38,8 @@ from minivllm.sequence import Sequence, SequenceStatus
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """What one step will do: the engine carries it out, then keeps it (engine.last_step).
+    """What one step will do: the engine carries it out, then keeps it
+    (engine.last_scheduler_output).
 
     seqs[i] computes num_new_tokens[i] tokens; is_prefill[i] says whether that is a prefill
     chunk (prompt tokens, or tokens to recompute after a preemption) or a one-token decode.

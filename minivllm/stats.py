@@ -4,7 +4,7 @@ thousands of them and plot them without holding on to engine objects.
 
     with engine.trace() as steps:       # one StepRecord per step while the block runs
         ...
-    engine.last_step                    # the most recent one, traced or not
+    engine.last_scheduler_output        # what the scheduler decided last, traced or not
 
 Left out, compared with vLLM: Prometheus export (the server adds it), spec-decode and LoRA
 counters, per-iteration histograms.
