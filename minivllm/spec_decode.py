@@ -109,9 +109,6 @@ class SpeculativeDecoder:
     back, and count (per request in seq.metrics, per engine here)."""
 
     def __init__(self, config: SpeculativeConfig, max_model_len: int):
-        if config.method != "ngram":
-            raise ValueError(f"speculative_config: method {config.method!r} is not "
-                             "implemented in minivllm yet; use method='ngram'")
         self.config = config
         self.max_model_len = max_model_len
         self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
