@@ -34,8 +34,9 @@ EDITS = ["Repeat the following text exactly", "Copy this text, word for word",
 
 
 def _chat(tokenizer, message: str) -> list[int]:
-    return tokenizer.apply_chat_template([{"role": "user", "content": message}],
-                                         add_generation_prompt=True, tokenize=True)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": message}],
+                                         add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def workloads(tokenizer, batch: int, max_tokens: int):
