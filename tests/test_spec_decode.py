@@ -316,3 +316,16 @@ def test_sampling_with_speculation_is_seeded_and_keeps_logprobs(tiny):
     for x, y in zip(spec.outputs[0].logprobs, plain.outputs[0].logprobs):
         assert x.keys() == y.keys()
         assert all(abs(x[t] - y[t]) < 1e-4 for t in x)
+
+
+def test_parallel_samples_speculate_on_shared_blocks(tiny):
+    """n = 3 samples share the prompt's blocks; each verifies its own drafts, writing its
+    lookahead slots through copy-on-write. All finish with max_tokens; every block returns."""
+    llm = tiny(block_size=4, speculative_config=ngram(3))
+    prompt = tiny_requests(1, 1)[0].prompt
+    params = SamplingParams(n=3, temperature=0.5, seed=1, max_tokens=12, ignore_eos=True)
+    run = serve(llm, [Request(prompt, params)])
+    assert [len(c.token_ids) for c in run.outputs[0].outputs] == [12, 12, 12]
+    assert run.outputs[0].metrics.num_draft_tokens > 0
+    assert sum(s.num_blocks_copied for s in run.steps) >= 2
+    assert pool_is_full(llm.engine)
