@@ -26,9 +26,9 @@ SOURCE = (
     "join the batch as soon as another one finishes. Prefix caching reuses the blocks of a "
     "shared system prompt. Speculative decoding guesses several tokens and checks them in "
     "one forward pass, which is cheap when decoding is limited by memory bandwidth.")
-TOPICS = ["a lighthouse keeper", "a lost robot", "a dragon who bakes bread", "two rival chess "
-          "players", "a city under the sea", "a time-travelling cat", "the last tree on Mars",
-          "a detective who cannot sleep"]
+TOPICS = ["a lighthouse keeper", "a lost robot", "a dragon who bakes bread",
+          "two rival chess players", "a city under the sea", "a time-travelling cat",
+          "the last tree on Mars", "a detective who cannot sleep"]
 EDITS = ["Repeat the following text exactly", "Copy this text, word for word",
          "Rewrite this text, changing nothing", "Proofread this text and return it unchanged"]
 

@@ -322,9 +322,9 @@ class LLMEngine:
             if seq.request_id in errors or seq.is_finished:
                 continue
             try:                                   # drafts: the accepted ones, then one more
-                for draw in (self.spec_decoder.accept(seq, draw, self.runner.sampler)
-                             if seq.spec_token_ids else [draw]):
-                    seq.append_token(*draw)
+                for token in (self.spec_decoder.accept(seq, draw, self.runner.sampler)
+                              if seq.spec_token_ids else [draw]):
+                    seq.append_token(*token)
                     if (status := self._check_stop(seq)) is not None:
                         break
             except Exception as e:                 # noqa: BLE001

@@ -188,7 +188,7 @@ def test_greedy_output_is_unchanged_and_acceptance_is_as_predicted(smol):
         run = serve(llm, requests)
         assert tokens(run.outputs) == tokens(plain.outputs), k
         for prompt_ids, out in zip(ids, run.outputs):
-            v, drafted, accepted = predicted_counts(prompt_ids, out.outputs[0].token_ids, k,
+            _, drafted, accepted = predicted_counts(prompt_ids, out.outputs[0].token_ids, k,
                                                     NgramProposer(1, 4))
             assert (out.metrics.num_draft_tokens, out.metrics.num_accepted_tokens) == (
                 drafted, accepted), k
@@ -252,10 +252,11 @@ def tiny_requests(num: int, max_tokens: int) -> list[Request]:
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption_on_a_tiny_pool(tiny, mode):
-    """Six requests of up to 50 tokens, 16 blocks of 4 tokens: sequences are preempted while holding drafts and
-    lookahead blocks; the output is the plain one and every block comes back."""
-    settings = dict(num_kv_blocks=16, block_size=4, preemption_mode=mode,
-                    swap_space=1 << 22, max_model_len=64)
+    """Six requests of up to 50 tokens, 16 blocks of 4 tokens: sequences are preempted while
+    holding drafts and lookahead blocks; the output is the plain one and every block comes
+    back."""
+    settings = {"num_kv_blocks": 16, "block_size": 4, "preemption_mode": mode,
+                "swap_space": 1 << 22, "max_model_len": 64}
     requests = tiny_requests(6, 20)
     plain = serve(tiny(**settings), requests)
     llm = tiny(**settings, speculative_config=ngram(3))
@@ -268,7 +269,8 @@ def test_preemption_on_a_tiny_pool(tiny, mode):
 
 def test_rejected_slots_are_rolled_back_and_their_blocks_freed(tiny):
     """After every step, each decoding sequence holds K/V for all its tokens but the newest
-    and no block past its tokens: the lookahead blocks of rejected drafts are gone. Sequences in one step propose different numbers of drafts, or none."""
+    and no block past its tokens: the lookahead blocks of rejected drafts are gone. Sequences
+    in one step propose different numbers of drafts, or none."""
     engine = tiny(block_size=4, speculative_config=ngram(5)).engine
     for i, r in enumerate(tiny_requests(4, 24)):
         engine.add_request(f"r{i}", r.prompt, r.params)
