@@ -4,11 +4,13 @@
     uv run python -m minivllm.bench decode             # decode tok/s at batch 1 and 8 vs HF
     uv run python -m minivllm.bench throughput         # a mixed workload, minivllm vs HF
     uv run python -m minivllm.bench prefix             # prefix caching on vs off
+    uv run python -m minivllm.bench spec               # speculative decoding on vs off
 
 Same weights (the converted checkpoint), same dtype, same prompts, greedy, EOS ignored so both
 produce exactly max_tokens per sequence. Each measurement is the best of --repeats runs after a
-warm-up run. Nothing here asserts a speed: the numbers are for reading. (`prefix` compares
-minivllm with itself, caching on and off, on two workloads; each is served once per engine.)
+warm-up run. Nothing here asserts a speed: the numbers are for reading. (`prefix` and `spec`
+compare minivllm with itself, on two workloads; each is served once per engine; `spec` lives
+in minivllm/bench_spec.py.)
 """
 
 from __future__ import annotations
@@ -256,9 +258,11 @@ def main(argv=None) -> None:
     p.add_argument("--num-questions", type=int, default=32)
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
+    from minivllm.bench_spec import add_parser, bench_spec
+    add_parser(sub)
     args = parser.parse_args(argv)
     {"load": bench_load, "decode": bench_decode, "throughput": bench_throughput,
-     "prefix": bench_prefix}[args.command](args)
+     "prefix": bench_prefix, "spec": bench_spec}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ tensors by the ModelRunner, from the (src, dst) pairs append_slots returns.
 
 Operations, with vLLM's names:
     can_allocate / allocate   reserve blocks for a sequence's tokens when it is admitted
-    can_append_slots / append_slots   make room for the tokens of the next step (+ CoW)
+    can_append_slots / append_slots   make room for the tokens of the next step (+ CoW), and
+              for num_lookahead_slots more: the draft tokens of speculative decoding
+    free_lookahead_slots   give back the blocks that only rejected draft tokens used
     fork      a child shares all of its parent's blocks (ref_count + 1 each)
     free      drop a sequence's references; blocks that reach 0 return to the free list
     swap_out / swap_in   move a preempted sequence's blocks to a host-memory pool and back
@@ -70,10 +72,10 @@ class BlockManager:
             if self.prefix_cache is None or block_id not in self.prefix_cache.hash_of_block:
                 self.free_block_ids.move_to_end(block_id, last=False)  # front: reused first
 
-    def _shared_blocks_to_write(self, seq: Sequence) -> list[int]:
+    def _shared_blocks_to_write(self, seq: Sequence, lookahead: int = 0) -> list[int]:
         """Indices in seq's table of shared blocks that this step's tokens would write into."""
         first = seq.num_computed_tokens // self.block_size
-        last = min(len(seq.block_table), cdiv(len(seq), self.block_size))
+        last = min(len(seq.block_table), cdiv(len(seq) + lookahead, self.block_size))
         return [i for i in range(first, last) if self.ref_counts[seq.block_table[i]] > 1]
 
     # --8<-- [start:prefix_match]
@@ -142,22 +144,30 @@ class BlockManager:
         seq.num_cached_blocks = max(seq.num_cached_blocks,
                                     seq.num_computed_tokens // self.block_size)
 
-    def can_append_slots(self, seq: Sequence) -> bool:
-        new_blocks = cdiv(len(seq), self.block_size) - len(seq.block_table)
-        return new_blocks + len(self._shared_blocks_to_write(seq)) <= self.num_free_blocks
+    def can_append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> bool:
+        new_blocks = cdiv(len(seq) + num_lookahead_slots, self.block_size) - len(seq.block_table)
+        shared = self._shared_blocks_to_write(seq, num_lookahead_slots)
+        return max(new_blocks, 0) + len(shared) <= self.num_free_blocks
 
-    def append_slots(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Grow seq's table to cover all len(seq) tokens; return the copy-on-write pairs."""
+    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        """Grow seq's table to cover all len(seq) tokens, and num_lookahead_slots more (the
+        draft tokens it verifies this step); return the copy-on-write pairs."""
         copies = []
-        for i in self._shared_blocks_to_write(seq):
+        for i in self._shared_blocks_to_write(seq, num_lookahead_slots):
             src, dst = seq.block_table[i], self._take()
             self._release(src)
             seq.block_table[i] = dst
             copies.append((src, dst))
             self.num_copy_on_write += 1
-        while len(seq.block_table) < cdiv(len(seq), self.block_size):
+        while len(seq.block_table) < cdiv(len(seq) + num_lookahead_slots, self.block_size):
             seq.block_table.append(self._take())
         return copies
+
+    def free_lookahead_slots(self, seq: Sequence) -> None:
+        """Give back the blocks past seq's last token: after a verification, those held only
+        rejected draft tokens (never named in the prefix cache: they were never computed)."""
+        while len(seq.block_table) > cdiv(len(seq), self.block_size):
+            self._release(seq.block_table.pop())
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         assert not child.block_table, f"{child} already holds blocks"

@@ -121,6 +121,9 @@ class EngineConfig:
     scheduling: str = "continuous"        # or "static": a new batch only when one finishes
     attention_backend: str = "auto"       # "torch" | "triton" | "auto" (Triton on CUDA bf16/fp16)
     kv_layout: str = "paged"              # or "contiguous": one max_model_len slab per request
+    # Speculative decoding, vLLM's dict: {"method": "ngram", "num_speculative_tokens": k,
+    # "prompt_lookup_max": 4, "prompt_lookup_min": 1} (None: off). Kept as a SpeculativeConfig.
+    speculative_config: dict | SpeculativeConfig | None = None
 
     def __post_init__(self):
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
@@ -155,3 +158,65 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got "
                              f"{self.attention_backend!r}")
+        if isinstance(self.speculative_config, dict):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        elif not isinstance(self.speculative_config, (SpeculativeConfig, type(None))):
+            raise ValueError(f"speculative_config must be a dict or None, got "
+                             f"{self.speculative_config!r}")
+        if self.speculative_config is not None and self.kv_layout != "paged":
+            raise ValueError("speculative_config needs kv_layout='paged': rejected draft "
+                             "tokens give their lookahead blocks back")
+
+
+SPECULATIVE_METHODS = ("ngram", "draft_model")
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (minivllm/spec_decode.py), from vLLM's `speculative_config` dict.
+
+    method "ngram": prompt lookup, no extra model. ("draft_model", a smaller model sharing the
+    target's vocabulary named by `model`, is vLLM's other classic; it is refused until
+    minivllm has it.) Only the keys below exist.
+    """
+
+    num_speculative_tokens: int           # k: draft tokens proposed, then verified, per step
+    method: str = "ngram"
+    model: str | None = None              # the draft model's checkpoint ("draft_model" only)
+    prompt_lookup_max: int = 4            # n-gram: longest suffix to look up in the sequence
+    prompt_lookup_min: int = 1            # ... and the shortest
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SpeculativeConfig:
+        keys = ("num_speculative_tokens", "method", "model", "prompt_lookup_max",
+                "prompt_lookup_min")
+        unknown = sorted(set(d) - set(keys))
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key(s) {unknown}; the keys are "
+                             f"{list(keys)}")
+        if "num_speculative_tokens" not in d:
+            raise ValueError("speculative_config needs num_speculative_tokens (k >= 1)")
+        d = dict(d)
+        if d.get("model") is not None:
+            if d.get("method", "draft_model") != "draft_model":
+                raise ValueError(f"speculative_config names both method={d['method']!r} and "
+                                 f"model={d['model']!r}: the n-gram proposer needs no model; "
+                                 "give one or the other")
+            d["method"] = "draft_model"
+        return cls(**d)
+
+    def __post_init__(self):
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"speculative_config: num_speculative_tokens must be an integer "
+                             f">= 1, got {k!r}")
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_config: unknown method {self.method!r}; minivllm "
+                             f"has {list(SPECULATIVE_METHODS)}")
+        if self.method == "draft_model":
+            raise ValueError(f"speculative_config: the draft-model proposer (model="
+                             f"{self.model!r}) is not in minivllm yet; use method='ngram'")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if not all(isinstance(n, int) and n >= 1 for n in (lo, hi)) or lo > hi:
+            raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= "
+                             f"prompt_lookup_max, got {lo} and {hi}")

@@ -51,3 +51,16 @@ class IncrementalDetokenizer:
         self.text += new
         self.prefix_offset, self.read_offset = self.read_offset, len(token_ids)
         return new
+
+
+def find_stop_string(text: str, new_text: str, stops: list[str],
+                     include_stop_str: bool = False) -> tuple[str, str] | None:
+    """Did new_text (the end of text) complete a stop string? Then (text cut before it, or
+    after it with include_stop_str, the stop string); else None. Only the tail that new_text
+    could have completed is searched: an earlier hit would have ended the sequence already."""
+    start = max(0, len(text) - len(new_text) - max(map(len, stops)) + 1)
+    hits = [(i, s) for s in stops if (i := text.find(s, start)) >= 0]
+    if not hits:
+        return None
+    i, stop = min(hits)
+    return text[:i + (len(stop) if include_stop_str else 0)], stop

@@ -32,7 +32,7 @@ import torch
 
 from minivllm.block_manager import BlockManager, cdiv
 from minivllm.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
-from minivllm.detokenizer import IncrementalDetokenizer
+from minivllm.detokenizer import IncrementalDetokenizer, find_stop_string
 from minivllm.kv_cache import ContiguousAllocator
 from minivllm.loader import load_hf_config, load_tokenizer, resolve_model_path
 from minivllm.model_runner import ModelRunner
@@ -40,6 +40,7 @@ from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler import Scheduler, SchedulerOutput
 from minivllm.sequence import Sequence, SequenceGroup, SequenceStatus
+from minivllm.spec_decode import SpeculativeDecoder
 from minivllm.stats import EngineStats, ScheduledSeq, StepRecord
 
 logger = logging.getLogger("minivllm")
@@ -97,6 +98,8 @@ class LLMEngine:
         self.cpu_block_manager = (BlockManager(runner.num_cpu_blocks, config.block_size)
                                   if runner.num_cpu_blocks else None)
         self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager)
+        self.spec_decoder = (SpeculativeDecoder(config.speculative_config, config.max_model_len)
+                             if config.speculative_config else None)
         self.requests: dict[str, SequenceGroup] = {}
         self.runner.sampler.generators.clear()
         self.num_steps = 0
@@ -234,7 +237,8 @@ class LLMEngine:
             slots_reserved=used * bm.block_size, tokens_cached=sum(filled.values()),
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
-            prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0)
+            prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0,
+            **(self.spec_decoder.stats() if self.spec_decoder else {}))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or self.scheduler.has_unfinished()
@@ -254,6 +258,8 @@ class LLMEngine:
     # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        if self.spec_decoder:                    # draft tokens first (minivllm/spec_decode.py)
+            self.spec_decoder.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         self.last_scheduler_output = batch
         if not batch.seqs:
@@ -264,8 +270,10 @@ class LLMEngine:
         self.runner.swap_in(batch.blocks_to_swap_in)
         self.runner.copy_blocks(batch.blocks_to_copy)
         rows, logits = self.runner.run(batch.seqs, batch.num_new_tokens)
+        if self.spec_decoder and rows:           # one row per sequence; draft rows set aside
+            logits = self.spec_decoder.take_draft_logits([batch.seqs[i] for i in rows], logits)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
+            seq.num_computed_tokens += n - len(seq.spec_token_ids)   # drafts: once accepted
             self.block_manager.cache_computed_blocks(seq)    # full blocks become reusable
         # Each sampling row serves its sequence, and, when that sequence has just prefilled a
         # prompt with n > 1 samples, the samples forked from it (same row, own generators).
@@ -280,6 +288,8 @@ class LLMEngine:
             samplers += [seq, *children]
             sample_rows += [row] * (1 + len(children))
         errors = self._sample_and_append(logits[sample_rows] if samplers else None, samplers)
+        if self.spec_decoder:                    # roll back the rejected drafts' slots
+            self.spec_decoder.finish_step(batch.seqs, self.block_manager)
         touched = {seq.request_id for seq in batch.seqs}
         outputs = [self._request_output(rid) for rid in touched if rid in self.requests]
         for out in outputs:
@@ -311,9 +321,12 @@ class LLMEngine:
         for seq, draw in zip(seqs, drawn):
             if seq.request_id in errors or seq.is_finished:
                 continue
-            try:
-                seq.append_token(*draw)
-                status = self._check_stop(seq)
+            try:                                   # drafts: the accepted ones, then one more
+                for token in (self.spec_decoder.accept(seq, draw, self.runner.sampler)
+                              if seq.spec_token_ids else [draw]):
+                    seq.append_token(*token)
+                    if (status := self._check_stop(seq)) is not None:
+                        break
             except Exception as e:                 # noqa: BLE001
                 errors[seq.request_id] = f"output processing failed: {e!r}"
                 continue
@@ -331,13 +344,14 @@ class LLMEngine:
         rids = lambda seqs: [s.request_id for s in seqs]  # noqa: E731
         record = StepRecord(
             step=self.num_steps - 1,
-            scheduled=[ScheduledSeq(s.request_id, s.index, n, p) for s, n, p in
-                       zip(batch.seqs, batch.num_new_tokens, batch.is_prefill)],
+            scheduled=[ScheduledSeq(s.request_id, s.index, n, p, len(d)) for s, n, p, d in
+                       zip(batch.seqs, batch.num_new_tokens, batch.is_prefill,
+                           batch.spec_token_ids)],
             preempted=rids(batch.preempted), swapped_out=rids(batch.swapped_out),
             swapped_in=rids(batch.swapped_in), num_blocks_copied=len(batch.blocks_to_copy),
             finished=[o.request_id for o in outputs if o.finished],
-            duration=time.perf_counter() - t0, stats=self.stats(), start_time=t0,
-            errors=errors)
+            duration=time.perf_counter() - t0, stats=self.stats(), start_time=t0, errors=errors,
+            num_accepted_tokens=getattr(self.spec_decoder, "num_accepted_this_step", 0))
         for steps in self._traces:
             steps.append(record)
 
@@ -352,26 +366,14 @@ class LLMEngine:
         seq.output_text = seq.detokenizer.text
         if stop_token:
             return SequenceStatus.FINISHED_STOPPED
-        if params.stop and new_text and self._stop_string_hit(seq, new_text):
+        hit = params.stop and new_text and find_stop_string(
+            seq.output_text, new_text, params.stop, params.include_stop_str_in_output)
+        if hit:
+            seq.output_text, seq.stop_string = hit
             return SequenceStatus.FINISHED_STOPPED
         if length:
             return SequenceStatus.FINISHED_LENGTH
         return None
-
-    @staticmethod
-    def _stop_string_hit(seq: Sequence, new_text: str) -> bool:
-        """Did new_text complete a stop string? If so, cut the output text before it (or after
-        it, with include_stop_str_in_output). Only the tail that new_text could have completed
-        is searched: an earlier hit would have ended the sequence at an earlier step."""
-        text, stops = seq.output_text, seq.params.stop
-        start = max(0, len(text) - len(new_text) - max(map(len, stops)) + 1)
-        hits = [(i, s) for s in stops if (i := text.find(s, start)) >= 0]
-        if not hits:
-            return False
-        i, seq.stop_string = min(hits)
-        keep = len(seq.stop_string) if seq.params.include_stop_str_in_output else 0
-        seq.output_text = text[:i + keep]
-        return True
 
     def _request_output(self, request_id: str) -> RequestOutput:
         group = self.requests[request_id]
@@ -386,7 +388,9 @@ class LLMEngine:
             arrival_time=group.arrival_time,
             first_scheduled_time=first.first_scheduled_time,
             first_token_time=first.first_token_time,
-            finished_time=max(s.metrics.finished_time or 0 for s in seqs) if finished else None)
+            finished_time=max(s.metrics.finished_time or 0 for s in seqs) if finished else None,
+            num_draft_tokens=sum(s.metrics.num_draft_tokens for s in seqs),
+            num_accepted_tokens=sum(s.metrics.num_accepted_tokens for s in seqs))
         times = first.token_times
         return RequestOutput(
             request_id=request_id, prompt=group.prompt,

@@ -93,10 +93,10 @@ class ContiguousAllocator:
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Nothing to do: a private slab per request has nothing to share."""
 
-    def can_append_slots(self, seq: Sequence) -> bool:
+    def can_append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> bool:
         return True            # the slab already reserved room up to max_model_len
 
-    def append_slots(self, seq: Sequence) -> list[tuple[int, int]]:
+    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         return []
 
     def free(self, seq: Sequence) -> None:

@@ -8,7 +8,8 @@ Each step it flattens the scheduled sequences into the four tensors every paged 
     block_tables  (B, max_blocks)   where each sequence's earlier K/V already is
 
 then runs the model once and computes logits only for the last token of each sequence that
-will sample this step; the engine hands those rows to the Sampler.
+will sample this step; the engine hands those rows to the Sampler. A sequence verifying k draft
+tokens (speculative decoding) computes them after its own tokens and gets k + 1 rows.
 
 The weights are loaded once; the KV pool (`init_kv_cache`) is sized and allocated per engine
 configuration, so LLMEngine.reconfigure can rebuild it over the same weights.
@@ -154,7 +155,7 @@ class ModelRunner:
         bs = self.block_size
         for seq, n in zip(seqs, num_new_tokens):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            input_ids += seq.token_ids[start:end]
+            input_ids += (seq.token_ids + seq.spec_token_ids)[start:end]   # drafts last
             positions += range(start, end)
             slot_mapping += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
             query_start_loc.append(query_start_loc[-1] + n)
@@ -192,15 +193,20 @@ class ModelRunner:
     def run(self, seqs: list[Sequence], num_new_tokens: list[int]):
         """One forward pass. Returns the indices (into seqs) of the sequences that sample this
         step, those whose new tokens reach their end (a prefill chunk in the middle samples
-        nothing), and their logits, (S, vocab) float32."""
+        nothing), and their logits, (S, vocab) float32: one row per sequence, its last, or
+        k + 1 rows for a sequence verifying k draft tokens, the last row last."""
         input_ids, positions, md = self.prepare(seqs, num_new_tokens)
         hidden = self.model(input_ids, positions, md)                  # (T, hidden)
         sampling = [i for i, (s, n) in enumerate(zip(seqs, num_new_tokens))
-                    if s.num_computed_tokens + n == len(s)]
+                    if s.num_computed_tokens + n == len(s) + len(s.spec_token_ids)]
         if not sampling:
             return [], None
-        last_token_rows = md.query_start_loc[1:][sampling] - 1
-        return sampling, self.model.compute_logits(hidden[last_token_rows])   # (S, vocab)
+        rows = md.query_start_loc[1:][sampling] - 1
+        drafts = [len(seqs[i].spec_token_ids) for i in sampling]
+        if any(drafts):                     # the rows that verify each draft, then the last
+            rows = torch.cat([torch.arange(r - k, r + 1, device=rows.device)
+                              for r, k in zip(rows.tolist(), drafts)])
+        return sampling, self.model.compute_logits(hidden[rows])   # (S + drafts, vocab)
 
     @torch.inference_mode()
     def prompt_logits(self, seq: Sequence) -> torch.Tensor:

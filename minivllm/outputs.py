@@ -28,6 +28,15 @@ class RequestMetrics:
     first_scheduled_time: float | None
     first_token_time: float | None
     finished_time: float | None
+    num_draft_tokens: int = 0       # speculative decoding: draft tokens verified for the request
+    num_accepted_tokens: int = 0    # ... and of those, accepted (each saved a target forward)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / proposed draft tokens (None: nothing was proposed)."""
+        if not self.num_draft_tokens:
+            return None
+        return self.num_accepted_tokens / self.num_draft_tokens
 
     @property
     def ttft(self) -> float | None:

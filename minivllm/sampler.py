@@ -36,6 +36,26 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 # --8<-- [end:top_k_top_p]
 
 
+def sampling_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
+    """The distribution each row is drawn from: temperature, then top-k and top-p, then
+    softmax. logits (B, V), params[i] the SamplingParams of row i (none greedy) -> (B, V).
+    Speculative decoding verifies draft tokens against exactly this distribution."""
+    vocab, device = logits.shape[-1], logits.device
+    temp = torch.tensor([p.temperature for p in params], device=device)
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    return apply_top_k_top_p(logits / temp[:, None], top_k, top_p).softmax(dim=-1)
+
+
+def logprobs_entry(raw_logprobs: torch.Tensor, token_id: int, num: int) -> dict[int, float]:
+    """What RequestOutput shows for one token: the `num` most likely of the raw (unprocessed)
+    distribution, plus the token chosen. raw_logprobs: (V,) log_softmax of the logits."""
+    top = raw_logprobs.topk(num) if num else None
+    entry = dict(zip(top.indices.tolist(), top.values.tolist())) if top else {}
+    entry[token_id] = raw_logprobs[token_id].item()
+    return entry
+
+
 class Sampler:
     def __init__(self, device: torch.device):
         self.device = device
@@ -56,21 +76,13 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]):
         """logits: (B, V) float32, row i for seqs[i] -> (token ids, per-token logprob dicts)."""
-        vocab = logits.shape[-1]
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
         raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
 
         tokens = logits.argmax(dim=-1)                      # greedy rows are done here
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if sampled:
-            rows = logits[sampled]
-            temp = torch.tensor([seqs[i].params.temperature for i in sampled],
-                                device=logits.device)
-            top_k = torch.tensor([seqs[i].params.top_k if seqs[i].params.top_k > 0 else vocab
-                                  for i in sampled], device=logits.device)
-            top_p = torch.tensor([seqs[i].params.top_p for i in sampled], device=logits.device)
-            rows = apply_top_k_top_p(rows / temp[:, None], top_k, top_p)
-            probs = rows.softmax(dim=-1)
+            probs = sampling_probs(logits[sampled], [seqs[i].params for i in sampled])
             for j, i in enumerate(sampled):
                 noise = torch.empty_like(probs[j]).exponential_(generator=self.generator(seqs[i]))
                 tokens[i] = (probs[j] / noise).argmax()
@@ -79,8 +91,5 @@ class Sampler:
         logprobs = [None] * len(seqs)
         for i, s in enumerate(seqs):
             if s.params.logprobs is not None:
-                top = raw_logprobs[i].topk(s.params.logprobs) if s.params.logprobs else None
-                entry = dict(zip(top.indices.tolist(), top.values.tolist())) if top else {}
-                entry[token_ids[i]] = raw_logprobs[i, token_ids[i]].item()
-                logprobs[i] = entry
+                logprobs[i] = logprobs_entry(raw_logprobs[i], token_ids[i], s.params.logprobs)
         return token_ids, logprobs

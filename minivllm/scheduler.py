@@ -8,6 +8,11 @@ chunked prefill). Then waiting sequences are admitted, first come first served, 
 budget, the cap and the free blocks allow. One forward pass can therefore carry decodes and
 prefill chunks together.
 
+With speculative decoding a decoding sequence may bring draft tokens (seq.spec_token_ids, set
+by minivllm/spec_decode.py before the step): they are verified in the same forward, so each one
+costs a token of budget and a lookahead slot. Drafts get only what the budget leaves once every
+later running sequence has its one token, and only free blocks: speculation never preempts.
+
 When a running sequence needs a block and none is free, the newest running sequence is
 preempted (newest first, as in vLLM, so the oldest requests keep making progress), by one of
 two policies:
@@ -23,7 +28,7 @@ previous one has completely finished (the baseline of lesson 04).
 Left out, compared with vLLM: priority scheduling, V1's single token-level schedule (vLLM V1
 treats prefill and decode alike as "tokens to compute"; minivllm keeps the V0-style split
 into running / swapped / waiting, which is easier to watch), async scheduling that overlaps
-the next schedule with the current forward pass, and speculative-decoding lookahead slots.
+the next schedule with the current forward pass, and V1's token-level budget for drafts.
 """
 
 from __future__ import annotations
@@ -42,12 +47,14 @@ class SchedulerOutput:
     (engine.last_scheduler_output).
 
     seqs[i] computes num_new_tokens[i] tokens; is_prefill[i] says whether that is a prefill
-    chunk (prompt tokens, or tokens to recompute after a preemption) or a one-token decode.
+    chunk (prompt tokens, or tokens to recompute after a preemption) or a one-token decode;
+    spec_token_ids[i] are the draft tokens it verifies (counted in num_new_tokens[i]).
     """
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     is_prefill: list[bool] = field(default_factory=list)
+    spec_token_ids: list[list[int]] = field(default_factory=list)  # speculative decoding
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)   # (cpu, device)
@@ -86,11 +93,13 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     def _run(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
-        """Schedule seq's next tokens (all it has left, or what the budget allows)."""
-        n = min(seq.num_uncomputed_tokens, budget)
+        """Schedule seq's next tokens (all it has left, or what the budget allows), and the
+        draft tokens it verifies (the caller has fitted them to the budget)."""
+        n = min(seq.num_uncomputed_tokens, budget) + len(seq.spec_token_ids)
         out.seqs.append(seq)
         out.num_new_tokens.append(n)
         out.is_prefill.append(seq.is_prefill)
+        out.spec_token_ids.append(list(seq.spec_token_ids))
         return budget - n
 
     # --8<-- [start:schedule]
@@ -103,13 +112,18 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            # Drafts: what the budget leaves once each later running sequence has one token,
+            # and only if their lookahead slots are free (speculation never preempts).
+            del seq.spec_token_ids[max(0, budget - (len(self.running) - i)):]
+            if not bm.can_append_slots(seq, len(seq.spec_token_ids)):
+                seq.spec_token_ids.clear()
             while not bm.can_append_slots(seq):
                 victim = self.running.pop()          # the newest running sequence
                 self._preempt(victim, out)
                 if victim is seq:
                     break
             else:
-                out.blocks_to_copy += bm.append_slots(seq)
+                out.blocks_to_copy += bm.append_slots(seq, len(seq.spec_token_ids))
                 budget = self._run(seq, out, budget)
                 i += 1
 
@@ -158,6 +172,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         bm, cpu = self.block_manager, self.cpu_block_manager
+        seq.spec_token_ids.clear()                   # drafts are proposed again when it runs
         if self.config.preemption_mode == "swap" and bm.can_swap_out(seq, cpu):
             # Swap: keep the KV, in host memory.
             pairs = bm.swap_out(seq, cpu)

@@ -9,7 +9,9 @@ there:
     block_table          logical block i -> physical block id in the KV pool
 
 The tokens still to be computed are token_ids[num_computed_tokens:]: the whole prompt at first,
-then one new token per decode step. Same bookkeeping as vLLM.
+then one new token per decode step. Same bookkeeping as vLLM. With speculative decoding a
+decoding sequence also holds, for one step, `spec_token_ids`: draft tokens that are not its
+tokens yet; they are computed after token_ids, and only those the target accepts join them.
 
 Parallel sampling (n > 1): the group starts with one sequence, which prefills the prompt once.
 When the prompt is done, the group forks the other n - 1 samples from it; they share its
@@ -50,6 +52,8 @@ class SequenceMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)   # when each output token arrived
+    num_draft_tokens: int = 0      # speculative decoding: draft tokens proposed and verified
+    num_accepted_tokens: int = 0   # ... and of those, accepted by the target
 
 
 class Sequence:
@@ -63,6 +67,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        self.spec_token_ids: list[int] = []      # draft tokens to verify this step (spec_decode)
         # Prefix caching: hashes of full blocks (they depend on tokens only), how many leading
         # blocks of the table are already named in the cache, and keys that must also match.
         self.block_hashes: list[int] = []

@@ -6,8 +6,8 @@ thousands of them and plot them without holding on to engine objects.
         ...
     engine.last_scheduler_output        # what the scheduler decided last, traced or not
 
-Left out, compared with vLLM: Prometheus export (the server adds it), spec-decode and LoRA
-counters, per-iteration histograms.
+Left out, compared with vLLM: Prometheus export (the server adds it), LoRA counters, the
+per-position acceptance counts of speculative decoding, per-iteration histograms.
 """
 
 from __future__ import annotations
@@ -29,6 +29,22 @@ class EngineStats:
     num_preemptions: int       # since the engine was configured
     prefix_cache_queried_tokens: int = 0   # prompt tokens looked up at admission
     prefix_cache_hit_tokens: int = 0       # of those, found in the cache (not computed)
+    # Speculative decoding, since the engine was configured (vLLM's spec_decode counters).
+    spec_decode_num_drafts: int = 0            # verifications: sequences that proposed, x steps
+    spec_decode_num_draft_tokens: int = 0      # draft tokens verified
+    spec_decode_num_accepted_tokens: int = 0   # ... and accepted
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float:
+        n = self.spec_decode_num_draft_tokens
+        return self.spec_decode_num_accepted_tokens / n if n else 0.0
+
+    @property
+    def spec_decode_mean_acceptance_length(self) -> float:
+        """Tokens a sequence gains per verifying forward: the accepted drafts, plus the one
+        token the target adds (vLLM's "mean acceptance length"; 1.0 without speculation)."""
+        n = self.spec_decode_num_drafts
+        return 1 + self.spec_decode_num_accepted_tokens / n if n else 1.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -49,6 +65,7 @@ class ScheduledSeq:
     index: int                 # which sample of the request
     num_tokens: int            # tokens computed for it this step
     is_prefill: bool           # a prefill chunk (or a recompute), not a one-token decode
+    num_draft_tokens: int = 0  # of num_tokens, draft tokens verified (speculative decoding)
 
 
 @dataclass(slots=True)
@@ -66,6 +83,7 @@ class StepRecord:
     stats: EngineStats
     start_time: float = 0.0                     # time.perf_counter() when the step began
     errors: dict[str, str] = field(default_factory=dict)   # request id -> why it failed
+    num_accepted_tokens: int = 0                # draft tokens the target accepted this step
 
     @property
     def num_seqs(self) -> int:
@@ -82,6 +100,10 @@ class StepRecord:
     @property
     def num_decode_tokens(self) -> int:
         return sum(s.num_tokens for s in self.scheduled if not s.is_prefill)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return sum(s.num_draft_tokens for s in self.scheduled)
 
     @property
     def num_prefill_seqs(self) -> int:

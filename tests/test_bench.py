@@ -22,3 +22,16 @@ def test_decode_report(capsys):
                       re.MULTILINE)
     assert [int(r[0]) for r in rows] == [1, 2]
     assert all(float(x) > 0 for r in rows for x in r[1:])
+
+
+def test_spec_report(capsys):
+    """Speculative decoding on vs off: outputs identical, and the copying workload accepts
+    drafts (fewer steps than without speculation)."""
+    main(["spec", "--batch-sizes", "1", "--max-tokens", "12", "--k", "3"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"^(\S+)?\s+1\s+-\s+(\d+)\s.*\n\s+3\s+(\d+)\s+([\d.]+)%\s+([\d.]+)\s+"
+                      r"([\d.]+)\s+([\d.]+)x\s+(\w+)$", out, re.MULTILINE)
+    assert [r[0] for r in rows] == ["repetitive", "free-form"], out
+    assert all(r[-1] == "True" for r in rows), out
+    repetitive = rows[0]
+    assert int(repetitive[2]) < int(repetitive[1]) and float(repetitive[3]) > 50, out
