@@ -224,6 +224,9 @@ def _child(lesson: Path, out: Path) -> int:
         def flush(self) -> None:
             sys.__stdout__.flush()
 
+        def isatty(self) -> bool:  # libraries ask before they colour (uvicorn's log setup)
+            return False
+
     fig = plt.figure()
     mo.as_html(fig)  # marimo's figure formatters register on first use; a layout needs them
     plt.close(fig)
