@@ -18,9 +18,7 @@ vLLM do. A sequence may bring one token (decode), its whole prompt (prefill), or
 over K/V already cached (chunked prefill, prefix-cache hits): the same code handles all three.
 
 This file is the reference: clear, and fast enough on a CPU. It gathers each sequence's K/V
-into a padded rectangle and calls torch's scaled_dot_product_attention with a mask; sequences of
-similar shape share a rectangle, so padding stays small (`TorchBatchLayout`), and
-`paged_attention_padded` is the one-rectangle version to read first and to test against. The Triton
+into a padded rectangle and calls torch's scaled_dot_product_attention with a mask. The Triton
 kernels in kernels/ compute the same thing without the gather and are checked against this.
 A contiguous, per-request cache (lesson 01's baseline) is the special case block_size =
 max_model_len with one block per sequence, so it runs through the same code.
@@ -28,7 +26,6 @@ max_model_len with one block per sequence, so it runs through the same code.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -53,65 +50,30 @@ class AttentionMetadata:
 
 
 @dataclass(slots=True)
-class AttentionGroup:
-    """Sequences that attend in one SDPA call: all with q_len new tokens, keys padded to the
-    longest of them (a rectangle of num_seqs x max_len)."""
-
-    q_len: int
-    rows: torch.Tensor            # (num_seqs * q_len,) their new tokens' rows in the flat batch
-    slots: torch.Tensor           # (num_seqs, max_len) pool slot of each key position
-    mask: torch.Tensor | None     # (num_seqs, 1, q_len, max_len), or None: nothing to hide
-    is_causal: bool               # one prompt with no cached context: SDPA's own causal mask
-
-
-@dataclass(slots=True)
 class TorchBatchLayout:
-    """How the flat batch maps onto the rectangles that SDPA takes.
-
-    A batch mixes lengths: a 600-token prefill beside decodes of 40 and 2,000 tokens of
-    context. One rectangle for all would pad every sequence to the longest query and the
-    longest context. Instead each prefill chunk gets its own rectangle, and the one-token rows
-    (decodes) are grouped by context length, each group within a factor sqrt(2) of its
-    longest: padding costs under 30% of the keys, in a handful of calls per layer.
-    """
+    """How the flat batch maps onto the padded rectangles that SDPA takes."""
 
     block_size: int
-    groups: list[AttentionGroup]
+    slots: torch.Tensor     # (B, L) pool slot of each sequence's key positions 0..L-1
+    seq_idx: torch.Tensor   # (T,) the sequence each new token belongs to
+    row_idx: torch.Tensor   # (T,) its row among that sequence's new tokens
+    mask: torch.Tensor      # (B, 1, Lq, L) what each query may see: causal, no padding
 
     @classmethod
     def build(cls, md: AttentionMetadata, block_size: int) -> TorchBatchLayout:
-        starts, seq_lens = md.query_start_loc.tolist(), md.seq_lens.tolist()
-        prefills, decodes = [], {}
-        for b, seq_len in enumerate(seq_lens):
-            if starts[b + 1] - starts[b] > 1:
-                prefills.append([b])
-            else:              # bucket k holds lengths in (sqrt(2)^(k-1), sqrt(2)^k]
-                decodes.setdefault(math.ceil(2 * math.log2(seq_len)), []).append(b)
-        groups = prefills + [decodes[k] for k in sorted(decodes)]
-        return cls(block_size, [cls._group(md, block_size, seqs, starts, seq_lens)
-                                for seqs in groups])
-
-    @staticmethod
-    def _group(md, block_size, seqs, starts, seq_lens) -> AttentionGroup:
-        device = md.seq_lens.device
-        q_len = starts[seqs[0] + 1] - starts[seqs[0]]
-        lens = [seq_lens[b] for b in seqs]
-        max_len = max(lens)
-        rows = torch.tensor([r for b in seqs for r in range(starts[b], starts[b + 1])],
-                            device=device)
+        num_seqs, device = md.seq_lens.shape[0], md.seq_lens.device
         # Key position j of sequence b lives in block block_tables[b, j // block_size].
-        pos = torch.arange(max_len, device=device)                          # (L,)
-        tables = md.block_tables[seqs]                                      # (Bg, max_blocks)
-        slots = tables.gather(1, (pos // block_size).expand(len(seqs), -1)) * block_size \
-            + pos % block_size                                              # (Bg, L)
-        # Query i of a sequence sits at position (seq_len - q_len + i), sees keys up to it.
-        is_causal = q_len == max_len                    # one prompt, no cached context
-        mask = None
-        if not is_causal and (q_len > 1 or min(lens) < max_len):
-            q_pos = (torch.tensor(lens, device=device) - q_len)[:, None] \
-                + torch.arange(q_len, device=device)                        # (Bg, Lq)
-            mask = (pos[None, None, :] <= q_pos[:, :, None])[:, None]       # (Bg, 1, Lq, L)
-        return AttentionGroup(q_len, rows, slots, mask, is_causal)
+        pos = torch.arange(md.max_seq_len, device=device)                  # (L,)
+        blocks = md.block_tables.gather(1, (pos // block_size).expand(num_seqs, -1))
+        slots = blocks * block_size + pos % block_size                     # (B, L)
+        # New token t is row row_idx[t] of sequence seq_idx[t].
+        q_lens = md.query_start_loc[1:] - md.query_start_loc[:-1]          # (B,)
+        seq_idx = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens)
+        row_idx = torch.arange(seq_idx.shape[0], device=device) - md.query_start_loc[seq_idx]
+        # Query i of a sequence sits at position (seq_len - q_len + i) and sees keys up to it.
+        q_pos = (md.seq_lens - q_lens)[:, None] + torch.arange(md.max_query_len, device=device)
+        mask = pos[None, None, :] <= q_pos[:, :, None]                    # (B, Lq, L)
+        return cls(block_size, slots, seq_idx, row_idx, mask[:, None])
 
 
 # --8<-- [start:write_kv]
@@ -134,43 +96,27 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_size = k_cache.shape[1]
     if md.torch_layout is None or md.torch_layout.block_size != block_size:
         md.torch_layout = TorchBatchLayout.build(md, block_size)   # once per step
-    out = torch.empty_like(q)
-    for g in md.torch_layout.groups:
-        # 1. Gather the group's K/V through its block tables: (Bg, L, kv_heads, D).
-        k = k_cache.flatten(0, 1)[g.slots]
-        v = v_cache.flatten(0, 1)[g.slots]
-        # 2. Its queries, as a rectangle: (Bg, Lq, heads, D).
-        q_g = q[g.rows].view(-1, g.q_len, *q.shape[1:])
-        # 3. Attend, each query masked to its own sequence's past; back to the flat rows.
-        o = F.scaled_dot_product_attention(
-            q_g.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),     # (Bg, H, Lq|L, D)
-            attn_mask=g.mask, is_causal=g.is_causal, scale=scale, enable_gqa=True)
-        out[g.rows] = o.transpose(1, 2).flatten(0, 1)                      # (Bg * Lq, H, D)
-    return out
+    layout = md.torch_layout
+
+    # 1. Gather each sequence's K/V through its block table: [num_seqs, max_seq_len, kv_heads, D].
+    k = k_cache.flatten(0, 1)[layout.slots]                            # (B, L, Hkv, D)
+    v = v_cache.flatten(0, 1)[layout.slots]
+
+    # 2. Lay the flat queries out as a padded rectangle: [num_seqs, max_query_len, heads, D].
+    #    In a pure decode step every sequence has exactly one query: nothing to pad.
+    if md.max_query_len == 1:
+        q_pad = q[:, None]
+    else:
+        q_pad = q.new_zeros(layout.mask.shape[0], md.max_query_len, *q.shape[1:])
+        q_pad[layout.seq_idx, layout.row_idx] = q
+
+    # 3. Attend, each query masked to its own sequence's past; back to the flat layout.
+    out = F.scaled_dot_product_attention(
+        q_pad.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),   # (B, H, Lq|L, D)
+        attn_mask=layout.mask, scale=scale, enable_gqa=True)
+    out = out.transpose(1, 2)                                          # (B, Lq, H, D)
+    return out[:, 0] if md.max_query_len == 1 else out[layout.seq_idx, layout.row_idx]
 # --8<-- [end:paged_attention]
-
-
-def paged_attention_padded(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           md: AttentionMetadata, scale: float) -> torch.Tensor:
-    """The same attention, the slow and obvious way: the whole batch as one rectangle,
-    every sequence padded to the step's longest query and longest context. Kept to check
-    `paged_attention` against (tests/test_paged.py), and to read first."""
-    block_size, num_seqs, device = k_cache.shape[1], md.seq_lens.shape[0], q.device
-    pos = torch.arange(md.max_seq_len, device=device)                      # (L,)
-    slots = md.block_tables.gather(1, (pos // block_size).expand(num_seqs, -1)) * block_size \
-        + pos % block_size                                                 # (B, L)
-    q_lens = md.query_start_loc[1:] - md.query_start_loc[:-1]              # (B,)
-    seq_idx = torch.repeat_interleave(torch.arange(num_seqs, device=device), q_lens)
-    row_idx = torch.arange(q.shape[0], device=device) - md.query_start_loc[seq_idx]
-    q_pad = q.new_zeros(num_seqs, md.max_query_len, *q.shape[1:])          # (B, Lq, H, D)
-    q_pad[seq_idx, row_idx] = q
-    q_pos = (md.seq_lens - q_lens)[:, None] + torch.arange(md.max_query_len, device=device)
-    mask = (pos[None, None, :] <= q_pos[:, :, None])[:, None]              # (B, 1, Lq, L)
-    k, v = k_cache.flatten(0, 1)[slots], v_cache.flatten(0, 1)[slots]      # (B, L, Hkv, D)
-    out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), k.transpose(1, 2),
-                                         v.transpose(1, 2), attn_mask=mask, scale=scale,
-                                         enable_gqa=True)
-    return out.transpose(1, 2)[seq_idx, row_idx]
 
 
 def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
