@@ -61,5 +61,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
-    inter_token_latencies: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)   # once finished
     error: str | None = None      # why the engine failed this request (finish_reason "abort")

@@ -78,6 +78,7 @@ def test_streaming_steps_and_fcfs(smol):
             if out.finished:
                 finished.append(out.request_id)
                 metrics.append(out.metrics)
+                assert len(out.inter_token_latencies) == len(out.outputs[0].token_ids) - 1
             else:
                 partial_seen += 1
                 assert out.outputs[0].finish_reason is None
