@@ -30,13 +30,15 @@ from contextlib import contextmanager
 
 import torch
 
-from minivllm.block_manager import BlockManager, cdiv
+from minivllm.block_manager import BlockManager
 from minivllm.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
-from minivllm.detokenizer import IncrementalDetokenizer, find_stop_string
+from minivllm.detokenizer import IncrementalDetokenizer
 from minivllm.kv_cache import ContiguousAllocator
 from minivllm.loader import load_hf_config, load_tokenizer, resolve_model_path
 from minivllm.model_runner import ModelRunner
-from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minivllm.output_processor import check_stop, request_output
+from minivllm.outputs import RequestOutput
+from minivllm.processor import validate_request
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler import Scheduler, SchedulerOutput
 from minivllm.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -44,8 +46,6 @@ from minivllm.spec_decode import SpeculativeDecoder
 from minivllm.stats import EngineStats, ScheduledSeq, StepRecord
 
 logger = logging.getLogger("minivllm")
-
-MAX_LOGPROBS = 20          # vLLM's default max_logprobs: top logprobs a request may ask for
 
 
 class LLMEngine:
@@ -148,7 +148,7 @@ class LLMEngine:
             bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)]
             if bad:
                 raise ValueError(f"prompt token ids must be integers, got {bad[0]!r}")
-        self._validate(token_ids, params)
+        validate_request(token_ids, params, self.config, self.model_config, self.block_manager)
         group = SequenceGroup(request_id, text, token_ids, params, next(self._seq_ids))
         self._start_detokenizer(group.seqs[0])
         self.scheduler.add(group.seqs[0])
@@ -157,43 +157,6 @@ class LLMEngine:
     def _start_detokenizer(self, seq: Sequence) -> None:
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.params.skip_special_tokens,
                                                  start=seq.num_prompt_tokens)
-
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        """Everything a request can get wrong, checked before it is queued: a bad request
-        must fail here, alone, never inside a step that other requests share."""
-        max_len, vocab = self.config.max_model_len, self.model_config.vocab_size
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if not token_ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        if params.n > 1 and self.config.kv_layout != "paged":
-            raise ValueError("parallel sampling (n > 1) shares the prompt's KV blocks, which "
-                             "needs kv_layout='paged'; the contiguous baseline cannot share")
-        if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n={params.n} samples exceed max_num_seqs "
-                             f"({self.config.max_num_seqs})")
-        if len(token_ids) >= max_len:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is "
-                             f"{max_len}: prompt + at least one new token must fit")
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
-        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"stop_token_ids: {bad[0]} is outside the vocabulary "
-                             f"(size {vocab})")
-        if params.logprobs is not None and params.logprobs > min(MAX_LOGPROBS, vocab):
-            raise ValueError(f"logprobs={params.logprobs} is more than the engine returns "
-                             f"(at most {min(MAX_LOGPROBS, vocab)})")
-        # The request alone, at its longest, must fit the KV pool, or it could never finish.
-        longest = min(len(token_ids) + params.max_tokens, max_len)
-        bm = self.block_manager
-        need = cdiv(longest, bm.block_size)
-        if need > bm.num_blocks:
-            raise ValueError(
-                f"the request needs up to {longest} tokens of KV cache ({need} blocks of "
-                f"{bm.block_size}), but the pool has only {bm.num_blocks} blocks; lower "
-                "max_tokens or give the engine more KV memory")
 
     def abort_request(self, request_id: str) -> None:
         group = self.requests.pop(request_id, None)
@@ -291,7 +254,7 @@ class LLMEngine:
         if self.spec_decoder:                    # roll back the rejected drafts' slots
             self.spec_decoder.finish_step(batch.seqs, self.block_manager)
         touched = {seq.request_id for seq in batch.seqs}
-        outputs = [self._request_output(rid) for rid in touched if rid in self.requests]
+        outputs = [request_output(self.requests[rid]) for rid in touched if rid in self.requests]
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]
@@ -325,7 +288,8 @@ class LLMEngine:
                 for token in (self.spec_decoder.accept(seq, draw, self.runner.sampler)
                               if seq.spec_token_ids else [draw]):
                     seq.append_token(*token)
-                    if (status := self._check_stop(seq)) is not None:
+                    if (status := check_stop(seq, self.eos_token_ids,
+                                              self.config.max_model_len)) is not None:
                         break
             except Exception as e:                 # noqa: BLE001
                 errors[seq.request_id] = f"output processing failed: {e!r}"
@@ -354,47 +318,3 @@ class LLMEngine:
             num_accepted_tokens=getattr(self.spec_decoder, "num_accepted_this_step", 0))
         for steps in self._traces:
             steps.append(record)
-
-    def _check_stop(self, seq: Sequence) -> SequenceStatus | None:
-        """Detokenize seq's newest token, then decide whether seq is done."""
-        params, token = seq.params, seq.token_ids[-1]
-        stop_token = token in params.stop_token_ids or (not params.ignore_eos
-                                                        and token in self.eos_token_ids)
-        length = (seq.num_output_tokens >= params.max_tokens
-                  or len(seq) >= self.config.max_model_len)
-        new_text = seq.detokenizer.update(seq.token_ids, final=stop_token or length)
-        seq.output_text = seq.detokenizer.text
-        if stop_token:
-            return SequenceStatus.FINISHED_STOPPED
-        hit = params.stop and new_text and find_stop_string(
-            seq.output_text, new_text, params.stop, params.include_stop_str_in_output)
-        if hit:
-            seq.output_text, seq.stop_string = hit
-            return SequenceStatus.FINISHED_STOPPED
-        if length:
-            return SequenceStatus.FINISHED_LENGTH
-        return None
-
-    def _request_output(self, request_id: str) -> RequestOutput:
-        group = self.requests[request_id]
-        seqs = group.seqs
-        outputs = [CompletionOutput(
-            index=seq.index, text=seq.output_text, token_ids=seq.output_token_ids,
-            logprobs=seq.output_logprobs if seq.params.logprobs is not None else None,
-            finish_reason=seq.status.value if seq.is_finished else None) for seq in seqs]
-        first = seqs[0].metrics
-        finished = group.is_finished or group.error is not None
-        metrics = RequestMetrics(
-            arrival_time=group.arrival_time,
-            first_scheduled_time=first.first_scheduled_time,
-            first_token_time=first.first_token_time,
-            finished_time=max(s.metrics.finished_time or 0 for s in seqs) if finished else None,
-            num_draft_tokens=sum(s.metrics.num_draft_tokens for s in seqs),
-            num_accepted_tokens=sum(s.metrics.num_accepted_tokens for s in seqs))
-        times = first.token_times
-        return RequestOutput(
-            request_id=request_id, prompt=group.prompt,
-            prompt_token_ids=group.prompt_token_ids, outputs=outputs, finished=finished,
-            metrics=metrics,       # gaps listed once, at the end: not O(length) every step
-            inter_token_latencies=[b - a for a, b in zip(times, times[1:])] if finished else [],
-            error=group.error)
