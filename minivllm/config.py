@@ -175,9 +175,9 @@ SPECULATIVE_METHODS = ("ngram", "draft_model")
 class SpeculativeConfig:
     """Speculative decoding (minivllm/spec_decode.py), from vLLM's `speculative_config` dict.
 
-    method "ngram": prompt lookup, no extra model. ("draft_model", a smaller model sharing the
-    target's vocabulary named by `model`, is vLLM's other classic; it is refused until
-    minivllm has it.) Only the keys below exist.
+    method "ngram": prompt lookup, no extra model. "draft_model": a smaller model sharing the
+    target's vocabulary, named by `model` (a checkpoint path, as for the target), guesses
+    greedily over its own KV cache. Only the keys below exist.
     """
 
     num_speculative_tokens: int           # k: draft tokens proposed, then verified, per step
@@ -213,9 +213,9 @@ class SpeculativeConfig:
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative_config: unknown method {self.method!r}; minivllm "
                              f"has {list(SPECULATIVE_METHODS)}")
-        if self.method == "draft_model":
-            raise ValueError(f"speculative_config: the draft-model proposer (model="
-                             f"{self.model!r}) is not in minivllm yet; use method='ngram'")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError("speculative_config: method 'draft_model' needs a model (a "
+                             "checkpoint sharing the target's vocabulary), and only it does")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if not all(isinstance(n, int) and n >= 1 for n in (lo, hi)) or lo > hi:
             raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= "

@@ -98,7 +98,7 @@ class LLMEngine:
         self.cpu_block_manager = (BlockManager(runner.num_cpu_blocks, config.block_size)
                                   if runner.num_cpu_blocks else None)
         self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager)
-        self.spec_decoder = (SpeculativeDecoder(config.speculative_config, config.max_model_len)
+        self.spec_decoder = (SpeculativeDecoder(config.speculative_config, runner)
                              if config.speculative_config else None)
         self.requests: dict[str, SequenceGroup] = {}
         self.runner.sampler.generators.clear()
@@ -119,9 +119,14 @@ class LLMEngine:
             raise RuntimeError(
                 f"cannot reconfigure with {len(self.requests)} request(s) in flight "
                 f"({', '.join(list(self.requests)[:5])}); let them finish or abort them first")
-        config = self._make_config(self.config, changes)
-        self.runner.init_kv_cache(config)
-        self._init_state(config)
+        config, old = self._make_config(self.config, changes), self.config
+        try:
+            self.runner.init_kv_cache(config)
+            self._init_state(config)
+        except Exception:                # e.g. a draft model that cannot serve: as before
+            self.runner.init_kv_cache(old)
+            self._init_state(old)
+            raise
         return self
     # --8<-- [end:reconfigure]
 

@@ -22,6 +22,8 @@ Proposers:
             prompt_lookup_max down to prompt_lookup_min) and propose the k tokens that followed
             there. No model at all; q is a point mass on each draft. It shines when the output
             copies its input (editing, summarizing, code refactoring, RAG quotes).
+    draft_model  a smaller model with the same vocabulary guesses greedily over its own paged
+            KV cache (minivllm/draft_proposer.py); q is again a point mass on each guess.
 
 In the engine: `propose` runs before the scheduler and sets seq.spec_token_ids; the scheduler
 fits the drafts into the token budget and reserves their lookahead slots (BlockManager
@@ -31,7 +33,7 @@ last-row token as usual (the bonus token), `accept` turns drafts + bonus into th
 append, and `finish_step` rolls the rejected slots back and frees their blocks. A sequence
 without drafts (prefilling, or nothing found) takes a plain one-token step in the same batch.
 
-Left out, compared with vLLM: the draft-model, EAGLE, Medusa and MTP proposers, tree
+Left out, compared with vLLM: the EAGLE, Medusa and MTP proposers, tree
 attention over several candidate continuations, per-position acceptance counters, and the
 batched, GPU-side rejection sampler (this one loops over sequences in Python).
 """
@@ -65,6 +67,9 @@ class NgramProposer:
                 start = int(hits[0]) + n
                 return tokens[start:start + k].tolist()
         return []
+
+    def propose_batch(self, seqs: list[Sequence], rooms: list[int]) -> list[list[int]]:
+        return [self.propose(seq.token_ids, k) for seq, k in zip(seqs, rooms)]
 # --8<-- [end:ngram]
 
 
@@ -108,10 +113,14 @@ class SpeculativeDecoder:
     """The engine's side of speculative decoding: propose, set draft rows aside, accept, roll
     back, and count (per request in seq.metrics, per engine here)."""
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int):
+    def __init__(self, config: SpeculativeConfig, runner):
         self.config = config
-        self.max_model_len = max_model_len
-        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.max_model_len = runner.engine_config.max_model_len
+        if config.method == "draft_model":
+            from minivllm.draft_proposer import DraftModelProposer
+            self.proposer = DraftModelProposer(config.model, runner)
+        else:
+            self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.draft_logits: dict[int, torch.Tensor] = {}   # seq_id -> (k, V), during a step
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.num_accepted_this_step = 0
@@ -120,13 +129,17 @@ class SpeculativeDecoder:
         """Draft tokens for every decoding sequence: at most k, and no more than it may still
         produce (max_tokens, max_model_len) minus the one token the target always adds."""
         self.num_accepted_this_step = 0
+        seqs, rooms = [], []
         for seq in running:
             room = min(self.config.num_speculative_tokens,
                        seq.params.max_tokens - seq.num_output_tokens - 1,
                        self.max_model_len - len(seq) - 1)
-            decoding = seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0
-            seq.spec_token_ids = (self.proposer.propose(seq.token_ids, room)
-                                  if decoding and room > 0 else [])
+            seq.spec_token_ids = []
+            if seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0 and room > 0:
+                seqs.append(seq)                                    # decoding, with room
+                rooms.append(room)
+        for seq, drafts in zip(seqs, self.proposer.propose_batch(seqs, rooms)):
+            seq.spec_token_ids = drafts
 
     def take_draft_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         """logits from ModelRunner.run (k + 1 rows for a sequence with k drafts) -> one row
@@ -175,6 +188,8 @@ class SpeculativeDecoder:
                 seq.num_computed_tokens = len(seq) - 1
                 block_manager.free_lookahead_slots(seq)
             seq.spec_token_ids = []
+            if seq.is_finished and hasattr(self.proposer, "drop"):
+                self.proposer.drop(seq.seq_id)                      # the draft's twin goes too
         self.draft_logits.clear()
 
     def stats(self) -> dict[str, int]:

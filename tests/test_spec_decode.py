@@ -6,6 +6,8 @@ speculation (on the packaged model, and on a tiny random one under chunked prefi
 preemption and prefix caching), and the sampling rule must reproduce the target distribution
 (a chi-square test on synthetic distributions, where the rule's output can be counted)."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -13,12 +15,17 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.block_manager import cdiv
 from minivllm.config import EngineConfig
+from minivllm.draft_proposer import first_layers_checkpoint
 from minivllm.spec_decode import NgramProposer, greedy_accept, rejection_sample
 from minivllm.workloads import Request, serve
 
 
 def ngram(k: int, **kw) -> dict:
     return {"method": "ngram", "num_speculative_tokens": k, **kw}
+
+
+def draft(path, k: int) -> dict:
+    return {"model": str(path), "num_speculative_tokens": k}
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -134,7 +141,7 @@ def test_rejection_sampling_draws_from_the_target_distribution(proposer):
     ({"prompt_lookup_max": 3}, "needs num_speculative_tokens"),
     ({"method": "eagle", "num_speculative_tokens": 2}, "unknown method 'eagle'"),
     ({"method": "ngram", "model": "/x", "num_speculative_tokens": 2}, "both method='ngram'"),
-    ({"model": "/x", "num_speculative_tokens": 2}, "draft-model proposer"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, "'draft_model' needs a model"),
     (ngram(2, prompt_lookup_min=3, prompt_lookup_max=2), "prompt_lookup_min <= "),
     (ngram(2, lookup=3), "unknown key(s) ['lookup']"),
     ("ngram", "must be a dict or None"),
@@ -223,6 +230,35 @@ def test_chunked_prefill_and_speculation_share_the_budget(smol):
     assert pool_is_full(llm.engine)
 
 
+def test_draft_model_keeps_greedy_output_and_frees_its_pool(smol, smol_path):
+    """The default model cut to its first 10 of 30 layers drafts for the whole model: the
+    same tokens as without speculation at k = 2 and 4, batched; the draft's pool gets every
+    block back."""
+    path = first_layers_checkpoint(str(smol_path), 10)
+    llm = smol(max_model_len=256)
+    requests = [Request(copy_prompt(), greedy(20)),
+                Request("The capital of France is", greedy(12))]
+    plain = serve(llm, requests)
+    for k in (2, 4):
+        llm.reconfigure(speculative_config=draft(path, k))
+        run = serve(llm, requests)
+        assert tokens(run.outputs) == tokens(plain.outputs), k
+        stats = run.steps[-1].stats
+        assert stats.spec_decode_num_draft_tokens > 0       # (few accepted: see its docstring)
+        drafter = llm.engine.spec_decoder.proposer
+        assert drafter.runner.config.num_hidden_layers == 10
+        assert not drafter.shadows
+        assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
+        assert pool_is_full(llm.engine)
+
+
+def test_a_draft_with_another_vocabulary_is_refused(smol, tiny_checkpoint, tmp_path):
+    config = json.loads((tiny_checkpoint("llama")[0] / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"vocab_size": 1000}))
+    with pytest.raises(ValueError, match="vocabulary of 1000 tokens, the target 49152"):
+        smol(speculative_config=draft(tmp_path, 2))
+
+
 # ------------------------------------------------------------------ a tiny random model
 
 
@@ -250,21 +286,28 @@ def tiny_requests(num: int, max_tokens: int) -> list[Request]:
     return out
 
 
+@pytest.mark.parametrize("proposer", ["ngram", "draft model"])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preemption_on_a_tiny_pool(tiny, mode):
+def test_preemption_on_a_tiny_pool(tiny, tiny_checkpoint, mode, proposer):
     """Six requests of up to 50 tokens, 16 blocks of 4 tokens: sequences are preempted while
-    holding drafts and lookahead blocks; the output is the plain one and every block comes
-    back."""
+    holding drafts and lookahead blocks (and, with a draft model, twins in its pool); the
+    output is the plain one and every block of both pools comes back."""
     settings = {"num_kv_blocks": 16, "block_size": 4, "preemption_mode": mode,
                 "swap_space": 1 << 22, "max_model_len": 64}
     requests = tiny_requests(6, 20)
     plain = serve(tiny(**settings), requests)
-    llm = tiny(**settings, speculative_config=ngram(3))
+    spec = (ngram(3) if proposer == "ngram" else
+            draft(first_layers_checkpoint(str(tiny_checkpoint("llama")[0]), 1), 3))
+    llm = tiny(**settings, speculative_config=spec)
     run = serve(llm, requests)
     assert tokens(run.outputs) == tokens(plain.outputs)
     assert run.steps[-1].stats.num_preemptions > 0
     assert run.steps[-1].stats.spec_decode_num_draft_tokens > 0
     assert pool_is_full(llm.engine)
+    if proposer == "draft model":
+        drafter = llm.engine.spec_decoder.proposer
+        assert not drafter.shadows
+        assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
 
 
 def test_rejected_slots_are_rolled_back_and_their_blocks_freed(tiny):

@@ -1,0 +1,518 @@
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="medium")
+
+
+@app.cell
+def _():
+    import marimo as mo
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import torch
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.workloads import Request, serve
+    return LLM, Request, SamplingParams, mo, np, plt, serve, torch
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    # 07 · Speculative decoding: several tokens from one forward, exactly
+
+    After this lesson you can explain why checking five guessed tokens costs about as much
+    as producing one, state the rule that accepts or rejects each guess so that the output
+    is *exactly* what the model alone would have produced, predict the tokens a step yields
+    from the acceptance rate, and say when speculation wins and when it loses. You will run
+    the engine's n-gram proposer (prompt lookup) on the real model and read every
+    verification from the step trace.
+    """)
+    return
+
+
+@app.cell
+def _(LLM, mo, torch):
+    # One loaded model. Each run below calls llm.reconfigure(...) with its own settings (a
+    # fresh KV pool over the same weights). Prefix caching is off so that every run of the
+    # same prompt costs the same; speculation is switched on and off per run.
+    llm = LLM(max_model_len=512, num_kv_blocks=128, enable_prefix_caching=False)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
+          f"({str(llm.engine.dtype).removeprefix('torch.')})  \n`{llm.engine!r}`")
+    return device, llm
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## The asymmetry: checking k tokens costs about one step
+
+    A decode step computes one new token per sequence, and to do it reads every weight of
+    the model (lesson 01). At batch 1 that read sets the time: the arithmetic for one token is
+    tiny next to it. Feed the same forward pass 5 tokens of one sequence instead of 1 and the
+    weights are still read once; only the arithmetic, which was idle, grows.
+
+    So if someone handed us k plausible next tokens, one forward over
+    `[last token, guess 1, ..., guess k]` would give the model's own prediction after each of
+    them, and we could keep every guess the model agrees with. A verification is nothing
+    more than a small prefill chunk of k + 1 tokens on top of the cached context.
+
+    We measure that directly: the same 48-token prompt prefilled in chunks of T tokens (the
+    engine's chunked prefill with a budget of T tokens per step), so each step is one forward
+    of T new tokens over a growing cached context, exactly the shape of a verification.
+    """)
+    return
+
+
+@app.cell
+def _(Request, SamplingParams, llm, np, serve):
+    # Text that the model will be asked to copy: the case where prompt lookup shines.
+    PASSAGE = (
+        "Serving a language model is mostly a memory problem. Each request keeps the keys and "
+        "values of its context, and the engine decides where they live, which requests share "
+        "a step, and what to do when memory runs out. Paged attention cuts that memory into "
+        "blocks, so no request reserves more than it uses. Continuous batching lets a new "
+        "request join the batch as soon as another one finishes.")
+    _ids = llm.tokenizer.encode(PASSAGE)
+    CHUNKS = [1, 2, 3, 5, 9, 17]              # T = k + 1 for k = 0, 1, 2, 4, 8, 16
+
+    def time_per_forward(T, prompt_len=48):
+        """Median seconds of a step that computes T new tokens of one sequence."""
+        llm.reconfigure(enable_chunked_prefill=True, max_num_batched_tokens=max(T, 1),
+                        max_num_seqs=1, speculative_config=None)
+        res = serve(llm, [Request(_ids[:prompt_len],
+                                  SamplingParams(temperature=0, max_tokens=1))])
+        full = [s.duration for s in res.steps if s.num_batched_tokens == T]
+        return float(np.median(full)), len(full)
+
+    serve(llm, [Request(_ids[:8], SamplingParams(max_tokens=2))])      # warm-up
+    chunk_s = {T: time_per_forward(T) for T in CHUNKS}
+    cost_ratio = {T: chunk_s[T][0] / chunk_s[1][0] for T in CHUNKS}
+    # c for each k: the extra cost of each draft token in a verifying forward, as a fraction
+    # of a one-token step, t(k + 1) / t(1) = 1 + c k.
+    c_of_k = {T - 1: (cost_ratio[T] - 1) / (T - 1) for T in CHUNKS if T > 1}
+    return CHUNKS, PASSAGE, c_of_k, chunk_s, cost_ratio
+
+
+@app.cell
+def _(CHUNKS, c_of_k, chunk_s, cost_ratio, device, mo, plt):
+    _fig, _ax = plt.subplots(figsize=(7, 3.2))
+    _ax.plot(CHUNKS, [1000 * chunk_s[T][0] for T in CHUNKS], "o-", label="measured")
+    _ax.plot(CHUNKS, [1000 * chunk_s[1][0] * T for T in CHUNKS], "--", color="gray",
+             label="if each token cost a whole step")
+    _ax.set_xlabel("tokens of one sequence in the forward (T = k + 1)")
+    _ax.set_ylabel("ms per forward")
+    _ax.set_title(f"Forward time vs tokens in it ({device}, batch 1)")
+    _ax.legend()
+    _fig.tight_layout()
+    mo.vstack([_fig, mo.md(
+        f"A forward of 5 tokens cost **{cost_ratio[5]:.2f}x** a one-token step, and 17 tokens "
+        f"**{cost_ratio[17]:.2f}x**: each extra token costs **c = {c_of_k[4]:.2f}** of a step "
+        f"at k = 4 (c = {c_of_k[1]:.2f} at k = 1, {c_of_k[16]:.2f} at k = 16). If tokens were "
+        "paid for one by one, the dashed line would be the bill.  \n"
+        "Measured on this machine. On a CPU the first extra token is the dearest: one token "
+        "per forward multiplies each weight matrix by a vector (a bandwidth-bound *gemv*), "
+        "two or more switch to the matrix-matrix routine (*gemm*), which at a handful of rows "
+        "spends time packing the weights instead of streaming them. On a GPU at batch 1 the "
+        "curve stays flat much longer: its arithmetic idles while weights stream from HBM.")])
+    return
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## Where the guesses come from: prompt lookup
+
+    Guesses must be cheap, or the saving is spent making them. The cheapest proposer uses no
+    model at all: take the last n tokens of the sequence (n from 4 down to 1), find the
+    earliest place they occurred before, and propose the k tokens that followed there. When
+    the output copies its input (editing, summarising, quoting retrieved documents, rewriting
+    code) the guesses are often right; for free-form writing they rarely are.
+
+    Then the rule, in one forward per step (`minivllm/spec_decode.py`):
+
+    ```
+    sequence  ... a b c        proposer: d e f          (k = 3)
+    forward   [c d e f]     -> the model's choice after c, d, e and f
+    greedy    d == choice after c?  yes, keep d
+              e == choice after d?  no: the model says x; keep x, drop e and f
+    result    c d x            two tokens from one forward; the KV slots of e and f roll back
+    ```
+
+    If all k agree, the model's choice after the last guess is a free extra token (the
+    *bonus*), so a step yields between 1 and k + 1 tokens and never fewer than a plain step.
+    With sampling, guess i is kept with probability min(1, p(d_i) / q(d_i)), p the model's
+    probability and q the proposer's, and at the first rejection the replacement is drawn
+    from the normalised max(p - q, 0). Every token then follows p exactly, whatever q was
+    (tests/test_spec_decode.py checks this with a chi-square test over thousands of draws).
+
+    Below, the engine copies a passage with and without speculation (k = 4), greedy.
+    """)
+    return
+
+
+@app.cell
+def _(PASSAGE, Request, SamplingParams, llm, serve):
+    OUTPUT_LEN = 48
+
+    def chat(message):
+        text = llm.tokenizer.apply_chat_template([{"role": "user", "content": message}],
+                                                 add_generation_prompt=True, tokenize=False)
+        return llm.tokenizer.encode(text, add_special_tokens=False)
+
+    PROMPTS = {
+        "copy a passage": chat("Repeat the following text exactly:\n\n" + PASSAGE),
+        "free-form story": chat("Write a short story about a lighthouse keeper."),
+    }
+
+    def run(prompt, k, temperature=0.0, seed=0):
+        """Serve one request with speculation off (k = 0) or on with k drafts per step."""
+        llm.reconfigure(enable_chunked_prefill=True, max_num_batched_tokens=512, max_num_seqs=8,
+                        speculative_config=None if k == 0 else
+                        {"method": "ngram", "num_speculative_tokens": k})
+        params = SamplingParams(temperature=temperature, max_tokens=OUTPUT_LEN, ignore_eos=True,
+                                seed=seed)
+        res = serve(llm, [Request(PROMPTS[prompt], params)])
+        decode = [s for s in res.steps if not s.scheduled[0].is_prefill]
+        stats = res.steps[-1].stats
+        return {
+            "tokens": res.outputs[0].outputs[0].token_ids,
+            "text": res.outputs[0].outputs[0].text,
+            "forwards": len(res.steps),
+            "drafts": [s.num_draft_tokens for s in decode],
+            "accepted": [s.num_accepted_tokens for s in decode],
+            "acceptance": stats.spec_decode_acceptance_rate,
+            "per_forward": stats.spec_decode_mean_acceptance_length,
+            "seconds": sum(s.duration for s in res.steps),
+        }
+
+    base = run("copy a passage", 0)
+    spec = run("copy a passage", 4)
+    same_tokens = base["tokens"] == spec["tokens"]
+    return OUTPUT_LEN, PROMPTS, base, run, same_tokens, spec
+
+
+@app.cell
+def _(OUTPUT_LEN, base, mo, np, plt, same_tokens, spec):
+    _d, _a = np.array(spec["drafts"]), np.array(spec["accepted"])
+    _x = np.arange(1, len(_d) + 1)
+    _fig, _ax = plt.subplots(figsize=(8, 3))
+    _ax.bar(_x, _a, color="tab:green", label="draft accepted")
+    _ax.bar(_x, _d - _a, bottom=_a, color="tab:red", label="draft rejected")
+    _ax.bar(_x, np.ones_like(_d), bottom=_d, color="tab:blue",
+            label="the model's own token (bonus or correction)")
+    _ax.set_xlabel("decode step (one forward each)")
+    _ax.set_ylabel("tokens in the forward")
+    _ax.set_title("Every verification of the copy request, k = 4")
+    _ax.legend(fontsize=8, loc="lower right")
+    _fig.tight_layout()
+    mo.vstack([_fig, mo.md(
+        f"Without speculation, {OUTPUT_LEN} output tokens took **{base['forwards']}** forwards "
+        f"(one prefill, then one per token, the last token sampled in the prefill's step "
+        f"counting as the first). With k = 4 they took **{spec['forwards']}**: "
+        f"acceptance **{spec['acceptance']:.0%}**, **{spec['per_forward']:.2f}** tokens per "
+        f"verifying forward. Wall clock: {base['seconds']:.2f} s vs {spec['seconds']:.2f} s. "
+        f"Identical tokens: **{same_tokens}**.  \n"
+        f"Output: *{spec['text'][:160]!s}...*")])
+    return
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## How many tokens per step, and when it pays
+
+    Suppose each guess is right with probability a, independently, and a step stops at the
+    first wrong one. The step yields 1 + (number of leading correct guesses) tokens, and its
+    expected value is
+
+    $$E[\text{tokens per forward}] = 1 + a + a^2 + \dots + a^k = \frac{1 - a^{k+1}}{1 - a}.$$
+
+    A forward of k + 1 tokens costs 1 + c k plain steps (c measured above for each k), so the
+    expected speedup is
+
+    $$S(a, k, c) = \frac{1 - a^{k+1}}{(1 - a)(1 + c\,k)}.$$
+
+    With a near 1 speculation approaches k + 1 tokens per forward; with a near 0 it pays
+    c k per step for nothing. Prompt lookup breaks the model's assumptions in both directions:
+    it proposes fewer than k tokens (or none) when no match exists, and its guesses are not
+    independent (inside a copied span they are all right; outside, all wrong). We compare
+    the formula, fed with the measured a, against the measured forwards.
+    """)
+    return
+
+
+@app.cell
+def _(PROMPTS, base, c_of_k, np, run, spec):
+    def expected_tokens(a, k):
+        return k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+    def speedup(a, k, c):
+        return expected_tokens(a, k) / (1 + c * k)
+
+    KS = [1, 2, 4, 8]
+    ladder = {"copy a passage": {0: base, 4: spec}, "free-form story": {}}
+    for _prompt in PROMPTS:
+        for _k in [0] + KS:
+            if _k not in ladder[_prompt]:
+                ladder[_prompt][_k] = run(_prompt, _k)
+    rows = []
+    for _prompt, _runs in ladder.items():
+        for _k in KS:
+            _r, _b = _runs[_k], _runs[0]
+            rows.append({
+                "workload": _prompt, "k": _k, "acceptance": _r["acceptance"],
+                "tokens/forward": _r["per_forward"],
+                "formula tokens/forward": expected_tokens(_r["acceptance"], _k),
+                "forwards": _r["forwards"], "forwards without": _b["forwards"],
+                "step speedup": _b["forwards"] / _r["forwards"],
+                "formula speedup": speedup(_r["acceptance"], _k, c_of_k[_k]),
+                "wall speedup": _b["seconds"] / _r["seconds"],
+                "identical": _r["tokens"] == _b["tokens"]})
+    all_identical = all(r["identical"] for r in rows)
+    free_acceptance = float(np.mean([r["acceptance"] for r in rows
+                                     if r["workload"] == "free-form story"]))
+    return KS, all_identical, expected_tokens, free_acceptance, ladder, rows, speedup
+
+
+@app.cell
+def _(KS, c_of_k, ladder, mo, np, plt, rows, speedup):
+    _fig, _axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    _a = np.linspace(0, 0.99, 100)
+    for _k in KS:
+        _axes[0].plot(_a, [speedup(x, _k, c_of_k[_k]) for x in _a], label=f"k = {_k}")
+    for _r in rows:
+        _axes[0].plot(_r["acceptance"], _r["wall speedup"],
+                      "o" if _r["workload"] == "copy a passage" else "s", color="black",
+                      ms=4)
+    _axes[0].axhline(1, color="gray", lw=0.8)
+    _axes[0].set_xlabel("acceptance rate a")
+    _axes[0].set_ylabel("speedup")
+    _axes[0].set_title("S(a, k, c measured per k); dots: measured (wall)")
+    _axes[0].legend(fontsize=8)
+    for _prompt, _marker in [("copy a passage", "o-"), ("free-form story", "s-")]:
+        _axes[1].plot(KS, [ladder[_prompt][0]["forwards"] / ladder[_prompt][_k]["forwards"]
+                           for _k in KS], _marker, label=_prompt)
+    _axes[1].axhline(1, color="gray", lw=0.8)
+    _axes[1].set_xlabel("k (draft tokens per step)")
+    _axes[1].set_ylabel("forwards saved (x)")
+    _axes[1].set_title("Forwards without / with speculation")
+    _axes[1].legend(fontsize=8)
+    _fig.tight_layout()
+    _table = "\n".join(
+        f"| {r['workload']} | {r['k']} | {r['acceptance']:.0%} | {r['tokens/forward']:.2f} | "
+        f"{r['formula tokens/forward']:.2f} | {r['forwards']} / {r['forwards without']} | "
+        f"{r['formula speedup']:.2f}x | {r['wall speedup']:.2f}x | {r['identical']} |"
+        for r in rows)
+    mo.vstack([_fig, mo.md(
+        "| workload | k | acceptance | tokens/fwd | formula | forwards (spec / plain) | "
+        "formula speedup | wall speedup | identical |\n|---|---|---|---|---|---|---|---|---|\n"
+        + _table + "\n\nThe formula assumes independent guesses; prompt lookup's are not "
+        "(a copied span is right all the way, a fresh sentence is wrong all the way), so "
+        "on the copy task the tokens per forward beat the formula at the same acceptance. "
+        "Wall-clock speedups on a shared machine move from run to run; the forward counts "
+        "do not.")])
+    return
+
+
+@app.cell
+def _(mo):
+    k_slider = mo.ui.slider(0, 12, value=8, step=1, label="k (draft tokens)", show_value=True)
+    temperature = mo.ui.dropdown({"0 (greedy)": 0.0, "0.7": 0.7, "1.0": 1.0, "1.5": 1.5},
+                                 value="0 (greedy)", label="temperature")
+    workload = mo.ui.dropdown(["copy a passage", "free-form story"], value="free-form story",
+                              label="workload")
+    mo.vstack([mo.md(r"""
+    ## Try it: make speculation lose
+
+    Speculation is a bet: each forward pays for k guesses whether or not they are right.
+    Raise k on the free-form story and the guesses are mostly wrong: the engine does more
+    arithmetic per step and saves almost no forwards, so it runs slower than plain
+    decoding. Raise the temperature on the copy task and the sampled text leaves the passage
+    sooner, so prompt lookup finds less to propose. The output stays *exact* either way:
+    greedy tokens never change, and sampled tokens follow the model's distribution.
+    """), mo.hstack([k_slider, temperature, workload])])
+    return k_slider, temperature, workload
+
+
+@app.cell
+def _(k_slider, ladder, mo, run, temperature, workload):
+    _t = temperature.value
+    _plain = ladder[workload.value][0] if _t == 0 else run(workload.value, 0, _t)
+    _try = run(workload.value, k_slider.value, _t)
+    widget_result = {"plain": _plain, "spec": _try}
+    _ratio = _plain["seconds"] / _try["seconds"]
+    mo.callout(mo.md(
+        f"**{workload.value}**, k = {k_slider.value}, temperature {_t}: "
+        f"**{_try['forwards']}** forwards vs **{_plain['forwards']}** without speculation; "
+        f"acceptance **{_try['acceptance']:.0%}**, {_try['per_forward']:.2f} tokens per "
+        f"verifying forward; wall {_try['seconds']:.2f} s vs {_plain['seconds']:.2f} s "
+        f"(**{_ratio:.2f}x**). "
+        + ("Same tokens as without speculation." if _try["tokens"] == _plain["tokens"]
+           else "Different tokens: with sampling each run draws its own text (same seed, "
+                "but speculation consumes random numbers in another order).")),
+        kind="success" if _ratio >= 1 else "danger")
+    return (widget_result,)
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## The family
+
+    Prompt lookup is the simplest member of a family that differs only in where the guesses
+    come from; the verification and the acceptance rule are shared:
+
+    * **A draft model** (Leviathan et al., Chen et al. 2023): a small model with the same
+      tokenizer runs k cheap decode steps; q is its distribution. vLLM runs it with its own
+      KV cache. Good acceptance on any text, at the cost of a second model.
+    * **Medusa** (2024): extra heads on the target's last hidden state guess tokens t+2,
+      t+3, ... in the same forward; several candidates per position are checked at once as a
+      tree with a tree-shaped attention mask.
+    * **EAGLE** (2024) and **MTP** (DeepSeek-V3): a one-layer head that continues the target's
+      own features autoregressively; today's highest acceptance rates.
+    * **Lookahead decoding** (2024): Jacobi iterations produce n-grams on the fly, with no
+      draft model, then verify them like prompt lookup does.
+
+    All of them shine at small batch, where a step is bound by reading weights. At large
+    batch the step is already compute-bound (many sequences share one weight read), the
+    extra tokens are no longer free, and speculation's gain shrinks or turns into a loss:
+    `minivllm bench spec` measures batch 1 against batch 8.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    answer = mo.ui.number(start=0, stop=20, step=0.01, value=0,
+                          label="expected tokens per forward")
+    mo.vstack([mo.md(r"""
+    ## Exercise
+
+    A proposer's guesses are each accepted with probability **a = 0.8**, independently, and
+    it always proposes **k = 4** tokens. How many tokens does one verifying forward yield on
+    average (accepted guesses plus the model's own token)? Give two decimals.
+    """), answer])
+    return (answer,)
+
+
+@app.cell
+def _(expected_tokens):
+    def check_tokens_per_forward(value, a=0.8, k=4):
+        truth = expected_tokens(a, k)
+        if not value:
+            return "Enter a number."
+        if abs(value - truth) < 0.01:
+            return (f"Correct: 1 + a + a^2 + a^3 + a^4 = {truth:.2f}. The step stops at the "
+                    "first rejected guess, so guess i counts only if all before it were kept.")
+        if abs(value - (1 + a * k)) < 0.01:
+            return ("Not quite: 1 + a k counts every accepted guess, but a rejection ends the "
+                    "step: guess 3 is kept only if guesses 1 and 2 were too (probability a^3).")
+        if abs(value - truth + 1) < 0.01:
+            return ("Close: you counted the accepted guesses. The forward also yields the "
+                    "model's own token (the correction, or the bonus when all are kept).")
+        if abs(value - (k + 1)) < 0.01:
+            return "That is the best case, when every guess is accepted; a = 0.8 is not 1."
+        return ("Not yet: guess i is kept only if guesses 1..i are all right (probability "
+                "a^i); add those up, then add the model's own token.")
+    return (check_tokens_per_forward,)
+
+
+@app.cell
+def _(answer, check_tokens_per_forward, mo):
+    _msg = check_tokens_per_forward(answer.value)
+    mo.callout(mo.md(_msg), kind="success" if _msg.startswith("Correct") else "neutral")
+    return
+
+
+@app.cell
+def _(
+    OUTPUT_LEN,
+    all_identical,
+    base,
+    check_tokens_per_forward,
+    cost_ratio,
+    free_acceptance,
+    ladder,
+    rows,
+    same_tokens,
+    spec,
+    widget_result,
+):
+    def test_verifying_five_tokens_costs_far_less_than_five_steps():
+        assert cost_ratio[5] < 3.5 and cost_ratio[17] < 10     # medians; 5 and 17 if paid per token
+
+    def test_speculation_never_changes_greedy_tokens():
+        assert same_tokens and all_identical
+
+    def test_copying_takes_far_fewer_forwards():
+        assert base["forwards"] == OUTPUT_LEN              # a prefill, then 47 decodes
+        assert spec["forwards"] <= base["forwards"] // 2
+        assert sum(spec["accepted"]) + len(spec["accepted"]) + 1 == OUTPUT_LEN
+
+    def test_each_step_yields_between_one_and_k_plus_one_tokens():
+        for _r in rows:
+            assert 1 <= _r["tokens/forward"] <= _r["k"] + 1
+        assert all(a <= d <= 4 for a, d in zip(spec["accepted"], spec["drafts"]))
+
+    def test_free_form_text_is_hard_to_guess():
+        assert free_acceptance < 0.5
+        _copy = ladder["copy a passage"]
+        assert all(_copy[k]["acceptance"] > free_acceptance for k in _copy if k)
+
+    def test_the_widget_ran_the_engine():
+        assert widget_result["spec"]["forwards"] >= 1
+
+    def test_exercise_checker():
+        assert check_tokens_per_forward(3.36).startswith("Correct")
+        assert "1 + a k" in check_tokens_per_forward(4.2)
+        assert "own token" in check_tokens_per_forward(2.36)
+        assert "best case" in check_tokens_per_forward(5)
+    return
+
+
+@app.cell
+def _(base, c_of_k, cost_ratio, free_acceptance, mo, rows, same_tokens, spec):
+    findings = {
+        "forward_cost_ratio": {str(T): round(r, 3) for T, r in cost_ratio.items()},
+        "cost_per_draft_token": {str(k): round(c, 3) for k, c in c_of_k.items()},
+        "copy_forwards": {"plain": base["forwards"], "k4": spec["forwards"]},
+        "copy_acceptance_k4": round(spec["acceptance"], 3),
+        "copy_tokens_per_forward_k4": round(spec["per_forward"], 3),
+        "free_form_acceptance": round(free_acceptance, 3),
+        "step_speedup": {f"{r['workload']} k={r['k']}": round(r["step speedup"], 2)
+                         for r in rows},
+        "wall_speedup": {f"{r['workload']} k={r['k']}": round(r["wall speedup"], 2)
+                         for r in rows},
+        "identical_greedy_tokens": same_tokens,
+    }
+    print("findings:", findings)
+    mo.md(f"""
+    ## What we found
+
+    * One forward of 5 tokens cost **{cost_ratio[5]:.2f}x** a one-token step on this
+      device (c = {c_of_k[4]:.2f} of a step per draft token at k = 4): verification costs
+      far less than the steps it replaces.
+    * Copying a passage, k = 4: **{spec['forwards']}** forwards instead of
+      **{base['forwards']}**, acceptance {spec['acceptance']:.0%},
+      {spec['per_forward']:.2f} tokens per verifying forward, greedy tokens identical.
+    * Free-form text: acceptance {free_acceptance:.0%}. The guesses cost arithmetic and save
+      almost no forwards; large k makes it slower than plain decoding.
+
+    ## Where the code lives
+
+    * `minivllm/spec_decode.py`: `NgramProposer.propose` (prompt lookup), `greedy_accept`
+      and `rejection_sample` (the acceptance rule), `SpeculativeDecoder` (propose before the
+      scheduler, set the draft rows aside, accept, roll back the rejected slots).
+    * `minivllm/scheduler.py`: drafts fit into the token budget and get lookahead slots
+      (`BlockManager.append_slots`); `minivllm/block_manager.py`: `free_lookahead_slots`.
+    * `minivllm/model_runner.py`: a sequence with k drafts returns k + 1 logits rows.
+    * `minivllm/config.py`: `SpeculativeConfig` (vLLM's `speculative_config` dict).
+    * `minivllm/bench_spec.py`: `minivllm bench spec`, batch 1 against batch 8.
+    """)
+    return (findings,)
+
+
+if __name__ == "__main__":
+    app.run()
