@@ -300,3 +300,13 @@ def test_page_renders_a_recorded_run(demo):
     # Without a run (quick mode) the page still has the prose and the code.
     bare = lesson_page.render_page(path, None, figure_prefix="f", source_path="lessons/99_demo.py")
     assert bare.markdown.startswith("# 99 · Harness demo") and "knob = mo.ui.slider" in bare.markdown
+
+
+def test_a_widget_in_a_layout_shows_its_label_and_value_not_its_index():
+    import marimo as mo
+    stepped = lesson_page._static_html(mo.ui.slider(steps=[4, 8, 16, 32], value=16,
+                                                    label="block_size").text)
+    assert "<b>block_size</b> = <code>16</code>" in stepped        # the value, not index 2
+    choice = lesson_page._static_html(mo.ui.dropdown({"a": 1, "b": 2}, value="b",
+                                                     label="mode").text)
+    assert "<b>mode</b> = <code>&quot;b&quot;</code>" in choice

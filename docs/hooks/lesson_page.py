@@ -191,7 +191,11 @@ def _static_html(text: str) -> str:
             return f'<span class="arithmatex">{inner}</span>'
         if tag == "marimo-ui-element":
             return _static_html(inner)
-        value = a.get("data-initial-value")
+        value, steps = a.get("data-initial-value"), a.get("data-steps")
+        if isinstance(steps, list) and isinstance(value, int) and 0 <= value < len(steps):
+            value = steps[value]                 # a stepped slider holds the index of its step
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]                     # a dropdown holds [its selected option]
         label = html.unescape(re.sub(r"<[^>]+>", "", str(a.get("data-label") or ""))).strip()
         shown = f" = <code>{html.escape(json.dumps(value))}</code>" if value is not None else ""
         return (f'<span class="lesson-widget" title="live in marimo edit">{tag[7:]} '
