@@ -304,9 +304,9 @@ def test_page_renders_a_recorded_run(demo):
 
 def test_a_widget_in_a_layout_shows_its_label_and_value_not_its_index():
     import marimo as mo
-    stepped = lesson_page._static_html(mo.ui.slider(steps=[4, 8, 16, 32], value=16,
+    stepped = lesson_page.static_html(mo.ui.slider(steps=[4, 8, 16, 32], value=16,
                                                     label="block_size").text)
     assert "<b>block_size</b> = <code>16</code>" in stepped        # the value, not index 2
-    choice = lesson_page._static_html(mo.ui.dropdown({"a": 1, "b": 2}, value="b",
+    choice = lesson_page.static_html(mo.ui.dropdown({"a": 1, "b": 2}, value="b",
                                                      label="mode").text)
     assert "<b>mode</b> = <code>&quot;b&quot;</code>" in choice

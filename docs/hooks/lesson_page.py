@@ -9,7 +9,7 @@ it brings ~60 packages (ipykernel, jupyter_client, ...), loads MathJax and merma
 unless vendored, and renders a notebook as one HTML block outside Material's code blocks, dark
 mode and search. What no tool does, and stays here: marimo's displayed HTML uses custom elements
 (`<marimo-callout-output>`, `<marimo-mime-renderer>`, `<marimo-ui-element>`, `<marimo-tex>`)
-that need marimo's front end; `_static_html` turns them into plain HTML.
+that need marimo's front end; `static_html` turns them into plain HTML.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, sour
         def fig(m: re.Match[str]) -> str:
             figures[f"{figure_prefix}/{m.group(1)}"] = Path(run.out_dir) / m.group(1)
             return f"{figure_prefix}/{m.group(1)}"
-        return re.sub(r"lesson-figure:([\w.-]+)", fig, _static_html(text))
+        return re.sub(r"lesson-figure:([\w.-]+)", fig, static_html(text))
 
     src = lambda c: "".join(c.get("source", ""))  # noqa: E731
     first = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"), None)
@@ -156,7 +156,7 @@ _ATTR = re.compile(r"""([\w-]+)=(?:'([^']*)'|"([^"]*)")""")
 _KIND = {"warn": "warning", "success": "success", "info": "info", "danger": "danger"}
 
 
-def _static_html(text: str) -> str:
+def static_html(text: str) -> str:
     """marimo's custom elements as plain HTML (innermost first: callouts nest markdown)."""
 
     def attrs(raw: str) -> dict[str, Any]:
@@ -173,7 +173,7 @@ def _static_html(text: str) -> str:
         tag, a, inner = m.group(1), attrs(m.group(2)), m.group(3)
         if tag == "marimo-callout-output":
             kind = _KIND.get(str(a.get("data-kind")), "note")
-            return f'<div class="admonition {kind}">{_static_html(str(a.get("data-html")))}</div>'
+            return f'<div class="admonition {kind}">{static_html(str(a.get("data-html")))}</div>'
         if tag == "marimo-mime-renderer":
             data = a.get("data-data")
             data = json.loads(data) if isinstance(data, str) and data[:1] == "{" else data
@@ -184,13 +184,13 @@ def _static_html(text: str) -> str:
                     size = f' width="{int(width)}"' if width else ""
                     return f'<img class="lesson-figure" alt="Figure" src="{data[kind]}"{size}>'
                 data = data.get("text/html") or data.get("text/plain", "")
-            return _static_html(str(data))
+            return static_html(str(data))
         if tag == "marimo-tex":
             for a, b in (("||[", "\\["), ("||]", "\\]"), ("||(", "\\("), ("||)", "\\)")):
                 inner = inner.replace(a, b)
             return f'<span class="arithmatex">{inner}</span>'
         if tag == "marimo-ui-element":
-            return _static_html(inner)
+            return static_html(inner)
         value, steps = a.get("data-initial-value"), a.get("data-steps")
         if isinstance(steps, list) and isinstance(value, int) and 0 <= value < len(steps):
             value = steps[value]                 # a stepped slider holds the index of its step
