@@ -294,7 +294,10 @@ class TensorParallelRunner(ModelRunner):
         backend = "nccl" if device.type == "cuda" else "gloo"
         store = dist.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=START_TIMEOUT))
-        ctx = torch.multiprocessing.get_context("spawn")
+        # vLLM's rule: fork (instant, torch already imported) unless CUDA is in play, which a
+        # forked child cannot use; then spawn (a fresh interpreter: seconds to import torch).
+        fork_ok = device.type == "cpu" and not torch.cuda.is_initialized()
+        ctx = torch.multiprocessing.get_context("fork" if fork_ok else "spawn")
         self.results, self.commands, self.workers = ctx.Queue(), [], []
         self._listening, self.failure = False, None
         threads = max(1, torch.get_num_threads() // n)
@@ -353,6 +356,8 @@ class TensorParallelRunner(ModelRunner):
         raise RuntimeError(self.failure)
 
     def _send(self, method: str, *args) -> None:
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
         if self._listening:
             self.check_workers()
             for q in self.commands:
@@ -390,4 +395,5 @@ class TensorParallelRunner(ModelRunner):
     def shutdown(self) -> None:
         """Stop the workers (also done when the runner is garbage-collected, or at exit)."""
         self._listening = False
+        self.failure = self.failure or "this tensor-parallel engine was shut down"
         self._finalizer()
