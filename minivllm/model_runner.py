@@ -17,6 +17,8 @@ configuration, so LLMEngine.reconfigure can rebuild it over the same weights.
 With tensor parallelism (minivllm/parallel.py) every rank holds a ModelRunner over its shard
 of the weights and its share of the KV heads; `execute_model` is the part all ranks run.
 
+Decode steps on CUDA replay CUDA graphs, and torch.compile is an option (minivllm/compilation.py).
+
 Left out, compared with vLLM: persistent input buffers reused across prefill steps, pipelined
 (async) scheduling, multi-modal inputs and LoRA.
 """
@@ -28,6 +30,7 @@ import logging
 import torch
 
 from minivllm.attention import AttentionMetadata, resolve_attention_backend
+from minivllm.compilation import CUDAGraphRunner, set_compilation
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.loader import load_weights
@@ -75,6 +78,7 @@ class ModelRunner:
                              f"{self.tp_size}), got {engine_config.tensor_parallel_size}: "
                              "start a new LLM for another size")
         self.engine_config = engine_config
+        self.cuda_graphs = None
         self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -113,6 +117,14 @@ class ModelRunner:
                                                   self.block_size, self.dtype, torch.device("cpu"))
             if self.device.type == "cuda":
                 self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
+        # Fewer launches per step (minivllm/compilation.py): torch.compile, then decode graphs
+        # over this pool (a graph records the pool's addresses, so a new pool recaptures).
+        set_compilation(self.model, engine_config.compilation_config)
+        if (self.device.type == "cuda" and not engine_config.enforce_eager and self.tp is None
+                and self.attention_backend == "triton"):
+            self.cuda_graphs = CUDAGraphRunner(
+                self.model, engine_config.max_num_seqs, engine_config.max_model_len,
+                self.block_size, self.decode_scratch, self.device)
 
     def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         for i, attn in enumerate(self.model.attention_layers()):
@@ -225,7 +237,10 @@ class ModelRunner:
     def execute_model(self, input_ids, positions, md, rows) -> torch.Tensor | None:
         """The forward pass and the logits of `rows` (None: no logits). Under tensor
         parallelism every rank runs this, in step, on the same inputs."""
-        hidden = self.model(input_ids, positions, md)                  # (T, hidden)
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(input_ids, md):
+            hidden = self.cuda_graphs.run(input_ids, positions, md)    # decode: one replay
+        else:
+            hidden = self.model(input_ids, positions, md)              # (T, hidden)
         return None if rows is None else self.model.compute_logits(hidden[rows])
 
     @torch.inference_mode()
