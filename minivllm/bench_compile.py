@@ -14,6 +14,7 @@ what CUDA graphs remove on a GPU, where it also hides the GPU behind kernel laun
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -46,6 +47,7 @@ def profile_decode_step(llm, batch: int) -> dict:
     engine.step()
     while any(engine.last_scheduler_output.is_prefill):     # prefill everything first
         engine.step()
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")        # the profiler's own chatter, off
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         engine.step()
