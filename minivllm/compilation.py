@@ -60,6 +60,7 @@ class CUDAGraphRunner:
         self.query_start_loc = torch.arange(n + 1, **i64)         # one token per sequence
         self.max_model_len, self.scratch = max_model_len, decode_scratch
         self.graphs, self.outputs = {}, {}
+        self.replays: dict[int, int] = {}     # bucket -> decode steps replayed (lessons, tests)
         pool = None
         for bs in reversed(self.sizes):       # largest first: the smaller ones share its pool
             md = self._metadata(bs)
@@ -93,5 +94,6 @@ class CUDAGraphRunner:
         self.seq_lens[n:bs].fill_(1)
         self.block_tables[:n, :md.block_tables.shape[1]].copy_(md.block_tables)
         self.graphs[bs].replay()
+        self.replays[bs] = self.replays.get(bs, 0) + 1
         return self.outputs[bs][:n]
     # --8<-- [end:replay]

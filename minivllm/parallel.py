@@ -30,6 +30,7 @@ splits (a tp size must divide the heads, as in vLLM); quantized or LoRA layers u
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import queue
@@ -52,7 +53,10 @@ START_TIMEOUT = 600.0          # seconds for workers to import torch and load th
 
 
 class TensorParallelGroup:
-    """This process's rank among the tp ranks, and the collectives the model needs."""
+    """This process's rank among the tp ranks, and the collectives the model needs.
+
+    A process-group object of its own, not torch.distributed's default group (one per process,
+    set by init_process_group): a process may hold several engines, as tests and lessons do."""
 
     def __init__(self, rank: int, size: int, store, backend: str):
         self.rank, self.size = rank, size
@@ -62,12 +66,10 @@ class TensorParallelGroup:
         else:
             self.pg = dist.ProcessGroupGloo(store, rank, size, COLLECTIVE_TIMEOUT)
         self.num_all_reduce = self.num_all_gather = 0   # counted, for lesson 15
-        self.bytes_all_reduce = 0
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks, in place: every rank ends with the same tensor."""
         self.num_all_reduce += 1
-        self.bytes_all_reduce += x.numel() * x.element_size()
         self.pg.allreduce([x]).wait()
         return x
 
@@ -266,10 +268,8 @@ def _worker_main(rank, size, port, backend, model_config, engine_config, path, d
 
 def _stop_workers(procs, commands) -> None:
     for q in commands:
-        try:
+        with contextlib.suppress(ValueError, OSError):     # a queue already closed
             q.put(("shutdown", ()))
-        except (ValueError, OSError):
-            pass
     for p in procs:
         p.join(timeout=5)
         if p.is_alive():
@@ -350,7 +350,7 @@ class TensorParallelRunner(ModelRunner):
                     reason += f"\nrank {rank}: {payload}" if what == "error" else ""
             except (queue.Empty, OSError, ValueError):
                 pass
-            self.failure = (f"tensor-parallel worker(s) died: " + ", ".join(
+            self.failure = ("tensor-parallel worker(s) died: " + ", ".join(
                 f"{p.name} (pid {p.pid}, exit code {p.exitcode})" for p in dead)
                 + f"; start a new LLM{reason}")
         raise RuntimeError(self.failure)
