@@ -92,7 +92,7 @@ def _(BATCHES, breakdown, mo, plt):
     _ax.set_ylabel("ms, one profiled decode step")
     _ax.legend(fontsize=8)
     _fig.tight_layout()
-    _rows = "\n".join(f"| {_b} | {_r['ops']} | {_r['step_ms']:.1f} | {_r['op_ms']:.1f} | "
+    _rows = "\n    ".join(f"| {_b} | {_r['ops']} | {_r['step_ms']:.1f} | {_r['op_ms']:.1f} | "
                       f"{100 * _r['python_ms'] / _r['profiled_ms']:.0f}% |"
                       for _b, _r in breakdown.items())
     mo.vstack([_fig, mo.md(f"""
@@ -146,7 +146,7 @@ def _(BATCHES, SamplingParams, decode_step_seconds, llm, time):
 
 @app.cell
 def _(breakdown, compile_s, compiled_ms, mo, same_tokens):
-    _rows = "\n".join(f"| {_b} | {breakdown[_b]['step_ms']:.1f} | {_ms:.1f} | "
+    _rows = "\n    ".join(f"| {_b} | {breakdown[_b]['step_ms']:.1f} | {_ms:.1f} | "
                       f"{breakdown[_b]['step_ms'] / _ms:.2f}x |"
                       for _b, _ms in compiled_ms.items())
     mo.md(f"""

@@ -210,7 +210,7 @@ def _(LLM, SamplingParams, TP, llm, mo, time):
 def _(TP, cfg, kv_heads_per_rank, llm, mo, rank_bytes):
     _full = sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
     _split_share = [b["split"] / (_full - (b["total"] - b["split"])) for b in rank_bytes]
-    _rows = "\n".join(f"| {_r} | {b['total'] / 2**20:.1f} | {b['split'] / 2**20:.1f} | "
+    _rows = "\n    ".join(f"| {_r} | {b['total'] / 2**20:.1f} | {b['split'] / 2**20:.1f} | "
                       f"{(b['total'] - b['split']) / 2**20:.3f} | {_s:.3f} |"
                       for _r, (b, _s) in enumerate(zip(rank_bytes, _split_share)))
     split_share = _split_share
