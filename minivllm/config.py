@@ -126,7 +126,7 @@ class EngineConfig:
     speculative_config: dict | SpeculativeConfig | None = None
     # Tensor parallelism (minivllm/parallel.py): the model split across this many processes.
     tensor_parallel_size: int = 1
-    # Decode steps replay CUDA graphs unless enforce_eager (CUDA only; minivllm/cuda_graphs.py).
+    # Decode steps replay CUDA graphs unless enforce_eager (CUDA; minivllm/compilation.py).
     enforce_eager: bool = False
     # torch.compile of the layers around attention: vLLM's level, 0 (off) or 3; an int or
     # {"level": n}. Off by default: on this CPU it does not pay (docs/benchmarks.md).

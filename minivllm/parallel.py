@@ -23,9 +23,8 @@ gloo on CPU, NCCL on GPUs). A worker that dies breaks the next collective (or is
 the step) and rank 0 raises; a worker that hangs makes the collective time out.
 
 Left out, compared with vLLM: pipeline, data and expert parallelism; fused QKV / gate-up
-weights; vocab padding to a multiple of 64; custom all-reduce kernels and shared-memory input
-broadcast (vLLM's MessageQueue: here a multiprocessing queue per worker); Ray; uneven head
-splits (a tp size must divide the heads, as in vLLM); quantized or LoRA layers under tp > 1.
+weights; vocab padding to a multiple of 64; custom all-reduce kernels; a shared-memory input
+broadcast (here a queue per worker); Ray; quantized, LoRA or compiled layers under tp > 1.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ from minivllm.config import EngineConfig, ModelConfig
 from minivllm.model_runner import ModelRunner
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)   # a hung peer fails the step after this
-START_TIMEOUT = 600.0          # seconds for workers to import torch and load their shard
+START_TIMEOUT = 600.0      # seconds for workers to start and load their shard
 
 
 class TensorParallelGroup:
@@ -356,15 +355,16 @@ class TensorParallelRunner(ModelRunner):
         raise RuntimeError(self.failure)
 
     def _send(self, method: str, *args) -> None:
-        if self.failure is not None:
-            raise RuntimeError(self.failure)
-        if self._listening:
-            self.check_workers()
+        if self._listening or self.failure is not None:
+            self.check_workers()                   # raises once a worker died or we shut down
             for q in self.commands:
                 q.put((method, args))
 
     # The ModelRunner methods the engine calls, each sent to the workers first.
     def init_kv_cache(self, engine_config: EngineConfig) -> None:
+        if engine_config.compilation_config:       # its graphs would break at every all-reduce
+            raise ValueError("compilation_config with tensor_parallel_size > 1 is not "
+                             "supported by minivllm; use compilation_config=0")
         if engine_config.tensor_parallel_size == self.tp_size:
             self._send("init_kv_cache", engine_config)
         super().init_kv_cache(engine_config)
