@@ -286,10 +286,10 @@ class TensorParallelRunner(ModelRunner):
         if device.type == "cuda" and torch.cuda.device_count() < n:
             raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs; torch sees "
                              f"{torch.cuda.device_count()}")
-        for name in ("quantization", "enable_lora"):      # module swaps tp does not shard
+        for name in ("quantization", "enable_lora", "compilation_config"):   # not split here
             if getattr(engine_config, name, None):
                 raise ValueError(f"{name} with tensor_parallel_size > 1 is not supported by "
-                                 "minivllm: its layers are not split across ranks")
+                                 f"minivllm; leave {name} unset with tp > 1")
         backend = "nccl" if device.type == "cuda" else "gloo"
         store = dist.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=START_TIMEOUT))

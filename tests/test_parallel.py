@@ -40,6 +40,8 @@ def test_tp_size_that_does_not_split_the_heads_is_refused(smol_path):
         LLM(str(smol_path), tensor_parallel_size=2)
     with pytest.raises(ValueError, match="tensor_parallel_size must be a positive integer"):
         LLM(str(smol_path), tensor_parallel_size=0)
+    with pytest.raises(ValueError, match="compilation_config with tensor_parallel_size > 1"):
+        LLM(str(smol_path), tensor_parallel_size=3, compilation_config=3)
 
 
 def test_layers_split_on_llama_3_70b_shapes():
