@@ -84,6 +84,21 @@ def test_tp2_greedy_matches_tp1_llama(tiny_llama_tp2):
     assert token_ids(tp2, PROMPTS[:2], sampled) == token_ids(tp1, PROMPTS[:2], sampled)
 
 
+def test_tp2_swap_preemption_matches_tp1(tiny_llama_tp2):
+    """A pool too small for 6 sequences: preempted sequences' blocks are swapped to host memory
+    and back on every rank (reconfigure rebuilt every rank's pool first)."""
+    path, tp2 = tiny_llama_tp2
+    small = dict(SMALL, num_kv_blocks=20, block_size=4, preemption_mode="swap", max_num_seqs=6)
+    prompts = [f"Tell me about number {i} and why it matters" for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    expected = token_ids(LLM(str(path), **small), prompts, params)
+    with tp2.engine.trace() as steps:
+        assert token_ids(tp2.reconfigure(**small), prompts, params) == expected
+    assert sum(len(s.swapped_out) for s in steps) > 0
+    tp2.reconfigure(**SMALL, block_size=16, preemption_mode="recompute", max_num_seqs=64,
+                    max_num_batched_tokens=2048)
+
+
 def test_each_rank_holds_its_share(tiny_llama_tp2):
     path, tp2 = tiny_llama_tp2
     runner = tp2.engine.runner
