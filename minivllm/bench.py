@@ -258,11 +258,15 @@ def main(argv=None) -> None:
     p.add_argument("--num-questions", type=int, default=32)
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
+    from minivllm import bench_compile, bench_tp
     from minivllm.bench_spec import add_parser, bench_spec
     add_parser(sub)
+    bench_tp.add_parser(sub)
+    bench_compile.add_parser(sub)
     args = parser.parse_args(argv)
     {"load": bench_load, "decode": bench_decode, "throughput": bench_throughput,
-     "prefix": bench_prefix, "spec": bench_spec}[args.command](args)
+     "prefix": bench_prefix, "spec": bench_spec, "tp": bench_tp.bench_tp,
+     "compile": bench_compile.bench_compile}[args.command](args)
 
 
 if __name__ == "__main__":

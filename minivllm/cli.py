@@ -2,7 +2,7 @@
 
     minivllm serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-model-len N] ...
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
-    minivllm bench {throughput,decode,prefix,load,spec} ...    # = python -m minivllm.bench
+    minivllm bench {throughput,decode,prefix,load,spec,tp,compile} ...    # = python -m minivllm.bench
 
 Engine flags keep vLLM's names, so a vLLM command line works after `s/vllm/minivllm/` for the
 flags minivllm has. With no MODEL, the packaged SmolLM2-135M-Instruct is served (no network).
@@ -15,7 +15,7 @@ import logging
 import sys
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"   # its name on the hub
-BENCHMARKS = ("throughput", "decode", "prefix", "load", "spec")   # minivllm/bench.py's
+BENCHMARKS = ("throughput", "decode", "prefix", "load", "spec", "tp", "compile")   # minivllm/bench.py's
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -36,6 +36,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="share of the GPU the engine may fill (CUDA)")
     g.add_argument("--num-gpu-blocks-override", type=int, default=None,
                    help="KV pool size in blocks, instead of the memory rule")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="split the model across this many processes (GPUs)")
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -44,7 +47,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
                 gpu_memory_utilization=args.gpu_memory_utilization,
-                num_kv_blocks=args.num_gpu_blocks_override)
+                num_kv_blocks=args.num_gpu_blocks_override,
+                tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)
 
 
 def serve_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

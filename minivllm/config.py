@@ -124,16 +124,32 @@ class EngineConfig:
     # Speculative decoding, vLLM's dict: {"method": "ngram", "num_speculative_tokens": k,
     # "prompt_lookup_max": 4, "prompt_lookup_min": 1} (None: off). Kept as a SpeculativeConfig.
     speculative_config: dict | SpeculativeConfig | None = None
+    # Tensor parallelism (minivllm/parallel.py): the model split across this many processes.
+    tensor_parallel_size: int = 1
+    # Decode steps replay CUDA graphs unless enforce_eager (CUDA; minivllm/compilation.py).
+    enforce_eager: bool = False
+    # torch.compile of the layers around attention: vLLM's level, 0 (off) or 3; an int or
+    # {"level": n}. Off by default: on this CPU it does not pay (docs/benchmarks.md).
+    compilation_config: int | dict = 0
 
     def __post_init__(self):
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                     "kv_cache_memory", "num_kv_blocks", "swap_space"):
+                     "kv_cache_memory", "num_kv_blocks", "swap_space", "tensor_parallel_size"):
             value = getattr(self, name)
             if value is None and name in ("kv_cache_memory", "num_kv_blocks"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("enable_chunked_prefill", "enable_prefix_caching"):
+        if isinstance(self.compilation_config, dict):
+            unknown = sorted(set(self.compilation_config) - {"level"})
+            if unknown:
+                raise ValueError(f"compilation_config: unknown key(s) {unknown}; minivllm "
+                                 "reads only 'level'")
+            self.compilation_config = self.compilation_config.get("level", 0)
+        if self.compilation_config not in (0, 3) or isinstance(self.compilation_config, bool):
+            raise ValueError(f"compilation_config level must be 0 (eager) or 3 (torch.compile "
+                             f"around attention), got {self.compilation_config!r}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.preemption_mode not in ("recompute", "swap"):

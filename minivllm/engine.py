@@ -38,6 +38,7 @@ from minivllm.loader import load_hf_config, load_tokenizer, resolve_model_path
 from minivllm.model_runner import ModelRunner
 from minivllm.output_processor import check_stop, request_output
 from minivllm.outputs import RequestOutput
+from minivllm.parallel import TensorParallelRunner
 from minivllm.processor import validate_request
 from minivllm.sampling_params import SamplingParams
 from minivllm.scheduler import Scheduler, SchedulerOutput
@@ -61,8 +62,9 @@ class LLMEngine:
         self.eos_token_ids = set(self.model_config.eos_token_id)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        self.runner = ModelRunner(self.model_config, config, self.model_path, self.device,
-                                  self.dtype)
+        runner_cls = ModelRunner if config.tensor_parallel_size == 1 else TensorParallelRunner
+        self.runner = runner_cls(self.model_config, config, self.model_path, self.device,
+                                 self.dtype)
         self._seq_ids = itertools.count()
         self._traces: list[list[StepRecord]] = []
         self._init_state(config)

@@ -10,8 +10,10 @@ transformers. A word-level tokenizer stands in for the real one (the benchmark f
 The checkpoint is written to /dev/shm when it has room (memory, not disk: the 8B checkpoint is
 16 GB), else to the temp directory, and deleted afterwards.
 
+    python -m minivllm.gpu_bench --decode-modes           # decode step: eager / graphs / compile
+
 Nothing here asserts: it prints what it measured, the machine, and a one-line summary per model
-last. Leaves out CUDA graphs (the engine's decode steps are eager) and multi-GPU. The kernels
+last. Leaves out multi-GPU. The kernels
 alone: `python -m kernels.bench`.
 """
 
@@ -127,6 +129,32 @@ def run_e2e(name: str, batch: int = 64, prompt_len: int = 512, new_tokens: int =
 
 
 
+def run_decode_modes(name: str, batches=(1, 2, 4, 8, 16, 32, 64), steps: int = 16) -> dict:
+    """Median decode step (ms) per batch size: eager, CUDA graphs, CUDA graphs + compile."""
+    from minivllm import LLM
+    from minivllm.bench_compile import decode_step_seconds
+    modes = {"eager": dict(enforce_eager=True), "graphs": {},
+             "graphs+compile": dict(compilation_config=3)}
+    res = {"model": name, "batches": list(batches)}
+    nbytes = 2 * approx_params(MODEL_SHAPES[name])
+    with tempfile.TemporaryDirectory(dir=checkpoint_dir(nbytes)) as tmp:
+        random_checkpoint(name, Path(tmp))
+        gc.collect()
+        torch.cuda.empty_cache()
+        llm = LLM(tmp, dtype="bfloat16", max_model_len=1024, max_num_seqs=max(batches),
+                  num_kv_blocks=max(batches) * 8)
+        for mode, settings in modes.items():
+            t0 = time.perf_counter()
+            llm.reconfigure(enforce_eager=False, compilation_config=0, **settings)
+            decode_step_seconds(llm, 1, 2)                     # compile / capture warm-up
+            res[f"{mode}_setup_s"] = time.perf_counter() - t0
+            res[mode] = [1e3 * decode_step_seconds(llm, b, steps) for b in batches]
+            print(f"  {mode:>15}: " + " ".join(f"{ms:7.2f}" for ms in res[mode])
+                  + f"   ms/step at batch {list(batches)} (setup {res[f'{mode}_setup_s']:.0f} s)")
+        del llm
+    return res
+
+
 def approx_params(cfg: dict) -> int:
     """Parameter count of a Llama-family config: embeddings, attention, MLP (norms ignored)."""
     h, layers, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
@@ -149,11 +177,23 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--models", default="qwen3-0.6b",
                     help=f"comma-separated model shapes, from {sorted(MODEL_SHAPES)}")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--decode-modes", action="store_true", help="instead: decode step time, "
+                    "eager vs CUDA graphs vs graphs + torch.compile, batch 1..64")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("minivllm.gpu_bench measures GPU speed and needs CUDA; on a CPU use "
                          "`python -m minivllm.bench`")
     print(f"machine: {machine()}")
+    if args.decode_modes:
+        results = []
+        for name in args.models.split(","):
+            print(f"\ndecode step, {name} shapes, random weights, bf16")
+            results.append(run_decode_modes(name))
+            if args.json:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps({"machine": machine(), "decode_modes": results},
+                                                indent=2))
+        return results
     results = []
     for name in args.models.split(","):
         print(f"\nend to end, {name} shapes, random weights, bf16")

@@ -214,6 +214,9 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
                     raise KeyError(f"checkpoint tensor {name!r} has no place in the model")
                 tensor = f.get_tensor(name)
                 param = params[name]
+                owner = model.get_submodule(name.rpartition(".")[0])
+                if hasattr(owner, "shard"):        # tensor parallelism: this rank's slice
+                    tensor = owner.shard(tensor)
                 if tuple(tensor.shape) != tuple(param.shape):
                     raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model "
                                      f"shape {tuple(param.shape)}")

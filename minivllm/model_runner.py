@@ -14,8 +14,13 @@ tokens (speculative decoding) computes them after its own tokens and gets k + 1 
 The weights are loaded once; the KV pool (`init_kv_cache`) is sized and allocated per engine
 configuration, so LLMEngine.reconfigure can rebuild it over the same weights.
 
-Left out, compared with vLLM: CUDA graphs, torch.compile, persistent input buffers reused
-across steps, pipelined (async) scheduling, multi-modal inputs and LoRA.
+With tensor parallelism (minivllm/parallel.py) every rank holds a ModelRunner over its shard
+of the weights and its share of the KV heads; `execute_model` is the part all ranks run.
+
+Decode steps on CUDA replay CUDA graphs, and torch.compile is an option (minivllm/compilation.py).
+
+Left out, compared with vLLM: persistent input buffers reused across prefill steps, pipelined
+(async) scheduling, multi-modal inputs and LoRA.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import torch
 
 from minivllm.attention import AttentionMetadata, resolve_attention_backend
+from minivllm.compilation import CUDAGraphRunner, set_compilation
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.loader import load_weights
@@ -40,14 +46,21 @@ DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the p
 
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, tp=None):
         self.config = model_config
         self.device, self.dtype = device, dtype
+        # Tensor parallelism: tp is this rank's TensorParallelGroup (None: one process). The
+        # KV pool holds this rank's KV heads only, so it is sized from kv_config.
+        self.tp, self.tp_size = tp, tp.size if tp else 1
+        self.kv_config = model_config
         # Before the model is built: building it may import Triton (through torch), and on a CPU
         # Triton must see TRITON_INTERPRET=1 before that (see minivllm/__init__.py).
         resolve_attention_backend(engine_config.attention_backend, device, dtype)
         with torch.device("meta"):          # no time wasted on random init of real weights
             model = LlamaForCausalLM(model_config)
+            if tp is not None:
+                from minivllm.parallel import parallelize
+                self.kv_config = parallelize(model, model_config, tp)
         model = model.to_empty(device=device).to(dtype)
         if model_config.tie_word_embeddings:  # to_empty breaks the tie: restore it
             model.lm_head.weight = model.model.embed_tokens.weight
@@ -60,7 +73,12 @@ class ModelRunner:
     def init_kv_cache(self, engine_config: EngineConfig) -> None:
         """Size and allocate the KV pool (and the swap pool) for engine_config, replacing any
         pool from an earlier configuration. The weights stay as they are."""
+        if engine_config.tensor_parallel_size != self.tp_size:
+            raise ValueError(f"tensor_parallel_size is fixed when the engine starts (here "
+                             f"{self.tp_size}), got {engine_config.tensor_parallel_size}: "
+                             "start a new LLM for another size")
         self.engine_config = engine_config
+        self.cuda_graphs = None
         self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -73,8 +91,8 @@ class ModelRunner:
         if self.attention_backend == "triton":
             from minivllm.triton_attention import DecodeScratch
             self.decode_scratch = DecodeScratch.allocate(
-                engine_config.max_num_seqs, self.config.num_attention_heads,
-                self.config.head_dim, engine_config.max_model_len, self.device)
+                engine_config.max_num_seqs, self.kv_config.num_attention_heads,
+                self.kv_config.head_dim, engine_config.max_model_len, self.device)
         self.model.model.rotary_emb.build(engine_config.max_model_len, self.device, self.dtype)
         # The KV pool. "paged": blocks of block_size tokens; "contiguous": one slab of
         # max_model_len tokens per sequence (lesson 01's baseline), addressed the same way.
@@ -82,7 +100,9 @@ class ModelRunner:
         self.block_size = (engine_config.block_size if self.kv_layout == "paged"
                            else engine_config.max_model_len)
         self.num_blocks = self._num_kv_blocks()
-        self.kv_cache = allocate_kv_cache(self.config, self.num_blocks, self.block_size,
+        if self.tp is not None:             # every rank's pool has the same number of blocks
+            self.num_blocks = self.tp.all_reduce_min(self.num_blocks)
+        self.kv_cache = allocate_kv_cache(self.kv_config, self.num_blocks, self.block_size,
                                           self.dtype, self.device)
         self._bind_kv_cache(self.kv_cache)
         logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
@@ -91,12 +111,20 @@ class ModelRunner:
         # The swap pool: same layout, in host memory (pinned, so copies can be asynchronous).
         self.num_cpu_blocks = 0
         if engine_config.preemption_mode == "swap":
-            block_bytes = kv_bytes_per_token(self.config, self.dtype) * self.block_size
+            block_bytes = kv_bytes_per_token(self.kv_config, self.dtype) * self.block_size
             self.num_cpu_blocks = engine_config.swap_space // block_bytes
-            self.cpu_kv_cache = allocate_kv_cache(self.config, self.num_cpu_blocks,
+            self.cpu_kv_cache = allocate_kv_cache(self.kv_config, self.num_cpu_blocks,
                                                   self.block_size, self.dtype, torch.device("cpu"))
             if self.device.type == "cuda":
                 self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
+        # Fewer launches per step (minivllm/compilation.py): torch.compile, then decode graphs
+        # over this pool (a graph records the pool's addresses, so a new pool recaptures).
+        set_compilation(self.model, engine_config.compilation_config)
+        if (self.device.type == "cuda" and not engine_config.enforce_eager and self.tp is None
+                and self.attention_backend == "triton"):
+            self.cuda_graphs = CUDAGraphRunner(
+                self.model, engine_config.max_num_seqs, engine_config.max_model_len,
+                self.block_size, self.decode_scratch, self.device)
 
     def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         for i, attn in enumerate(self.model.attention_layers()):
@@ -108,7 +136,7 @@ class ModelRunner:
         ec = self.engine_config
         if ec.num_kv_blocks is not None:
             return ec.num_kv_blocks
-        block_bytes = kv_bytes_per_token(self.config, self.dtype) * self.block_size
+        block_bytes = kv_bytes_per_token(self.kv_config, self.dtype) * self.block_size
         if ec.kv_cache_memory is not None:
             budget = ec.kv_cache_memory
         elif self.device.type == "cuda":
@@ -127,7 +155,7 @@ class ModelRunner:
         """CUDA: what is left for KV after weights and the peak activations of the largest
         step (a prefill of max_num_batched_tokens), within gpu_memory_utilization."""
         n = min(self.engine_config.max_num_batched_tokens, self.engine_config.max_model_len)
-        scratch = allocate_kv_cache(self.config, -(-n // self.block_size), self.block_size,
+        scratch = allocate_kv_cache(self.kv_config, -(-n // self.block_size), self.block_size,
                                     self.dtype, self.device)
         self._bind_kv_cache(scratch)
         seq = SequenceGroup("profile", None, [0] * n, SamplingParams(), -1).seqs[0]
@@ -196,17 +224,24 @@ class ModelRunner:
         nothing), and their logits, (S, vocab) float32: one row per sequence, its last, or
         k + 1 rows for a sequence verifying k draft tokens, the last row last."""
         input_ids, positions, md = self.prepare(seqs, num_new_tokens)
-        hidden = self.model(input_ids, positions, md)                  # (T, hidden)
         sampling = [i for i, (s, n) in enumerate(zip(seqs, num_new_tokens))
                     if s.num_computed_tokens + n == len(s) + len(s.spec_token_ids)]
-        if not sampling:
-            return [], None
-        rows = md.query_start_loc[1:][sampling] - 1
+        rows = md.query_start_loc[1:][sampling] - 1 if sampling else None
         drafts = [len(seqs[i].spec_token_ids) for i in sampling]
         if any(drafts):                     # the rows that verify each draft, then the last
             rows = torch.cat([torch.arange(r - k, r + 1, device=rows.device)
                               for r, k in zip(rows.tolist(), drafts)])
-        return sampling, self.model.compute_logits(hidden[rows])   # (S + drafts, vocab)
+        logits = self.execute_model(input_ids, positions, md, rows)   # (S + drafts, vocab)
+        return (sampling, logits) if sampling else ([], None)
+
+    def execute_model(self, input_ids, positions, md, rows) -> torch.Tensor | None:
+        """The forward pass and the logits of `rows` (None: no logits). Under tensor
+        parallelism every rank runs this, in step, on the same inputs."""
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(input_ids, md):
+            hidden = self.cuda_graphs.run(input_ids, positions, md)    # decode: one replay
+        else:
+            hidden = self.model(input_ids, positions, md)              # (T, hidden)
+        return None if rows is None else self.model.compute_logits(hidden[rows])
 
     @torch.inference_mode()
     def prompt_logits(self, seq: Sequence) -> torch.Tensor:
@@ -214,4 +249,4 @@ class ModelRunner:
         for checking the model against a reference; the serving path never needs them."""
         n = seq.num_uncomputed_tokens
         input_ids, positions, md = self.prepare([seq], [n])
-        return self.model.compute_logits(self.model(input_ids, positions, md))
+        return self.execute_model(input_ids, positions, md, torch.arange(n, device=self.device))

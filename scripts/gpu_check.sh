@@ -5,7 +5,8 @@
 #   scripts/gpu_check.sh kernels      # kernel benchmark: decode GB/s, prefill TFLOP/s (~2 min)
 #   scripts/gpu_check.sh e2e-small    # engine vs transformers, Qwen3-0.6B shapes (~3 min)
 #   scripts/gpu_check.sh e2e-8b       # engine vs transformers, Llama-3-8B shapes (~6 min)
-#   scripts/gpu_check.sh all          # the four in a row (a long session only)
+#   scripts/gpu_check.sh graphs       # decode step eager / CUDA graphs / + compile, batch 1..64
+#   scripts/gpu_check.sh all          # all of them in a row (a long session only)
 #
 # Needs a CUDA GPU and a Python with torch, triton, transformers, numpy and pytest; no network
 # (random weights of real model shapes), no uv. PYTHON picks the interpreter (default: python,
@@ -25,8 +26,8 @@ fi
 RESULTS=${OUT:-build/gpu_check}
 mkdir -p "$RESULTS"
 step=${1:-}
-case "$step" in tests|kernels|e2e-small|e2e-8b|all) ;; *)
-    echo "usage: $0 tests|kernels|e2e-small|e2e-8b|all   (one step per call; see the header)"
+case "$step" in tests|kernels|e2e-small|e2e-8b|graphs|all) ;; *)
+    echo "usage: $0 tests|kernels|e2e-small|e2e-8b|graphs|all   (one step per call; see the header)"
     exit 2 ;;
 esac
 
@@ -46,7 +47,7 @@ if [ "$step" = tests ] || [ "$step" = all ]; then
     # The marked GPU tests, then the interpreter-sized kernel tests compiled for the GPU. The
     # engine tests that need the packaged SmolLM2 skip themselves where it is not installed.
     run tests $PYTHON -m pytest -p no:cacheprovider -q -rs --junitxml="$RESULTS/tests.xml" \
-        tests/test_gpu.py tests/test_kernels.py || status=1
+        tests/test_gpu.py tests/test_kernels.py tests/test_compilation.py || status=1
     echo "tests: $(grep -E '(passed|failed|error)' "$RESULTS/tests.log" | tail -1)"
 fi
 if [ "$step" = kernels ] || [ "$step" = all ]; then
@@ -59,6 +60,10 @@ fi
 if [ "$step" = e2e-8b ] || [ "$step" = all ]; then
     run e2e-8b $PYTHON -m minivllm.gpu_bench --models llama3-8b \
         --json "$RESULTS/e2e-8b.json" || status=1
+fi
+if [ "$step" = graphs ] || [ "$step" = all ]; then
+    run graphs $PYTHON -m minivllm.gpu_bench --models qwen3-0.6b --decode-modes \
+        --json "$RESULTS/graphs.json" || status=1
 fi
 echo "gpu_check $step: $([ $status = 0 ] && echo ok || echo FAILED); results in $RESULTS/"
 exit $status

@@ -1,0 +1,72 @@
+"""torch.compile (compilation_config=3) and CUDA graphs for decode (minivllm/compilation.py).
+
+Compiling runs Inductor once (C++ on this CPU: ~20 s idle), so one tiny checkpoint is compiled
+once. The graph tests need CUDA and are skipped here."""
+
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.compilation import capture_sizes
+
+from conftest import PROMPTS, gpu
+
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+def test_capture_sizes():
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert capture_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
+
+
+def test_compilation_config_is_checked(tiny_checkpoint):
+    path, _ = tiny_checkpoint("llama")
+    with pytest.raises(ValueError, match=r"level must be 0 \(eager\) or 3"):
+        LLM(str(path), compilation_config=2)
+    with pytest.raises(ValueError, match="unknown key"):
+        LLM(str(path), compilation_config={"level": 3, "backend": "eager"})
+
+
+def test_compiled_model_matches_eager(tiny_checkpoint):
+    path, _ = tiny_checkpoint("llama")
+    llm = LLM(str(path), max_model_len=256, num_kv_blocks=64)
+    ids = llm.tokenizer.encode(PROMPTS[2])
+    eager_logits = llm.engine.prompt_logits(ids)
+    eager = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False)]
+    llm.reconfigure(compilation_config={"level": 3})
+    compiled_mlp = llm.engine.runner.model.model.layers[0].mlp
+    assert compiled_mlp._compiled_call_impl is not None
+    torch.testing.assert_close(llm.engine.prompt_logits(ids), eager_logits, rtol=1e-4,
+                               atol=1e-4)
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False)]
+    assert got == eager                     # prefill, decode, several token counts: one graph
+    llm.reconfigure(compilation_config=0)
+    assert compiled_mlp._compiled_call_impl is None
+
+
+@gpu
+def test_cuda_graphs_decode_matches_eager(smol_path):
+    """A batch of 8 replays the 8 graph with no padding: the same kernels on the same shapes
+    as eager, so the same tokens. A batch of 5 pads up to 8 (its matmuls then run at 8 rows,
+    where cuBLAS may pick other kernels: bf16 rounding may differ, so only its count is
+    checked)."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    graphs = LLM(str(smol_path), device="cuda", max_model_len=512, max_num_seqs=8)
+    runner = graphs.engine.runner
+    assert sorted(runner.cuda_graphs.graphs) == [1, 2, 4, 8]
+    got = [o.outputs[0].token_ids for o in graphs.generate(PROMPTS[:8], params, use_tqdm=False)]
+    assert runner.cuda_graphs.replays == {8: 23}          # every decode step was a replay
+    graphs.generate(PROMPTS[:5], params, use_tqdm=False)
+    assert runner.cuda_graphs.replays == {8: 46}          # 5 sequences padded up to 8
+    graphs.reconfigure(enforce_eager=True)
+    assert graphs.engine.runner.cuda_graphs is None
+    eager = [o.outputs[0].token_ids for o in graphs.generate(PROMPTS[:8], params, use_tqdm=False)]
+    assert got == eager
+
+
+@gpu
+def test_cuda_graphs_off_for_torch_attention(smol_path):
+    llm = LLM(str(smol_path), device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4)
+    assert llm.engine.runner.attention_backend == "torch"
+    assert llm.engine.runner.cuda_graphs is None       # its gather needs host-side sizes
