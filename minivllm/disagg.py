@@ -33,13 +33,11 @@ parallel ranks, and the HTTP proxy itself (the front here is an LLM-like object)
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import pickle
 import queue
-import socket
 import threading
 import time
 from collections import deque
@@ -49,9 +47,6 @@ import torch
 import torch.distributed as dist
 
 from minivllm.engine import LLMEngine
-from minivllm.kv_cache import kv_bytes_per_token
-from minivllm.outputs import RequestMetrics, RequestOutput
-from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger("minivllm")
 KV, OUTPUTS, REJECT, ABORT, SHUTDOWN, BYE, ERROR = range(7)       # message kinds
