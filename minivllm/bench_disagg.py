@@ -1,6 +1,6 @@
 """Disaggregation benchmark: running decodes while long prompts arrive, colocated vs split.
 
-    minivllm bench disagg                              # 4 decodes, 3 prompts of 768 tokens
+    minivllm bench disagg                 # 4 decodes, 3 prompts of 768 tokens, 8 steps apart
     minivllm bench disagg --long-prompt 1024 --num-long 4
 
 One workload, served twice in the same run through the shared driver (workloads.serve): first
@@ -26,16 +26,18 @@ from minivllm.workloads import FILLER, Request, serve
 
 
 def workload(tokenizer, num_decodes: int, decode_prompt: int, decode_tokens: int,
-             num_long: int, long_prompt: int, long_every: float) -> list[Request]:
-    """num_decodes short requests at t=0 that decode for long, then num_long long prompts
-    arriving every long_every seconds (from long_every on); greedy, EOS ignored."""
+             num_long: int, long_prompt: int, long_every: int) -> list[Request]:
+    """num_decodes short requests at the start that decode for long, then num_long long
+    prompts, one every long_every driver steps (from step 2 on: the decodes are running by
+    then); greedy, EOS ignored. Arrivals count steps, so the schedule is the same on every
+    machine."""
     ids = tokenizer.encode(FILLER * (long_prompt // 30 + 2), add_special_tokens=False)
     decodes = [Request(ids[7 * i:7 * i + decode_prompt],
                        SamplingParams(temperature=0, max_tokens=decode_tokens, ignore_eos=True))
                for i in range(num_decodes)]
     longs = [Request(ids[3 * i + 1:3 * i + 1 + long_prompt],
                      SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
-                     arrival_time=long_every * (i + 1)) for i in range(num_long)]
+                     arrival_step=2 + long_every * i) for i in range(num_long)]
     return decodes + longs
 
 
@@ -53,12 +55,13 @@ def summarize(run, num_decodes: int) -> dict:
             "ttft_long_ms": 1e3 * statistics.median(o.metrics.ttft
                                                     for o in run.outputs[num_decodes:]),
             "decode_tokens_behind_prefill": mixed, "elapsed_s": run.elapsed,
+            "itls_ms": [1e3 * x for x in itls],
             "tokens": [o.outputs[0].token_ids for o in run.outputs]}
 
 
 # --8<-- [start:compare]
 def compare(model=None, num_decodes=4, decode_prompt=32, decode_tokens=48, num_long=3,
-            long_prompt=768, long_every=0.6, llm=None, **engine_kwargs) -> dict:
+            long_prompt=768, long_every=8, llm=None, **engine_kwargs) -> dict:
     """Serve one workload colocated, then split; return both summaries and the transfer
     numbers. `llm`: an already-loaded colocated LLM to use (its settings are kept)."""
     from minivllm import LLM
@@ -96,13 +99,13 @@ def main(argv=None) -> None:
     p.add_argument("--decode-tokens", type=int, default=48)
     p.add_argument("--num-long", type=int, default=3)
     p.add_argument("--long-prompt", type=int, default=768)
-    p.add_argument("--long-every", type=float, default=0.6, help="seconds between long prompts")
+    p.add_argument("--long-every", type=int, default=8, help="driver steps between long prompts")
     args = p.parse_args(argv)
     r = compare(args.model, num_decodes=args.num_decodes, decode_tokens=args.decode_tokens,
                 num_long=args.num_long, long_prompt=args.long_prompt, long_every=args.long_every)
     co, split = r["colocated"], r["disaggregated"]
     print(f"{args.num_decodes} decodes x {args.decode_tokens} tokens, {args.num_long} prompts "
-          f"of {args.long_prompt} tokens every {args.long_every} s; greedy outputs identical: "
+          f"of {args.long_prompt} tokens every {args.long_every} steps; greedy outputs identical: "
           f"{r['identical']}")
     print(f"{'':34}{'colocated':>12}{'disaggregated':>15}{'split/colo':>12}")
     for key in ("itl_mean_ms", "itl_p90_ms", "itl_max_ms", "ttft_short_ms", "ttft_long_ms",

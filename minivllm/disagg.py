@@ -49,7 +49,7 @@ import torch.distributed as dist
 from minivllm.engine import LLMEngine
 
 logger = logging.getLogger("minivllm")
-KV, OUTPUTS, REJECT, ABORT, SHUTDOWN, BYE, ERROR = range(7)       # message kinds
+KV, OUTPUTS, REJECT, ABORT, SHUTDOWN, BYE, ERROR, REPORT = range(8)      # message kinds
 
 
 class KVConnector:
@@ -181,45 +181,53 @@ def serve_decode(engine: LLMEngine) -> dict:
     """The consumer's loop: admit transferred requests when their blocks fit, decode, stream
     outputs back, until the producer says stop (or is gone). Returns the final report."""
     conn, pending, error = engine.kv_connector, deque(), None
-    with engine.trace() as steps:
-        while True:
-            busy = engine.has_unfinished_requests() or pending
-            msgs = conn.poll(0 if busy else 0.01)
-            if any(kind in (SHUTDOWN, ERROR) for kind, _, _ in msgs):
-                error = next((p for k, p, _ in msgs if k == ERROR), None)
-                break
-            for kind, payload, kv in msgs:
-                if kind == KV:
-                    pending.append((payload, kv))
-                elif kind == ABORT:
-                    pending = deque(m for m in pending if m[0]["request_id"] != payload)
-                    engine.abort_request(payload)
-            while pending:                      # first come, first served, as in `waiting`
-                meta, kv = pending[0]
-                try:
-                    if not engine.add_prefilled_request(
-                            meta["request_id"], meta["prompt_token_ids"], meta["params"],
-                            meta["first_token"], conn.kv_loader(kv), meta["first_logprobs"]):
-                        break
-                except ValueError as e:         # it can never run here: the producer keeps it
-                    conn.send(REJECT, (meta["request_id"], str(e)))
-                pending.popleft()
-            if engine.has_unfinished_requests():
-                outs = engine.step()
-                if outs:
-                    conn.send(OUTPUTS, [dataclasses.replace(o, prompt=None, prompt_token_ids=[])
-                                        for o in outs])
-    bm = engine.block_manager
-    report = {"bytes_received": conn.bytes_received, "num_received": conn.num_received,
-              "receive_seconds": conn.transfer_seconds, "num_steps": len(steps),
-              "num_prefill_steps": sum(any(s.is_prefill for s in r.scheduled) for r in steps),
-              "num_blocks": bm.num_blocks, "num_free_blocks": bm.num_free_blocks,
-              "num_referenced_blocks": sum(c > 0 for c in bm.ref_counts),
-              "stats": dataclasses.asdict(engine.stats()), "error": error}
+    counts = {"num_steps": 0, "num_prefill_steps": 0}      # a prefill here would be a bug
+    while True:
+        busy = engine.has_unfinished_requests() or pending
+        msgs = conn.poll(0 if busy else 0.01)
+        if any(kind in (SHUTDOWN, ERROR) for kind, _, _ in msgs):
+            error = next((p for k, p, _ in msgs if k == ERROR), None)
+            break
+        for kind, payload, kv in msgs:
+            if kind == KV:
+                pending.append((payload, kv))
+            elif kind == ABORT:
+                pending = deque(m for m in pending if m[0]["request_id"] != payload)
+                engine.abort_request(payload)
+            elif kind == REPORT:
+                conn.send(REPORT, _report(engine, counts, None))
+        while pending:                          # first come, first served, as in `waiting`
+            meta, kv = pending[0]
+            try:
+                if not engine.add_prefilled_request(
+                        meta["request_id"], meta["prompt_token_ids"], meta["params"],
+                        meta["first_token"], conn.kv_loader(kv), meta["first_logprobs"]):
+                    break
+            except ValueError as e:             # it can never run here: the producer keeps it
+                conn.send(REJECT, (meta["request_id"], str(e)))
+            pending.popleft()
+        if engine.has_unfinished_requests():
+            outs = engine.step()
+            counts["num_steps"] += 1
+            counts["num_prefill_steps"] += engine.last_scheduler_output.num_prefill_tokens > 0
+            if outs:
+                conn.send(OUTPUTS, [dataclasses.replace(o, prompt=None, prompt_token_ids=[])
+                                    for o in outs])
+    report = _report(engine, counts, error)
     if error is None:
         conn.send(BYE, report)
     return report
 # --8<-- [end:serve_decode]
+
+
+def _report(engine: LLMEngine, counts: dict, error: str | None) -> dict:
+    """The consumer's counters: bytes in, steps (and those that prefilled), its pool."""
+    conn, bm = engine.kv_connector, engine.block_manager
+    return {"bytes_received": conn.bytes_received, "num_received": conn.num_received,
+            "receive_seconds": conn.transfer_seconds, **counts,
+            "num_blocks": bm.num_blocks, "num_free_blocks": bm.num_free_blocks,
+            "num_referenced_blocks": sum(c > 0 for c in bm.ref_counts),
+            "stats": dataclasses.asdict(engine.stats()), "error": error}
 
 
 def run_decode_role(model: str | None, engine_kwargs: dict) -> None:

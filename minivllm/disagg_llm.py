@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import torch.multiprocessing as mp
 
-from minivllm.disagg import ABORT, BYE, ERROR, OUTPUTS, REJECT, SHUTDOWN, run_decode_role
+from minivllm.disagg import (ABORT, BYE, ERROR, OUTPUTS, REJECT, REPORT, SHUTDOWN,
+                             run_decode_role)
 from minivllm.engine import LLMEngine
 from minivllm.outputs import RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -116,13 +117,13 @@ class DisaggLLM:
                 self.local.discard(rid)
             outs.append(out)
         idle = not self.producer.has_unfinished_requests()
-        for kind, payload, _ in self.conn.poll(0.005 if idle and self.connected else 0):
+        for kind, payload, _ in self.conn.poll(0.05 if idle and self.connected else 0):
             self._last_heard = time.monotonic()
             if kind == OUTPUTS:
                 outs += [self._from_consumer(o) for o in payload if o.request_id in self.remote]
             elif kind == REJECT:
                 self._reprefill(payload[0], f"the kv_consumer refused it: {payload[1]}")
-            elif kind == BYE:
+            elif kind in (BYE, REPORT):
                 self.report = payload
             elif kind == ERROR:
                 self._lose_consumer(payload)
@@ -196,6 +197,16 @@ class DisaggLLM:
         return {"bytes_sent": c.bytes_sent, "num_transfers": c.num_sent,
                 "transfer_seconds": c.transfer_seconds, "num_reprefilled": self.num_reprefilled,
                 "connected": self.connected, "error": self.error}
+
+    def consumer_report(self) -> dict | None:
+        """The consumer's counters now (bytes received, prefill steps, its pool's blocks)."""
+        self.report = None
+        if self.connected:
+            self._send(REPORT, None)
+            deadline = time.monotonic() + self.conn.timeout
+            while self.connected and self.report is None and time.monotonic() < deadline:
+                self.step()
+        return self.report
 
     def close(self) -> dict | None:
         """Stop the consumer (it answers with its final report, returned) and join it."""
