@@ -38,6 +38,7 @@ import json
 import logging
 import pickle
 import queue
+import socket
 import threading
 import time
 from collections import deque
@@ -57,21 +58,25 @@ class KVConnector:
 
     def __init__(self, engine: LLMEngine):
         self.engine, cfg = engine, engine.config.kv_transfer_config
-        self.role, self.rank, self.peer, self.timeout = cfg.kv_role, cfg.rank, 1 - cfg.rank, \
-            cfg.timeout
+        self.role, self.rank, self.peer = cfg.kv_role, cfg.rank, 1 - cfg.rank
+        self.timeout = cfg.timeout
         self.bytes_sent = self.bytes_received = self.num_sent = self.num_received = 0
         self.transfer_seconds = 0.0               # producer: gather + send; consumer: receive
-        store = self._rendezvous(cfg)
+        store, peer = self._rendezvous(cfg)
         self.pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), self.rank, 2,
                                         timedelta(days=7))     # idle receives wait for long
-        self.kv_pg = self.pg                      # GPU tensors go over NCCL, the rest over gloo
-        if engine.device.type == "cuda":
+        # KV between two GPUs goes over NCCL; anything else (CPUs, or both roles on one GPU,
+        # which NCCL refuses) over gloo, through host memory.
+        self.kv_pg, self.kv_device = self.pg, torch.device("cpu")
+        here, there = self._where(), peer["where"]
+        if "/cuda" in here and "/cuda" in there and here != there:
             torch.cuda.set_device(engine.device)
             self.kv_pg = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), self.rank, 2)
+            self.kv_device = engine.device
         self.inbox: queue.Queue = queue.Queue()
         threading.Thread(target=self._receive_loop, daemon=True, name="kv-recv").start()
 
-    def _rendezvous(self, cfg) -> dist.TCPStore:
+    def _rendezvous(self, cfg) -> tuple[dist.TCPStore, dict]:
         """Meet the other role at kv_ip:kv_port and check that the two engines agree."""
         addr, peer_role = f"{cfg.kv_ip}:{cfg.kv_port}", ("kv_producer", "kv_consumer")[self.peer]
         try:
@@ -83,7 +88,8 @@ class KVConnector:
         e = self.engine
         weights = e.runner.model.model.embed_tokens.weight[:64].double().sum().item()
         mine = {"role": self.role, "model": dataclasses.asdict(e.model_config),
-                "weights": weights, "dtype": str(e.dtype), "block_size": e.config.block_size}
+                "weights": weights, "dtype": str(e.dtype), "block_size": e.config.block_size,
+                "where": self._where()}
         store.set(f"info{self.rank}", json.dumps(mine))
         try:
             theirs = json.loads(store.get(f"info{self.peer}"))
@@ -102,7 +108,10 @@ class KVConnector:
             raise RuntimeError(f"{self.role}: refusing to pair with the engine at {addr}: "
                                f"{what}. Both roles need the same model, dtype and block_size, "
                                "one kv_producer and one kv_consumer")
-        return store
+        return store, theirs
+
+    def _where(self) -> str:
+        return f"{socket.gethostname()}/{self.engine.device}"
 
     # ------------------------------------------------------------------ the wire
     def send(self, kind: int, payload, kv: torch.Tensor | None = None) -> None:
@@ -116,6 +125,8 @@ class KVConnector:
             self.kv_pg.send([kv], self.peer, 1).wait(wait)
 
     def _receive_loop(self) -> None:
+        if self.kv_device.type == "cuda":
+            torch.cuda.set_device(self.kv_device)        # the current device is per thread
         try:
             while True:
                 header = torch.empty(3, dtype=torch.int64)
@@ -127,7 +138,7 @@ class KVConnector:
                 if num_kv:
                     t0 = time.perf_counter()
                     kv = torch.empty(payload["kv_shape"], dtype=self.engine.dtype,
-                                     device=self.engine.device)
+                                     device=self.kv_device)
                     self.kv_pg.recv([kv], self.peer, 1).wait()
                     self.transfer_seconds += time.perf_counter() - t0
                     self.bytes_received += kv.numel() * kv.element_size()
@@ -155,7 +166,7 @@ class KVConnector:
         """Producer: send seq's prompt K/V (its P tokens, every layer) and its first token."""
         t0, runner, n = time.perf_counter(), self.engine.runner, seq.num_prompt_tokens
         blocks = runner.kv_cache[:, :, seq.block_table]          # (L, 2, nb, bs, kvh, hd)
-        kv = blocks.flatten(2, 3)[:, :, :n].contiguous()         # (L, 2, P, kvh, hd)
+        kv = blocks.flatten(2, 3)[:, :, :n].to(self.kv_device).contiguous()  # (L, 2, P, kvh, hd)
         self.send(KV, {"request_id": seq.request_id, "prompt_token_ids": seq.prompt_token_ids,
                        "params": seq.params, "first_token": seq.token_ids[n],
                        "first_logprobs": first_logprobs, "kv_shape": tuple(kv.shape)}, kv)
@@ -171,7 +182,7 @@ class KVConnector:
             start = seq.num_computed_tokens
             slots = [seq.block_table[p // bs] * bs + p % bs for p in range(start, kv.shape[2])]
             pool = runner.kv_cache.flatten(2, 3)                 # (L, 2, blocks x bs, kvh, hd)
-            pool[:, :, torch.tensor(slots, device=pool.device)] = kv[:, :, start:]
+            pool[:, :, torch.tensor(slots, device=pool.device)] = kv[:, :, start:].to(pool.device)
         return load_kv
     # --8<-- [end:send_kv]
 
@@ -210,9 +221,13 @@ def serve_decode(engine: LLMEngine) -> dict:
             outs = engine.step()
             counts["num_steps"] += 1
             counts["num_prefill_steps"] += engine.last_scheduler_output.num_prefill_tokens > 0
-            if outs:
-                conn.send(OUTPUTS, [dataclasses.replace(o, prompt=None, prompt_token_ids=[])
-                                    for o in outs])
+            try:
+                if outs:
+                    conn.send(OUTPUTS, [dataclasses.replace(o, prompt=None,
+                                                            prompt_token_ids=[]) for o in outs])
+            except RuntimeError as e:           # the producer is gone: nobody to decode for
+                error = f"sending outputs failed: {e}"
+                break
     report = _report(engine, counts, error)
     if error is None:
         conn.send(BYE, report)

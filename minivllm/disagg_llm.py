@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import torch
 import torch.multiprocessing as mp
 
 from minivllm.disagg import (ABORT, BYE, ERROR, OUTPUTS, REJECT, REPORT, SHUTDOWN,
@@ -239,6 +240,8 @@ def launch(model: str | None = None, *, kv_ip: str = "127.0.0.1", kv_port: int |
     the producer and the front here. consumer_kwargs override engine settings on the decode
     side only (its pool size, max_num_seqs, ...)."""
     kv_port = kv_port or free_port()
+    if engine_kwargs.get("device", "auto") == "auto" and torch.cuda.device_count() > 1:
+        consumer_kwargs = {"device": "cuda:1", **(consumer_kwargs or {})}   # a GPU of its own
     consumer_config = {"kv_connector": "TorchDistributedConnector", "kv_role": "kv_consumer",
                        "kv_ip": kv_ip, "kv_port": kv_port,
                        "kv_connector_extra_config": {"timeout": timeout}}
