@@ -65,8 +65,8 @@ def _(mo):
 
     A **prefill** of P tokens does about 2 x params x P FLOPs while reading the weights
     once: its intensity grows with P. A **decode** step of B sequences does 2 x params x B
-    FLOPs for the same weight bytes, plus each sequence's KV: with B of 8 it stays far below
-    the ridge. Below, both are measured on the real model, through the engine's own step
+    FLOPs for the same weight bytes, plus each sequence's KV: with B of 8, on a GPU, it stays
+    far below the ridge. Below, both are measured on the real model, through the engine's own step
     trace, and put on the roofline of this device (its peaks measured too).
     """)
     return
@@ -151,7 +151,19 @@ def _(SamplingParams, llm, np, step_cost):
 
 
 @app.cell
-def _(DECODE_BATCH, PEAK_BW, PEAK_FLOPS, PREFILL_LEN, RIDGE, achieved, intensity, mo, np, plt):
+def _(
+    DECODE_BATCH,
+    PEAK_BW,
+    PEAK_FLOPS,
+    PREFILL_LEN,
+    RIDGE,
+    achieved,
+    device,
+    intensity,
+    mo,
+    np,
+    plt,
+):
     _fig, _ax = plt.subplots(figsize=(7, 4))
     _x = np.logspace(-1, 3, 200)
     _ax.loglog(_x, np.minimum(PEAK_FLOPS, PEAK_BW * _x) / 1e9, "k-", lw=1.5,
@@ -166,14 +178,18 @@ def _(DECODE_BATCH, PEAK_BW, PEAK_FLOPS, PREFILL_LEN, RIDGE, achieved, intensity
     _ax.legend(fontsize=8)
     _ax.set_title("measured on this device, one engine step each", fontsize=10)
     _fig.tight_layout()
+    _side = ("left of it: memory-bound, while prefill is right of it, compute-bound"
+             if intensity["decode"] < RIDGE < intensity["prefill"] else
+             "not where a GPU would put it: with one CPU thread the FLOP rate is so low that "
+             "the ridge sits near a decode batch; what each step achieved still differs")
     mo.vstack([_fig, mo.md(f"""
-    Prefill sits at **{intensity['prefill']:.0f} FLOP/byte**, right of the ridge
-    ({RIDGE:.1f}): compute-bound. Decode sits at **{intensity['decode']:.1f}**, left of it:
-    memory-bound, and it achieved **{achieved['prefill'] / achieved['decode']:.0f}x fewer**
-    FLOP/s than prefill on the same weights. On an H100 the ridge is near 300 FLOP/byte
-    (989 TFLOP/s bf16 over 3.35 TB/s), so a decode batch is even further from it: a GPU that
-    only decodes wants memory bandwidth and room for KV; a GPU that only prefills wants
-    FLOPs. (Measured here on a CPU; the H100 numbers are its data sheet's.)
+    Prefill sits at **{intensity['prefill']:.0f} FLOP/byte**, decode at
+    **{intensity['decode']:.1f}**. This device's ridge is at **{RIDGE:.1f}**: decode is
+    {_side}. Prefill achieved **{achieved['prefill'] / achieved['decode']:.0f}x** the FLOP/s
+    of decode, on the same weights. On an H100 the ridge is near 300 FLOP/byte (989 TFLOP/s
+    bf16 over 3.35 TB/s) and a bf16 decode batch of 8 sits near 8: a GPU that only decodes
+    wants memory bandwidth and room for KV, a GPU that only prefills wants FLOPs. (Measured
+    here on {device}; the H100 numbers are its data sheet's.)
     """)])
     return
 

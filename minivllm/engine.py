@@ -165,12 +165,12 @@ class LLMEngine:
         its prompt (prefix-cache hits count as computed), let load_kv(seq) write the rest of
         the prompt's K/V into them, and run it from its first token on, as if prefilled here.
         False, with nothing changed, when the pool or the batch has no room for it now."""
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
         validate_request(prompt_token_ids + [first_token], params, self.config,
                          self.model_config, self.block_manager)
         group = SequenceGroup(request_id, None, prompt_token_ids, params, next(self._seq_ids))
         seq, bm = group.seqs[0], self.block_manager
-        if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
         if not bm.can_allocate(seq) or len(self.scheduler.running) >= self.config.max_num_seqs:
             return False
         bm.allocate(seq)
@@ -180,8 +180,9 @@ class LLMEngine:
         self._start_detokenizer(seq)
         seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, time.perf_counter()
         seq.append_token(first_token, first_logprobs)
-        check_stop(seq, self.eos_token_ids, self.config.max_model_len)  # its text; the
-        self.scheduler.running.append(seq)      # producer has checked its stop conditions
+        # Detokenize the first token (the producer has checked its stop conditions).
+        check_stop(seq, self.eos_token_ids, self.config.max_model_len)
+        self.scheduler.running.append(seq)
         self.requests[request_id] = group
         return True
 
