@@ -140,6 +140,7 @@ class DisaggLLM:
     def _handoff(self, seq) -> bool:
         try:
             self.conn.send_kv(seq)
+            self._last_heard = time.monotonic()  # the consumer's silence counts from here
             return True
         except Exception as e:  # noqa: BLE001 (it keeps decoding here)
             self._lose_consumer(f"sending {seq.request_id}'s KV failed: {e}")
