@@ -3,6 +3,8 @@
     minivllm serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-model-len N] ...
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
     minivllm bench {throughput,decode,prefix,load,spec,tp,compile} ...    # = python -m minivllm.bench
+    minivllm bench disagg                  # prefill/decode split vs colocated (bench_disagg.py)
+    minivllm disagg [MODEL] [--role both|producer|consumer] [--kv-ip IP --kv-port PORT] ...
 
 Engine flags keep vLLM's names, so a vLLM command line works after `s/vllm/minivllm/` for the
 flags minivllm has. With no MODEL, the packaged SmolLM2-135M-Instruct is served (no network).
@@ -94,13 +96,22 @@ def main(argv: list[str] | None = None) -> None:
     serve_parser(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
     b = sub.add_parser("bench", help="benchmarks: serve (against a server), "
                                      + ", ".join(BENCHMARKS) + " (offline)")
-    b.add_argument("benchmark", choices=("serve",) + BENCHMARKS)
+    b.add_argument("benchmark", choices=("serve", "disagg") + BENCHMARKS)
     b.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags "
                    "(minivllm bench NAME --help)")
+    d = sub.add_parser("disagg", help="prefill and decode roles in two processes "
+                                      "(minivllm/disagg_llm.py)", add_help=False)
+    d.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+    if args.command == "disagg":
+        from minivllm import disagg_llm
+        return disagg_llm.main(args.rest)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         serve(args)
+    elif args.benchmark == "disagg":
+        from minivllm import bench_disagg
+        bench_disagg.main(args.rest)
     elif args.benchmark == "serve":
         from minivllm import bench_serve
         bench_serve.main(args.rest)

@@ -29,14 +29,18 @@ from minivllm.attention import AttentionMetadata
 from minivllm.models.llama import LlamaMLP, RMSNorm
 
 
-def set_compilation(model: torch.nn.Module, level: int) -> None:
-    """level 3: compile every RMSNorm and MLP in place; level 0: back to eager."""
+def set_compilation(model: torch.nn.Module, level: int) -> int:
+    """level 3: compile every RMSNorm and MLP in place; level 0: back to eager. Returns how
+    many modules are compiled now."""
+    compiled = 0
     for module in model.modules():
         if isinstance(module, (RMSNorm, LlamaMLP)):
             if level:
                 module.compile(dynamic=True)
+                compiled += 1
             else:
                 module._compiled_call_impl = None     # what nn.Module.compile sets
+    return compiled
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:

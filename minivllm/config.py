@@ -131,6 +131,9 @@ class EngineConfig:
     # torch.compile of the layers around attention: vLLM's level, 0 (off) or 3; an int or
     # {"level": n}. Off by default: on this CPU it does not pay (docs/benchmarks.md).
     compilation_config: int | dict = 0
+    # Prefill/decode disaggregation, vLLM's dict: {"kv_connector": "TorchDistributedConnector",
+    # "kv_role": "kv_producer" | "kv_consumer", "kv_ip": ..., "kv_port": ...} (minivllm/disagg.py).
+    kv_transfer_config: dict | KVTransferConfig | None = None
 
     def __post_init__(self):
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
@@ -182,6 +185,13 @@ class EngineConfig:
         if self.speculative_config is not None and self.kv_layout != "paged":
             raise ValueError("speculative_config needs kv_layout='paged': rejected draft "
                              "tokens give their lookahead blocks back")
+        if isinstance(self.kv_transfer_config, dict):
+            self.kv_transfer_config = KVTransferConfig.from_dict(self.kv_transfer_config)
+        elif not isinstance(self.kv_transfer_config, (KVTransferConfig, type(None))):
+            raise ValueError(f"kv_transfer_config must be a dict or None, got "
+                             f"{self.kv_transfer_config!r}")
+        if self.kv_transfer_config is not None and self.kv_layout != "paged":
+            raise ValueError("kv_transfer_config needs kv_layout='paged': KV moves in blocks")
 
 
 SPECULATIVE_METHODS = ("ngram", "draft_model")
@@ -236,3 +246,65 @@ class SpeculativeConfig:
         if not all(isinstance(n, int) and n >= 1 for n in (lo, hi)) or lo > hi:
             raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= "
                              f"prompt_lookup_max, got {lo} and {hi}")
+
+
+KV_CONNECTORS = ("TorchDistributedConnector",)
+KV_ROLES = ("kv_producer", "kv_consumer")
+
+
+@dataclass(slots=True, frozen=True)
+class KVTransferConfig:
+    """Prefill/decode disaggregation (minivllm/disagg.py), from vLLM's `kv_transfer_config`.
+
+    The kv_producer (rank 0) prefills prompts and sends their KV; the kv_consumer (rank 1)
+    decodes. The producer listens at kv_ip:kv_port, the consumer connects there.
+    kv_connector_extra_config takes {"timeout": seconds} (default 120): how long to wait for
+    the other role to join, and for a send to complete.
+    """
+
+    kv_role: str
+    kv_connector: str = "TorchDistributedConnector"
+    kv_rank: int | None = None            # 0 (producer) or 1 (consumer); derived if None
+    kv_parallel_size: int = 2             # one producer and one consumer
+    kv_ip: str = "127.0.0.1"
+    kv_port: int = 14579
+    kv_connector_extra_config: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> KVTransferConfig:
+        keys = [f for f in cls.__dataclass_fields__]
+        unknown = sorted(set(d) - set(keys))
+        if unknown:
+            raise ValueError(f"kv_transfer_config: unknown key(s) {unknown}; the keys are {keys}")
+        if "kv_role" not in d:
+            raise ValueError(f"kv_transfer_config needs kv_role, one of {list(KV_ROLES)}")
+        return cls(**d)
+
+    def __post_init__(self):
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_transfer_config: kv_role must be one of {list(KV_ROLES)}, "
+                             f"got {self.kv_role!r}")
+        if self.kv_connector not in KV_CONNECTORS:
+            raise ValueError(f"kv_transfer_config: unknown kv_connector {self.kv_connector!r}; "
+                             f"minivllm has {list(KV_CONNECTORS)}")
+        if self.kv_rank not in (None, self.rank):
+            raise ValueError(f"kv_transfer_config: a {self.kv_role} is kv_rank {self.rank}, "
+                             f"got {self.kv_rank!r}")
+        if self.kv_parallel_size != 2:
+            raise ValueError(f"kv_transfer_config: kv_parallel_size must be 2 (one producer, "
+                             f"one consumer), got {self.kv_parallel_size!r}")
+        if not isinstance(self.kv_port, int) or not 0 < self.kv_port < 65536:
+            raise ValueError(f"kv_transfer_config: kv_port must be in 1..65535, got "
+                             f"{self.kv_port!r}")
+        unknown = sorted(set(self.kv_connector_extra_config) - {"timeout"})
+        if unknown or not self.timeout > 0:
+            raise ValueError(f"kv_transfer_config: kv_connector_extra_config takes "
+                             f"{{'timeout': seconds > 0}}, got {self.kv_connector_extra_config!r}")
+
+    @property
+    def rank(self) -> int:
+        return KV_ROLES.index(self.kv_role)
+
+    @property
+    def timeout(self) -> float:
+        return self.kv_connector_extra_config.get("timeout", 120.0)

@@ -68,6 +68,10 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._traces: list[list[StepRecord]] = []
         self._init_state(config)
+        self.kv_connector = None             # prefill/decode disaggregation: minivllm/disagg.py
+        if config.kv_transfer_config is not None:
+            from minivllm.disagg import KVConnector
+            self.kv_connector = KVConnector(self)     # meets the other role, or refuses
         self.load_time = time.perf_counter() - t0
 
     def _make_config(self, base: EngineConfig | None, changes: dict) -> EngineConfig:
@@ -160,6 +164,34 @@ class LLMEngine:
         self._start_detokenizer(group.seqs[0])
         self.scheduler.add(group.seqs[0])
         self.requests[request_id] = group
+
+    def add_prefilled_request(self, request_id: str, prompt_token_ids: list[int],
+                              params: SamplingParams, first_token: int, load_kv,
+                              first_logprobs: dict[int, float] | None = None) -> bool:
+        """A request whose prompt another engine prefilled (minivllm/disagg.py): take blocks for
+        its prompt (prefix-cache hits count as computed), let load_kv(seq) write the rest of
+        the prompt's K/V into them, and run it from its first token on, as if prefilled here.
+        False, with nothing changed, when the pool or the batch has no room for it now."""
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        validate_request(prompt_token_ids + [first_token], params, self.config,
+                         self.model_config, self.block_manager)
+        group = SequenceGroup(request_id, None, prompt_token_ids, params, next(self._seq_ids))
+        seq, bm = group.seqs[0], self.block_manager
+        if not bm.can_allocate(seq) or len(self.scheduler.running) >= self.config.max_num_seqs:
+            return False
+        bm.allocate(seq)
+        load_kv(seq)
+        seq.num_computed_tokens = len(seq)
+        bm.cache_computed_blocks(seq)
+        self._start_detokenizer(seq)
+        seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, time.perf_counter()
+        seq.append_token(first_token, first_logprobs)
+        # Detokenize the first token (the producer has checked its stop conditions).
+        check_stop(seq, self.eos_token_ids, self.config.max_model_len)
+        self.scheduler.running.append(seq)
+        self.requests[request_id] = group
+        return True
 
     def _start_detokenizer(self, seq: Sequence) -> None:
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.params.skip_special_tokens,

@@ -119,7 +119,7 @@ class ModelRunner:
                 self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
         # Fewer launches per step (minivllm/compilation.py): torch.compile, then decode graphs
         # over this pool (a graph records the pool's addresses, so a new pool recaptures).
-        set_compilation(self.model, engine_config.compilation_config)
+        self.num_compiled_modules = set_compilation(self.model, engine_config.compilation_config)
         if (self.device.type == "cuda" and not engine_config.enforce_eager and self.tp is None
                 and self.attention_backend == "triton"):
             self.cuda_graphs = CUDAGraphRunner(

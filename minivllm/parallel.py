@@ -286,7 +286,8 @@ class TensorParallelRunner(ModelRunner):
         if device.type == "cuda" and torch.cuda.device_count() < n:
             raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs; torch sees "
                              f"{torch.cuda.device_count()}")
-        for name in ("quantization", "enable_lora", "compilation_config"):   # not split here
+        for name in ("quantization", "enable_lora", "compilation_config",     # not split here
+                     "speculative_config", "kv_transfer_config"):
             if getattr(engine_config, name, None):
                 raise ValueError(f"{name} with tensor_parallel_size > 1 is not supported by "
                                  f"minivllm; leave {name} unset with tp > 1")

@@ -1,0 +1,301 @@
+"""DisaggLLM: the front of a disaggregated pair, and the launcher that starts both roles.
+
+    with launch(max_model_len=1024) as llm:       # spawns the decode role on this machine
+        outs = llm.generate(prompts, SamplingParams(temperature=0))
+        llm.stats()                               # bytes and transfers, re-prefills
+
+On two machines, the decode side runs `minivllm disagg --role consumer --kv-ip HOST --kv-port
+PORT` and the front `minivllm disagg --role producer --kv-ip HOST --kv-port PORT --prompt ...`
+(HOST: the producer's address, which the consumer must reach; PORT: any free port there).
+
+DisaggLLM lives in the producer's process and owns its engine. It answers LLMEngine's driving
+calls (add_request, step, has_unfinished_requests, abort_request, num_steps, trace), so the
+shared driver `workloads.serve(llm, requests)` serves a workload through it unchanged; TTFT is
+the producer's (arrival to first token), inter-token latencies are the consumer's (measured
+where the decode runs). The consumer process streams every step's outputs back.
+
+Left out, compared with vLLM's disaggregated serving: the HTTP proxy that routes between many
+prefill and decode instances; here one pair, one front, in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.multiprocessing as mp
+
+from minivllm.disagg import (ABORT, BYE, ERROR, OUTPUTS, REJECT, REPORT, SHUTDOWN,
+                             run_decode_role)
+from minivllm.engine import LLMEngine
+from minivllm.outputs import RequestMetrics, RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+logger = logging.getLogger("minivllm")
+
+
+@dataclass(slots=True)
+class Handoff:
+    """A request whose decode runs on the consumer: what the front needs to finish it."""
+
+    prompt: str | list[int]
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics                  # the producer's: arrival, first token
+
+
+class DisaggLLM:
+    def __init__(self, model: str | None = None, *, kv_ip: str = "127.0.0.1",
+                 kv_port: int = 14579, timeout: float = 120.0, consumer_process=None,
+                 **engine_kwargs):
+        config = {"kv_connector": "TorchDistributedConnector", "kv_role": "kv_producer",
+                  "kv_ip": kv_ip, "kv_port": kv_port,
+                  "kv_connector_extra_config": {"timeout": timeout}}
+        self.consumer_process = consumer_process
+        self.producer = LLMEngine(model, kv_transfer_config=config, **engine_kwargs)
+        self.tokenizer, self.conn = self.producer.tokenizer, self.producer.kv_connector
+        self.remote: dict[str, Handoff] = {}     # decoding on the consumer
+        self.prompts: dict[str, str | list[int]] = {}
+        self.local: set[str] = set()             # prefilled again here: they stay here
+        self.connected, self.error, self.report = True, None, None
+        self.num_reprefilled, self.num_steps, self._last_heard = 0, 0, time.monotonic()
+        self._counter = 0
+
+    def __repr__(self) -> str:
+        return f"DisaggLLM(producer={self.producer!r}, connected={self.connected})"
+
+    def __enter__(self) -> DisaggLLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ LLMEngine's calls
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None) -> None:
+        params = params or SamplingParams()
+        if params.n > 1:
+            raise ValueError(f"n={params.n}: disaggregated serving sends one sequence's KV; "
+                             "parallel sampling is not supported here")
+        if request_id in self.remote:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        self.producer.add_request(request_id, prompt, params)
+        self.prompts[request_id] = prompt
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.remote) or self.producer.has_unfinished_requests()
+
+    def abort_request(self, request_id: str) -> None:
+        if self.remote.pop(request_id, None) is not None and self.connected:
+            self._send(ABORT, request_id)
+        self.producer.abort_request(request_id)
+        self.prompts.pop(request_id, None)
+
+    def trace(self):
+        return self.producer.trace()             # the producer's steps (prefills, fallbacks)
+
+    # --8<-- [start:step]
+    def step(self) -> list[RequestOutput]:
+        """One producer step (prefills; a prompt done is handed to the consumer), then every
+        output the consumer has streamed back since. Waits a little when the producer is idle."""
+        outs = []
+        for out in self.producer.step() if self.producer.has_unfinished_requests() else []:
+            rid = out.request_id
+            seq = self.producer.requests[rid].seqs[0] if rid in self.producer.requests else None
+            if (self.connected and seq is not None and seq.num_output_tokens == 1
+                    and rid not in self.local and self._handoff(seq)):
+                self.remote[rid] = Handoff(self.prompts[rid], out.prompt_token_ids, seq.params,
+                                           out.metrics)
+                self.producer.abort_request(rid)  # its blocks: back to the pool (and cache)
+            if out.finished:
+                self.prompts.pop(rid, None)
+                self.local.discard(rid)
+            outs.append(out)
+        idle = not self.producer.has_unfinished_requests()
+        for kind, payload, _ in self.conn.poll(0.05 if idle and self.connected else 0):
+            self._last_heard = time.monotonic()
+            if kind == OUTPUTS:
+                outs += [self._from_consumer(o) for o in payload if o.request_id in self.remote]
+            elif kind == REJECT:
+                self._reprefill(payload[0], f"the kv_consumer refused it: {payload[1]}")
+            elif kind in (BYE, REPORT):
+                self.report = payload
+            elif kind == ERROR:
+                self._lose_consumer(payload)
+        if self.remote and self.connected and (
+                time.monotonic() - self._last_heard > self.conn.timeout
+                or (self.consumer_process and not self.consumer_process.is_alive())):
+            self._lose_consumer(f"the kv_consumer is gone (silent for "
+                                f"{time.monotonic() - self._last_heard:.0f} s or exited)")
+        self.num_steps += 1
+        return outs
+    # --8<-- [end:step]
+
+    def _handoff(self, seq) -> bool:
+        try:
+            self.conn.send_kv(seq)
+            self._last_heard = time.monotonic()  # the consumer's silence counts from here
+            return True
+        except Exception as e:  # noqa: BLE001 (it keeps decoding here)
+            self._lose_consumer(f"sending {seq.request_id}'s KV failed: {e}")
+            return False
+
+    def _send(self, kind: int, payload) -> None:
+        try:
+            self.conn.send(kind, payload)
+        except Exception as e:  # noqa: BLE001
+            self._lose_consumer(f"the kv_consumer does not answer: {e}")
+
+    def _from_consumer(self, out: RequestOutput) -> RequestOutput:
+        h = self.remote[out.request_id]
+        out.prompt, out.prompt_token_ids = (h.prompt if isinstance(h.prompt, str) else None,
+                                            h.prompt_token_ids)
+        out.metrics = dataclasses.replace(
+            h.metrics, finished_time=time.perf_counter() if out.finished else None)
+        if out.finished:
+            del self.remote[out.request_id]
+            self.prompts.pop(out.request_id, None)
+        return out
+
+    def _reprefill(self, request_id: str, why: str) -> None:
+        """Not lost: prefill it again here, and decode it here (its output restarts)."""
+        h = self.remote.pop(request_id)
+        logger.warning("request %s: %s; prefilling it again on the kv_producer", request_id, why)
+        self.producer.add_request(request_id, h.prompt_token_ids, h.params)
+        self.local.add(request_id)
+        self.num_reprefilled += 1
+
+    def _lose_consumer(self, why: str) -> None:
+        if self.connected:
+            logger.error("%s; decoding on the kv_producer from now on", why)
+        self.connected, self.error = False, why
+        for request_id in list(self.remote):
+            self._reprefill(request_id, why)
+
+    # ------------------------------------------------------------------ LLM-like front
+    def generate(self, prompts: list[str] | list[list[int]],
+                 sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in the order of `prompts`."""
+        ids = []
+        for prompt in prompts:
+            ids.append(f"disagg-{self._counter}")
+            self._counter += 1
+            self.add_request(ids[-1], prompt, sampling_params)
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(ids):
+            for out in self.step():
+                if out.finished and out.request_id in ids:
+                    done[out.request_id] = out
+        return [done[rid] for rid in ids]
+
+    def stats(self) -> dict:
+        c = self.conn
+        return {"bytes_sent": c.bytes_sent, "num_transfers": c.num_sent,
+                "transfer_seconds": c.transfer_seconds, "num_reprefilled": self.num_reprefilled,
+                "connected": self.connected, "error": self.error}
+
+    def consumer_report(self) -> dict | None:
+        """The consumer's counters now (bytes received, prefill steps, its pool's blocks)."""
+        self.report = None
+        if self.connected:
+            self._send(REPORT, None)
+            deadline = time.monotonic() + self.conn.timeout
+            while self.connected and self.report is None and time.monotonic() < deadline:
+                self.step()
+        return self.report
+
+    def close(self) -> dict | None:
+        """Stop the consumer (it answers with its final report, returned) and join it."""
+        if self.connected:
+            self._send(SHUTDOWN, None)
+            deadline = time.monotonic() + self.conn.timeout
+            while self.connected and self.report is None and time.monotonic() < deadline:
+                self.step()
+            self.connected = False
+        if self.consumer_process is not None:
+            self.consumer_process.join(self.conn.timeout)
+            if self.consumer_process.is_alive():
+                self.consumer_process.kill()
+                self.consumer_process.join(10)
+            self.consumer_process = None
+        return self.report
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --8<-- [start:launch]
+def launch(model: str | None = None, *, kv_ip: str = "127.0.0.1", kv_port: int | None = None,
+           timeout: float = 120.0, consumer_kwargs: dict | None = None,
+           **engine_kwargs) -> DisaggLLM:
+    """Both roles on this machine: the consumer in a spawned process (torch.multiprocessing),
+    the producer and the front here. consumer_kwargs override engine settings on the decode
+    side only (its pool size, max_num_seqs, ...)."""
+    kv_port = kv_port or free_port()
+    if engine_kwargs.get("device", "auto") == "auto" and torch.cuda.device_count() > 1:
+        consumer_kwargs = {"device": "cuda:1", **(consumer_kwargs or {})}   # a GPU of its own
+    consumer_config = {"kv_connector": "TorchDistributedConnector", "kv_role": "kv_consumer",
+                       "kv_ip": kv_ip, "kv_port": kv_port,
+                       "kv_connector_extra_config": {"timeout": timeout}}
+    proc = mp.get_context("spawn").Process(
+        target=run_decode_role, name="minivllm-kv-consumer", daemon=True,
+        args=(model, {**engine_kwargs, **(consumer_kwargs or {}),
+                      "kv_transfer_config": consumer_config}))
+    proc.start()
+    try:
+        return DisaggLLM(model, kv_ip=kv_ip, kv_port=kv_port, timeout=timeout,
+                         consumer_process=proc, **engine_kwargs)
+    except BaseException:
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+        raise
+# --8<-- [end:launch]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`minivllm disagg`: both roles here (default), or one role of a two-machine pair."""
+    from minivllm.cli import add_engine_args, engine_kwargs
+    p = argparse.ArgumentParser(prog="minivllm disagg", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=None)
+    p.add_argument("--role", choices=("both", "producer", "consumer"), default="both")
+    p.add_argument("--kv-ip", default="127.0.0.1", help="the producer's address")
+    p.add_argument("--kv-port", type=int, default=None,
+                   help="its port (default: a free one; both roles must name the same)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the peer")
+    p.add_argument("--prompt", action="append", default=None, help="repeat for more prompts")
+    p.add_argument("--max-tokens", type=int, default=32)
+    add_engine_args(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    kwargs = engine_kwargs(args)
+    if args.role != "both" and args.kv_port is None:
+        p.error("--kv-port is needed when the roles start apart")
+    where = {"kv_ip": args.kv_ip, "kv_port": args.kv_port, "timeout": args.timeout}
+    if args.role == "consumer":
+        config = {"kv_role": "kv_consumer", "kv_ip": args.kv_ip, "kv_port": args.kv_port,
+                  "kv_connector_extra_config": {"timeout": args.timeout}}
+        return run_decode_role(args.model, {**kwargs, "kv_transfer_config": config})
+    llm = (launch(args.model, **where, **kwargs) if args.role == "both"
+           else DisaggLLM(args.model, **where, **kwargs))
+    with llm:
+        prompts = args.prompt or ["The capital of France is"]
+        params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+        for out in llm.generate(prompts, params):
+            print(f"{out.prompt!r} -> {out.outputs[0].text!r}")
+        print(llm.stats())
+    print("kv_consumer:", llm.report, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
