@@ -1,0 +1,204 @@
+"""Logits processors (penalties, min_tokens) and guided decoding (xgrammar), on real models.
+
+The structured-output checks sample at temperature 1 from the packaged SmolLM2-135M and judge
+the outputs with libraries we did not write: json.loads, jsonschema, re.fullmatch. The
+penalties are checked against a direct computation with transformers' own tiny model.
+"""
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.logits_process import apply_penalties
+from minivllm.sampling_params import GuidedDecodingParams
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+REVIEW = {"type": "object", "additionalProperties": False,
+          "required": ["sentiment", "stars", "spam"],
+          "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]},
+                         "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+                         "spam": {"type": "boolean"}}}
+N = 50
+
+
+def chat(llm, text: str) -> str:
+    return llm.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                             tokenize=False, add_generation_prompt=True)
+
+
+def parses(text: str, schema: dict) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+        return True
+    except (ValueError, jsonschema.ValidationError):
+        return False
+
+
+def test_json_schemas_hold_for_50_samples_each_and_unconstrained_fails(smol):
+    """One batched generate: 50 samples per schema (temperature 1), plus the person request
+    unconstrained. Every constrained sample parses and validates and ends with EOS; the
+    unconstrained ones often do not (the measured rate is printed)."""
+    llm = smol(max_num_seqs=3 * N, max_model_len=512)
+    person = chat(llm, "Describe a person as a JSON object with keys name and age.")
+    review = chat(llm, "Classify this review as JSON: 'Great phone, battery lasts two days.'")
+    guided = lambda schema, ws: SamplingParams(  # noqa: E731
+        n=N, temperature=1.0, max_tokens=32, seed=1,
+        guided_decoding=GuidedDecodingParams(json=schema, disable_any_whitespace=ws))
+    outs = llm.generate([person, review, person],
+                        [guided(PERSON, False), guided(REVIEW, True),
+                         SamplingParams(n=N, temperature=1.0, max_tokens=24, seed=1)],
+                        use_tqdm=False)
+    for out, schema in zip(outs[:2], (PERSON, REVIEW)):
+        assert len(out.outputs) == N
+        bad = [c.text for c in out.outputs if not parses(c.text, schema)]
+        assert not bad, f"{len(bad)} of {N} break the schema, e.g. {bad[0]!r}"
+        assert {c.finish_reason for c in out.outputs} == {"stop"}
+    assert " " not in "".join(c.text for c in outs[1].outputs if '"' not in c.text)
+    failures = sum(not parses(c.text, PERSON) for c in outs[2].outputs)
+    print(f"unconstrained: {failures}/{N} fail to parse and validate")
+    assert failures >= N // 4                  # the constraint, not the prompt, does the work
+    so = llm.engine.structured_output
+    assert so.num_compiled == 2                 # once per schema, not once per sample
+    assert so.num_masked_rows >= 2 * N * 5 and not so.matchers   # every matcher freed
+    assert llm.engine.stats().num_blocks_used == 0
+
+
+def test_choice_and_regex_always_hold(smol):
+    llm = smol(max_num_seqs=N, max_model_len=256)
+    choices = ["red", "green", "blue", "dark purple"]
+    regex = r"\d{3}-\d{4}( ext\. \d{1,3})?"
+    params = lambda g: SamplingParams(n=N // 2, temperature=1.0, max_tokens=16,  # noqa: E731
+                                      seed=2, guided_decoding=g)
+    outs = llm.generate([chat(llm, "Pick a colour."), chat(llm, "A phone number, please.")],
+                        [params(GuidedDecodingParams(choice=choices)),
+                         params(GuidedDecodingParams(regex=regex))], use_tqdm=False)
+    picked = [c.text for c in outs[0].outputs]
+    assert set(picked) <= set(choices) and len(set(picked)) >= 2     # sampled, and in the set
+    numbers = [c.text for c in outs[1].outputs]
+    assert all(re.fullmatch(regex, t) for t in numbers), numbers
+    assert llm.engine.stats().num_blocks_used == 0
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_keeps_the_constraint(smol, mode):
+    """A pool too small for 6 samples: sequences are preempted mid-JSON and resume with their
+    matcher where they left it."""
+    llm = smol(max_num_seqs=6, max_model_len=256, block_size=8, num_kv_blocks=12,
+               preemption_mode=mode, swap_space=1 << 26, enable_prefix_caching=False)
+    params = SamplingParams(n=6, temperature=1.0, max_tokens=24, seed=3, guided_decoding=(
+        GuidedDecodingParams(json=PERSON, disable_any_whitespace=True)))
+    with llm.engine.trace() as steps:
+        (out,) = llm.generate(chat(llm, "A person as JSON."), params, use_tqdm=False)
+    assert sum(len(s.preempted) for s in steps) > 0, "nothing was preempted"
+    assert all(parses(c.text, PERSON) for c in out.outputs), [c.text for c in out.outputs]
+    assert llm.engine.stats().num_blocks_used == 0 and not llm.engine.structured_output.matchers
+
+
+def test_greedy_unchanged_by_the_seam(smol):
+    """Plain greedy requests give the same tokens alone and batched with rows that the
+    processors edit (penalties, min_tokens, a grammar): the seam touches only those rows."""
+    llm = smol(max_model_len=256)
+    prompts = ["The capital of France is", "def fibonacci(n):\n    "]
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    alone = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    busy = [SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3,
+                           frequency_penalty=0.5, min_tokens=5),
+            SamplingParams(temperature=0.8, max_tokens=12, seed=0, presence_penalty=1.0,
+                           guided_decoding=GuidedDecodingParams(json_object=True))]
+    mixed = llm.generate(prompts + prompts, [greedy, greedy] + busy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in mixed[:2]] == alone
+    assert mixed[2].outputs[0].token_ids != alone[0]        # the penalties did act
+
+
+def _penalized(logits, prompt, output, p):
+    """The penalties written out token by token, as vLLM documents them."""
+    x = logits.clone()
+    for t in set(prompt) | set(output):
+        x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
+    for t in set(output):
+        x[t] -= p.frequency_penalty * output.count(t) + p.presence_penalty
+    return x
+
+
+def test_batched_penalties_match_the_direct_formula():
+    class Seq:                                   # the two fields apply_penalties reads
+        def __init__(self, prompt, output, params):
+            self.prompt_token_ids, self.output_token_ids, self.params = prompt, output, params
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=g) * 3
+    seqs = [Seq([1, 2, 3], [4, 4, 5], SamplingParams(repetition_penalty=1.5)),
+            Seq([7], [], SamplingParams()),
+            Seq([1, 9], [9, 9, 9, 2], SamplingParams(frequency_penalty=0.7,
+                                                     presence_penalty=-0.4)),
+            Seq([3, 3], [8, 3], SamplingParams(repetition_penalty=0.8, presence_penalty=2.0,
+                                               frequency_penalty=-1.0))]
+    got = logits.clone()
+    apply_penalties(got, seqs)
+    for i, s in enumerate(seqs):
+        want = _penalized(logits[i], s.prompt_token_ids, s.output_token_ids, s.params)
+        torch.testing.assert_close(got[i], want)
+    assert torch.equal(got[1], logits[1])
+
+
+def test_penalties_and_min_tokens_on_a_tiny_model(tiny_checkpoint):
+    """Greedy with penalties equals argmax of the directly penalized logits of transformers'
+    model, step by step; min_tokens holds a stop token back until it has enough tokens."""
+    path, hf = tiny_checkpoint("llama")
+    llm = LLM(str(path), max_model_len=128)
+    prompt = [5, 17, 300, 42, 9]
+    with torch.no_grad():               # grow the prompt until its greedy next token is in it
+        for _ in range(30):
+            first = int(hf(torch.tensor([prompt])).logits[0, -1].argmax())
+            if first in prompt:
+                break
+            prompt = [first] + prompt
+    assert first in prompt
+    p = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=8.0,
+                       frequency_penalty=0.5, presence_penalty=0.3)
+    got = llm.generate(prompt, p, use_tqdm=False)[0].outputs[0].token_ids
+    output = []
+    with torch.no_grad():
+        for _ in range(10):
+            logits = hf(torch.tensor([prompt + output])).logits[0, -1]
+            output.append(int(_penalized(logits, prompt, output, p).argmax()))
+    assert got == output
+    plain = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+                         use_tqdm=False)[0].outputs[0].token_ids
+    assert plain[0] == first != got[0]                      # the penalties changed something
+    stop = plain[0]
+    short = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=10,
+                                                stop_token_ids=[stop]), use_tqdm=False)
+    held = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=10, min_tokens=4,
+                                               stop_token_ids=[stop]), use_tqdm=False)
+    assert short[0].outputs[0].token_ids == [stop]
+    tokens = held[0].outputs[0].token_ids
+    assert len(tokens) >= 4 and stop not in tokens[:4]
+
+
+def test_bad_constraints_and_combinations_are_refused(smol):
+    llm = smol(max_model_len=256)
+    with pytest.raises(ValueError, match="exactly one of"):
+        GuidedDecodingParams(json={"type": "object"}, regex="a+")
+    with pytest.raises(ValueError, match="choice must be a non-empty list"):
+        GuidedDecodingParams(choice=[])
+    with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
+        SamplingParams(repetition_penalty=0)
+    with pytest.raises(ValueError, match="min_tokens must be in"):
+        SamplingParams(min_tokens=20, max_tokens=10)
+    for g, reason in [(GuidedDecodingParams(json={"type": "objec"}), "invalid JSON schema"),
+                      (GuidedDecodingParams(json="{not json"), "invalid JSON schema"),
+                      (GuidedDecodingParams(regex="(ab"), "invalid regex")]:
+        with pytest.raises(ValueError, match=reason):
+            llm.engine.add_request("bad", "Hi", SamplingParams(guided_decoding=g))
+    assert not llm.engine.requests
+    llm = smol(max_model_len=256, speculative_config={"method": "ngram",
+                                                       "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="not supported with speculative decoding"):
+        llm.engine.add_request("spec", "Hi", SamplingParams(
+            guided_decoding=GuidedDecodingParams(choice=["a", "b"])))
