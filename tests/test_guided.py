@@ -16,6 +16,8 @@ from minivllm import LLM, SamplingParams
 from minivllm.logits_process import apply_penalties
 from minivllm.sampling_params import GuidedDecodingParams
 
+from conftest import reconfigured
+
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 12},
                          "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
@@ -202,3 +204,54 @@ def test_bad_constraints_and_combinations_are_refused(smol):
     with pytest.raises(ValueError, match="not supported with speculative decoding"):
         llm.engine.add_request("spec", "Hi", SamplingParams(
             guided_decoding=GuidedDecodingParams(choice=["a", "b"])))
+
+
+# ---------------------------------------------------------------- the server (last: it takes
+# the session's engine over for the rest of the module)
+@pytest.fixture(scope="module")
+def client(smol_llm):
+    import openai
+
+    from minivllm.async_engine import AsyncLLMEngine
+    from minivllm.server import Server, bind_socket
+    with reconfigured(smol_llm, max_model_len=256, max_num_seqs=16) as llm:
+        server = Server(AsyncLLMEngine(llm.engine), bind_socket("127.0.0.1", 0), "smol",
+                        graceful_s=1.0).start()
+        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
+                            timeout=120)
+        server.stop()
+
+
+def test_server_response_format_and_guided_extras(client):
+    messages = [{"role": "user", "content": "Describe a person as a JSON object with keys name "
+                                            "and age."}]
+    schema = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    r = client.chat.completions.create(model="smol", messages=messages, n=4, temperature=1.0,
+                                       max_tokens=48, seed=1, response_format=schema)
+    assert all(parses(c.message.content, PERSON) for c in r.choices), [
+        (c.message.content, c.finish_reason) for c in r.choices]
+    r = client.chat.completions.create(model="smol", messages=messages, max_tokens=40,
+                                       temperature=0, response_format={"type": "json_object"})
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    r = client.completions.create(model="smol", prompt="The sky is", max_tokens=8, n=4,
+                                  temperature=1.0, extra_body={"guided_choice": ["blue", "grey"]})
+    assert {c.text for c in r.choices} <= {"blue", "grey"}
+    r = client.completions.create(model="smol", prompt="Year:", max_tokens=8, temperature=1.0,
+                                  extra_body={"guided_regex": r"(19|20)\d\d", "min_tokens": 2})
+    assert re.fullmatch(r"(19|20)\d\d", r.choices[0].text)
+
+
+@pytest.mark.parametrize("body, reason", [
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "objec"}}}}, "invalid JSON schema"),
+    ({"response_format": {"type": "json_schema"}}, "needs a \"json_schema\""),
+    ({"guided_regex": "(ab"}, "invalid regex"),
+    ({"guided_regex": "a+", "guided_choice": ["a"]}, "give one constraint"),
+    ({"presence_penalty": 3.0}, "presence_penalty must be in [-2, 2]"),
+])
+def test_server_refuses_bad_constraints_with_400(client, body, reason):
+    import openai
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", max_tokens=4, extra_body=body,
+                                       messages=[{"role": "user", "content": "Hi"}])
+    assert e.value.status_code == 400 and reason in e.value.message
