@@ -13,7 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 # (folder, files left out of the total, budget for the total, budget per file)
 BUDGETS = {
-    "minivllm": (("bench*.py",), 4500, 400),   # benchmarks are tools around the core
+    # Benchmarks and the HTTP entry points (CLI, server, OpenAI protocol) are tools around
+    # the core, as Part II's plan says; they keep the per-file budget.
+    "minivllm": (("bench*.py", "cli.py", "server.py", "serving.py", "protocol.py"), 4500, 400),
     "kernels": ((), 2000, 400),
     # A lesson is prose, code and figures. Issue 11 asks lesson 05 for ~650 (it is ~950).
     "lessons": ((), None, 1000),
