@@ -68,7 +68,8 @@ class StructuredOutputManager:
         self.mask_seconds = 0.0                          # fill + apply, summed over steps
         self.num_masked_rows = 0
 
-    def _xgr(self):
+    def load(self):
+        """Import xgrammar and prepare the vocabulary for it (once per engine); -> xgrammar."""
         import xgrammar as xgr
         if self.compiler is None:
             info = xgr.TokenizerInfo.from_huggingface(
@@ -90,7 +91,7 @@ class StructuredOutputManager:
         key = self.key(g)
         if key in self.grammars:
             return self.grammars[key]
-        self._xgr()
+        self.load()
         t0 = time.perf_counter()
         kind, text, strict_ws = key
         try:

@@ -206,6 +206,22 @@ def test_bad_constraints_and_combinations_are_refused(smol):
             guided_decoding=GuidedDecodingParams(choice=["a", "b"])))
 
 
+def test_bench_guided_report(smol, capsys):
+    """`minivllm bench guided`'s two parts on the session's model: compile times (a cache
+    hit after the first compile) and a guided run whose every step had its mask applied."""
+    from minivllm import bench_guided
+    llm = smol(max_num_seqs=4, max_model_len=256)
+    bench_guided.bench_compile(llm.tokenizer, llm.engine.model_config.vocab_size,
+                               llm.engine.eos_token_ids)
+    rows = re.findall(r"^(.+?)\s+([\d.]+)\s+([\d.]+)$", capsys.readouterr().out, re.MULTILINE)
+    assert [r[0].strip() for r in rows] == list(bench_guided.CONSTRAINTS)
+    assert all(float(r[2]) < float(r[1]) or float(r[1]) < 1 for r in rows)   # cached: faster
+    prompt = chat(llm, "A person as JSON.")
+    run = bench_guided.serve_once(llm, prompt, 2, 6, GuidedDecodingParams(json=PERSON))
+    assert run["steps"] >= 2 and run["mask_ms"] > 0 and run["rows"] >= run["steps"]
+    assert bench_guided.serve_once(llm, prompt, 2, 6, None)["rows"] == 0
+
+
 # ---------------------------------------------------------------- the server (last: it takes
 # the session's engine over for the rest of the module)
 @pytest.fixture(scope="module")
