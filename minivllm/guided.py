@@ -79,9 +79,10 @@ class StructuredOutputManager:
 
     @staticmethod
     def key(g: GuidedDecodingParams) -> tuple:
+        """The cache key: (kind, the constraint as text, whitespace rule). Not sort_keys: a
+        schema's property order is the order the output must follow."""
         value = getattr(g, g.kind)
-        text = (json.dumps(value) if isinstance(value, (dict, list))   # order matters
-                else str(value))
+        text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
         return g.kind, text, g.disable_any_whitespace
 
     # --8<-- [start:compile]
@@ -105,7 +106,7 @@ class StructuredOutputManager:
                 grammar = self.compiler.compile_grammar(choice_grammar(g.choice))
             else:
                 grammar = self.compiler.compile_grammar(text)
-        except (RuntimeError, ValueError) as e:
+        except Exception as e:   # noqa: BLE001 (RuntimeError mostly; a few of xgrammar's own)
             name = {"json": "JSON schema", "regex": "regex", "grammar": "grammar"}.get(kind, kind)
             raise ValueError(f"guided_decoding: invalid {name}: {_reason(e)}") from None
         self.compile_seconds += time.perf_counter() - t0

@@ -50,7 +50,7 @@ def test_json_schemas_hold_for_50_samples_each_and_unconstrained_fails(smol):
     person = chat(llm, "Describe a person as a JSON object with keys name and age.")
     review = chat(llm, "Classify this review as JSON: 'Great phone, battery lasts two days.'")
     guided = lambda schema, ws: SamplingParams(  # noqa: E731
-        n=N, temperature=1.0, max_tokens=32, seed=1,
+        n=N, temperature=1.0, max_tokens=64, seed=1,     # room for odd tokenizations
         guided_decoding=GuidedDecodingParams(json=schema, disable_any_whitespace=ws))
     outs = llm.generate([person, review, person],
                         [guided(PERSON, False), guided(REVIEW, True),
@@ -61,7 +61,7 @@ def test_json_schemas_hold_for_50_samples_each_and_unconstrained_fails(smol):
         bad = [c.text for c in out.outputs if not parses(c.text, schema)]
         assert not bad, f"{len(bad)} of {N} break the schema, e.g. {bad[0]!r}"
         assert {c.finish_reason for c in out.outputs} == {"stop"}
-    assert " " not in "".join(c.text for c in outs[1].outputs if '"' not in c.text)
+    assert not any("\n" in c.text for c in outs[1].outputs)    # no free whitespace
     failures = sum(not parses(c.text, PERSON) for c in outs[2].outputs)
     print(f"unconstrained: {failures}/{N} fail to parse and validate")
     assert failures >= N // 4                  # the constraint, not the prompt, does the work
