@@ -5,6 +5,7 @@
     uv run python -m minivllm.bench throughput         # a mixed workload, minivllm vs HF
     uv run python -m minivllm.bench prefix             # prefix caching on vs off
     uv run python -m minivllm.bench spec               # speculative decoding on vs off
+    uv run python -m minivllm.bench guided             # guided decoding: compile, mask cost
 
 Same weights (the converted checkpoint), same dtype, same prompts, greedy, EOS ignored so both
 produce exactly max_tokens per sequence. Each measurement is the best of --repeats runs after a
@@ -263,10 +264,13 @@ def main(argv=None) -> None:
     add_parser(sub)
     bench_tp.add_parser(sub)
     bench_compile.add_parser(sub)
+    from minivllm import bench_guided
+    bench_guided.add_parser(sub)
     args = parser.parse_args(argv)
     {"load": bench_load, "decode": bench_decode, "throughput": bench_throughput,
      "prefix": bench_prefix, "spec": bench_spec, "tp": bench_tp.bench_tp,
-     "compile": bench_compile.bench_compile}[args.command](args)
+     "compile": bench_compile.bench_compile,
+     "guided": bench_guided.bench_guided}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import torch
 from minivllm.block_manager import BlockManager
 from minivllm.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
 from minivllm.detokenizer import IncrementalDetokenizer
+from minivllm.guided import StructuredOutputManager
 from minivllm.kv_cache import ContiguousAllocator
 from minivllm.loader import load_hf_config, load_tokenizer, resolve_model_path
 from minivllm.model_runner import ModelRunner
@@ -65,6 +66,10 @@ class LLMEngine:
         runner_cls = ModelRunner if config.tensor_parallel_size == 1 else TensorParallelRunner
         self.runner = runner_cls(self.model_config, config, self.model_path, self.device,
                                  self.dtype)
+        self.structured_output = StructuredOutputManager(   # logits processors' engine state
+            self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        self.runner.sampler.guided = self.structured_output
+        self.runner.sampler.eos_token_ids = self.eos_token_ids
         self._seq_ids = itertools.count()
         self._traces: list[list[StepRecord]] = []
         self._init_state(config)
@@ -160,6 +165,7 @@ class LLMEngine:
             if bad:
                 raise ValueError(f"prompt token ids must be integers, got {bad[0]!r}")
         validate_request(token_ids, params, self.config, self.model_config, self.block_manager)
+        self.structured_output.check(params, self.spec_decoder is not None)  # compiles, cached
         group = SequenceGroup(request_id, text, token_ids, params, next(self._seq_ids))
         self._start_detokenizer(group.seqs[0])
         self.scheduler.add(group.seqs[0])

@@ -4,8 +4,9 @@
     outs = llm.generate(["The capital of France is"], SamplingParams(temperature=0))
     outs[0].outputs[0].text
 
-Left out, compared with vLLM: beam search, embeddings / scoring / classification, LoRA and
-guided-decoding arguments, and multi-modal prompts.
+Left out, compared with vLLM: beam search, embeddings / scoring / classification, LoRA, the
+old guided_options_request argument (SamplingParams.guided_decoding does it), and multi-modal
+prompts.
 """
 
 from __future__ import annotations

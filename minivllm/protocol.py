@@ -5,9 +5,12 @@ unknown fields are refused by name (a typo such as `max_token` would otherwise b
 the default used). Ranges are checked once, by SamplingParams, whose messages name the field.
 
 Fields beyond OpenAI's are vLLM's extras with vLLM's names (top_k, ignore_eos, stop_token_ids,
-skip_special_tokens, include_stop_str_in_output). Left out: echo, best_of, suffix,
-presence/frequency penalties, logit_bias, tools and function calling, response_format, images;
-each is refused as an unknown field rather than accepted and ignored.
+skip_special_tokens, include_stop_str_in_output, repetition_penalty, min_tokens, and the
+guided_json / guided_regex / guided_choice / guided_grammar constraints). `response_format`
+({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}) becomes
+a guided-decoding constraint too (minivllm/guided.py). Left out: echo, best_of, suffix,
+logit_bias, tools and function calling, images; each is refused as an unknown field rather
+than accepted and ignored.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from minivllm.outputs import CompletionOutput
-from minivllm.sampling_params import MAX_LOGPROBS, SamplingParams
+from minivllm.sampling_params import MAX_LOGPROBS, GuidedDecodingParams, SamplingParams
 
 
 class _Request(BaseModel):
@@ -28,6 +31,19 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+
+
+class JsonSchema(_Request):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = "schema"
+    description: str | None = None
+    json_schema: dict = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
 
 
 class _SamplingFields(_Request):
@@ -47,6 +63,33 @@ class _SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    response_format: ResponseFormat | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def guided_decoding(self) -> GuidedDecodingParams | None:
+        """response_format or one guided_* field -> the constraint (ValueError if several)."""
+        rf = self.response_format
+        given = {k: v for k, v in [("json", self.guided_json), ("regex", self.guided_regex),
+                                   ("choice", self.guided_choice),
+                                   ("grammar", self.guided_grammar)] if v is not None}
+        if rf is not None and rf.type == "json_object":
+            given["json_object"] = True
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None:
+                raise ValueError('response_format: type "json_schema" needs a "json_schema" '
+                                 'object with the "schema"')
+            given["json"] = rf.json_schema.json_schema
+        if len(given) > 1:
+            raise ValueError("guided_decoding: give one constraint of response_format, "
+                             "guided_json, guided_regex, guided_choice, guided_grammar")
+        return GuidedDecodingParams(**given) if given else None
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Raises TypeError/ValueError naming the field, like any SamplingParams."""
@@ -55,7 +98,10 @@ class _SamplingFields(_Request):
             max_tokens=max_tokens, stop=self.stop or [], stop_token_ids=self.stop_token_ids or [],
             seed=self.seed, logprobs=logprobs, ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output)
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
+            guided_decoding=self.guided_decoding())
 
     @property
     def include_usage(self) -> bool:
@@ -111,7 +157,9 @@ def now() -> int:
 
 
 FIELDS = ("n", "temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "seed",
-          "logprobs", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens")
+          "logprobs", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+          "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
+          "guided_decoding", "response_format")
 
 
 class OpenAIError(Exception):

@@ -1,23 +1,25 @@
 """Sampler: turn one row of logits per sequence into its next token.
 
-Order of operations, as in vLLM: logprobs are read from the raw distribution; then temperature,
-top-k and top-p reshape it; then each row draws with its own torch.Generator. Drawing is the
-"exponential race": argmax(p / E) with E ~ Exp(1) picks token i with probability p_i, exactly
-like multinomial, but without a host sync on GPUs.
+Order of operations, as in vLLM: logprobs are read from the raw distribution; then the logits
+processors edit the rows that ask for it (min_tokens, penalties, the guided-decoding bitmask:
+minivllm/logits_process.py); then temperature, top-k and top-p reshape it; then each row draws
+with its own torch.Generator. Drawing is the "exponential race": argmax(p / E) with E ~ Exp(1)
+picks token i with probability p_i, exactly like multinomial, but without a host sync on GPUs.
 
 Each sample draws from its own torch.Generator, kept here by sequence id (seeded with the
 request's seed + the sample's index, or from the OS), so its tokens do not depend on what else
 shares the batch: a seeded request is reproducible in any company. The engine calls `free`
 when a sequence finishes.
 
-Left out, compared with vLLM: repetition / presence / frequency penalties, min_p, min_tokens,
-logits processors, and batched (FlashInfer) top-k/top-p kernels.
+Left out, compared with vLLM: min_p, logit_bias, user-supplied logits processors, and batched
+(FlashInfer) top-k/top-p kernels.
 """
 
 from __future__ import annotations
 
 import torch
 
+from minivllm.logits_process import apply_logits_processors
 from minivllm.sequence import Sequence
 
 
@@ -60,6 +62,8 @@ class Sampler:
     def __init__(self, device: torch.device):
         self.device = device
         self.generators: dict[int, torch.Generator] = {}      # seq_id -> its generator
+        self.eos_token_ids: set[int] = set()   # min_tokens holds them back (set by the engine)
+        self.guided = None                     # StructuredOutputManager (set by the engine)
 
     def generator(self, seq: Sequence) -> torch.Generator:
         g = self.generators.get(seq.seq_id)
@@ -73,12 +77,14 @@ class Sampler:
 
     def free(self, seq: Sequence) -> None:
         self.generators.pop(seq.seq_id, None)
+        if self.guided is not None:
+            self.guided.free(seq)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]):
         """logits: (B, V) float32, row i for seqs[i] -> (token ids, per-token logprob dicts)."""
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
         raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
-
+        logits = apply_logits_processors(logits, seqs, self.eos_token_ids, self.guided)
         tokens = logits.argmax(dim=-1)                      # greedy rows are done here
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if sampled:

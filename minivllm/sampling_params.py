@@ -7,7 +7,8 @@ checked too, because requests arrive as JSON: `temperature="1"` is a TypeError t
 int to Python, never to a user), and NaN or infinity never reach the sampler, where NaN passes
 every `<` test and poisons a softmax.
 
-What is left to the engine (it needs the model): token ids within the vocabulary.
+What is left to the engine (it needs the model): token ids within the vocabulary, and whether
+a guided-decoding constraint compiles (minivllm/guided.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 MAX_LOGPROBS = 20    # vLLM's default max_logprobs: top-k over the vocabulary costs per token
+GUIDED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 def _int(name: str, value, lo: int | None = None, hi: int | None = None,
@@ -47,6 +49,46 @@ def _bool(name: str, value) -> bool:
 
 
 @dataclass(slots=True)
+class GuidedDecodingParams:
+    """One output constraint (vLLM's shape; set exactly one): `json` a JSON schema (dict or
+    string), `regex` a regular expression, `choice` a list of strings, `grammar` an EBNF
+    grammar (GBNF, `root ::= ...`), `json_object=True` any JSON object. minivllm/guided.py
+    compiles it with xgrammar, the one backend here."""
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    backend: str | None = None             # None or "xgrammar"
+    disable_any_whitespace: bool = False   # JSON: no free whitespace between tokens
+
+    def __post_init__(self):
+        given = [k for k in GUIDED_KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"guided_decoding needs exactly one of {', '.join(GUIDED_KINDS)}; "
+                             f"got {given or 'none'}")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise TypeError(f"guided_decoding.json must be a JSON schema (dict or string), got "
+                            f"{type(self.json).__name__}")
+        for name in ("regex", "grammar"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise TypeError(f"guided_decoding.{name} must be a string")
+        if self.choice is not None and (not isinstance(self.choice, (list, tuple))
+                                        or not self.choice
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError(f"guided_decoding.choice must be a non-empty list of non-empty "
+                             f"strings, got {self.choice!r}")
+        if self.backend not in (None, "xgrammar"):
+            raise ValueError(f"guided_decoding.backend: only 'xgrammar' is available, got "
+                             f"{self.backend!r}")
+        _bool("guided_decoding.disable_any_whitespace", self.disable_any_whitespace)
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in GUIDED_KINDS if getattr(self, k) not in (None, False))
+
+
+@dataclass(slots=True)
 class SamplingParams:
     n: int = 1                          # independent samples per prompt
     temperature: float = 1.0            # 0 means greedy
@@ -60,6 +102,12 @@ class SamplingParams:
     ignore_eos: bool = False            # keep going past EOS (benchmarks)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Logits processors (minivllm/logits_process.py, minivllm/guided.py), vLLM's names.
+    presence_penalty: float = 0.0       # minus this from every token already in the output
+    frequency_penalty: float = 0.0      # minus this times how often it is in the output
+    repetition_penalty: float = 1.0     # prompt or output tokens: logit / p if > 0, else * p
+    min_tokens: int = 0                 # no EOS or stop token before this many new tokens
+    guided_decoding: GuidedDecodingParams | None = None   # structured output
 
     def __post_init__(self):
         self.n = _int("n", self.n, lo=1, allowed="an integer >= 1")
@@ -97,9 +145,28 @@ class SamplingParams:
                             f"{self.stop_token_ids!r}")
         self.stop_token_ids = [_int("stop_token_ids", t, lo=0, allowed="token ids >= 0")
                                for t in self.stop_token_ids]
+        for name in ("presence_penalty", "frequency_penalty"):
+            setattr(self, name, _float(name, getattr(self, name)))
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        self.repetition_penalty = _float("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        self.min_tokens = _int("min_tokens", self.min_tokens, lo=0, hi=self.max_tokens,
+                               allowed=f"in [0, max_tokens={self.max_tokens}]")
+        if isinstance(self.guided_decoding, dict):
+            self.guided_decoding = GuidedDecodingParams(**self.guided_decoding)
+        if not isinstance(self.guided_decoding, (GuidedDecodingParams, type(None))):
+            raise TypeError(f"guided_decoding must be a GuidedDecodingParams, got "
+                            f"{type(self.guided_decoding).__name__}")
         if self.n > 1 and self.temperature == 0:
             raise ValueError(f"n={self.n} samples with temperature=0 would be {self.n} copies of "
                              "the same greedy output; use temperature > 0")
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty != 0 or self.frequency_penalty != 0
+                or self.repetition_penalty != 1)
 
     @property
     def greedy(self) -> bool:

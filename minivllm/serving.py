@@ -92,7 +92,7 @@ async def start_requests(app: FastAPI, request_id: str, prompts: list[str | list
     max_len = aengine.engine.config.max_model_len
     t0 = time.perf_counter()
     try:                       # the values first (max_tokens checked here, with a placeholder)
-        make_params(1 if max_tokens is None else max_tokens)
+        make_params(max_len if max_tokens is None else max_tokens)
     except (TypeError, ValueError) as e:
         raise OpenAIError(400, str(e), param_of(str(e))) from None
     ids = [tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else p
