@@ -5,6 +5,7 @@
     uv run python -m minivllm.bench throughput         # a mixed workload, minivllm vs HF
     uv run python -m minivllm.bench prefix             # prefix caching on vs off
     uv run python -m minivllm.bench spec               # speculative decoding on vs off
+    uv run python -m minivllm.bench quant              # int8/int4 weights, int8/fp8 KV cache
 
 Same weights (the converted checkpoint), same dtype, same prompts, greedy, EOS ignored so both
 produce exactly max_tokens per sequence. Each measurement is the best of --repeats runs after a
@@ -258,11 +259,13 @@ def main(argv=None) -> None:
     p.add_argument("--num-questions", type=int, default=32)
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
-    from minivllm.bench_spec import add_parser, bench_spec
-    add_parser(sub)
+    from minivllm import bench_quant, bench_spec
+    bench_spec.add_parser(sub)
+    bench_quant.add_parser(sub)
     args = parser.parse_args(argv)
     {"load": bench_load, "decode": bench_decode, "throughput": bench_throughput,
-     "prefix": bench_prefix, "spec": bench_spec}[args.command](args)
+     "prefix": bench_prefix, "spec": bench_spec.bench_spec,
+     "quant": bench_quant.bench_quant}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from minivllm.config import EngineConfig, ModelConfig
 from minivllm.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.loader import load_weights
 from minivllm.models import LlamaForCausalLM
+from minivllm.quant import quantize_model
 from minivllm.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 from minivllm.sequence import Sequence, SequenceGroup
@@ -54,12 +55,15 @@ class ModelRunner:
         load_weights(model, path)
         self.model = model.eval()
         self.sampler = Sampler(device)
-        self.kv_cache = self.cpu_kv_cache = None
+        self.kv_cache = self.cpu_kv_cache = self.quantization = None
         self.init_kv_cache(engine_config)
 
     def init_kv_cache(self, engine_config: EngineConfig) -> None:
         """Size and allocate the KV pool (and the swap pool) for engine_config, replacing any
         pool from an earlier configuration. The weights stay as they are."""
+        if engine_config.quantization != self.quantization:    # weights in the asked format
+            quantize_model(self.model, engine_config.quantization)   # (minivllm/quant.py)
+            self.quantization = engine_config.quantization
         self.engine_config = engine_config
         self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
         if self.device.type == "cuda":
@@ -82,8 +86,9 @@ class ModelRunner:
         self.block_size = (engine_config.block_size if self.kv_layout == "paged"
                            else engine_config.max_model_len)
         self.num_blocks = self._num_kv_blocks()
+        self.kv_cache_dtype = engine_config.kv_cache_dtype
         self.kv_cache = allocate_kv_cache(self.config, self.num_blocks, self.block_size,
-                                          self.dtype, self.device)
+                                          self.dtype, self.device, self.kv_cache_dtype)
         self._bind_kv_cache(self.kv_cache)
         logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size,
@@ -91,10 +96,11 @@ class ModelRunner:
         # The swap pool: same layout, in host memory (pinned, so copies can be asynchronous).
         self.num_cpu_blocks = 0
         if engine_config.preemption_mode == "swap":
-            block_bytes = kv_bytes_per_token(self.config, self.dtype) * self.block_size
+            block_bytes = self._kv_bytes_per_token() * self.block_size
             self.num_cpu_blocks = engine_config.swap_space // block_bytes
             self.cpu_kv_cache = allocate_kv_cache(self.config, self.num_cpu_blocks,
-                                                  self.block_size, self.dtype, torch.device("cpu"))
+                                                  self.block_size, self.dtype, torch.device("cpu"),
+                                                  self.kv_cache_dtype)
             if self.device.type == "cuda":
                 self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
 
@@ -102,13 +108,17 @@ class ModelRunner:
         for i, attn in enumerate(self.model.attention_layers()):
             attn.k_cache, attn.v_cache = kv_cache[i, 0], kv_cache[i, 1]
             attn.backend = self.attention_backend
+            attn.kv_cache_dtype = self.kv_cache_dtype
+
+    def _kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.config, self.dtype, self.engine_config.kv_cache_dtype)
 
     def _num_kv_blocks(self) -> int:
         """How many blocks the pool gets (see EngineConfig for the rules)."""
         ec = self.engine_config
         if ec.num_kv_blocks is not None:
             return ec.num_kv_blocks
-        block_bytes = kv_bytes_per_token(self.config, self.dtype) * self.block_size
+        block_bytes = self._kv_bytes_per_token() * self.block_size
         if ec.kv_cache_memory is not None:
             budget = ec.kv_cache_memory
         elif self.device.type == "cuda":
@@ -128,7 +138,7 @@ class ModelRunner:
         step (a prefill of max_num_batched_tokens), within gpu_memory_utilization."""
         n = min(self.engine_config.max_num_batched_tokens, self.engine_config.max_model_len)
         scratch = allocate_kv_cache(self.config, -(-n // self.block_size), self.block_size,
-                                    self.dtype, self.device)
+                                    self.dtype, self.device, self.kv_cache_dtype)
         self._bind_kv_cache(scratch)
         seq = SequenceGroup("profile", None, [0] * n, SamplingParams(), -1).seqs[0]
         seq.block_table = list(range(scratch.shape[2]))
