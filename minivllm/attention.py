@@ -21,7 +21,9 @@ This file is the reference: clear, and fast enough on a CPU. It gathers each seq
 into a padded rectangle and calls torch's scaled_dot_product_attention with a mask. The Triton
 kernels in kernels/ compute the same thing without the gather and are checked against this.
 A contiguous, per-request cache (lesson 01's baseline) is the special case block_size =
-max_model_len with one block per sequence, so it runs through the same code.
+max_model_len with one block per sequence, so it runs through the same code. A quantized pool
+(kv_cache_dtype "int8" / "fp8", lesson 13) stores rows of head_dim bytes plus an fp32 scale:
+new rows are quantized before the write, gathered rows dequantized before SDPA.
 """
 
 from __future__ import annotations

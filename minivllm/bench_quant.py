@@ -31,8 +31,8 @@ FORMATS = [
     ("int4-g32", "float32", {"quantization": "int4-g32"}),
     ("int4-g64", "float32", {"quantization": "int4-g64"}),
     ("int4-g128", "float32", {"quantization": "int4-g128"}),
-    ("kv int8", "float32", {"kv_cache_dtype": "int8"}),
-    ("kv fp8", "float32", {"kv_cache_dtype": "fp8"}),
+    ("kv-int8", "float32", {"kv_cache_dtype": "int8"}),
+    ("kv-fp8", "float32", {"kv_cache_dtype": "fp8"}),
 ]
 AGREEMENT_PROMPTS = [
     "The capital of France is", "def fibonacci(n):\n    ",
