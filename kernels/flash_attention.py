@@ -29,7 +29,10 @@ Under the interpreter (CPU, TRITON_INTERPRET=1, set by `import minivllm`) fp32 a
 exact, but a bf16 `tl.dot` is wrong in the Triton we lock (3.9: a 16 x 16 dot off by 1e10), so
 bf16 is refused there with a ValueError instead of returning garbage (check_launch).
 
-Left out: the backward pass, dropout, sliding windows, ALiBi, soft-capping, FP8, and
+A quantized KV cache (kv_cache_dtype "int8" / "fp8": one byte per element and a scale per
+row, kernels/write_kv.py) is dequantized tile by tile in load_kv_tile; q and the dots stay in
+q's dtype. Left out: the backward pass, dropout, sliding windows, ALiBi, soft-capping, FP8
+dots (FP8 tensor-core attention), and
 warp-specialised Hopper tricks (TMA, wgmma pipelining by hand); Triton's compiler does the
 software pipelining of the key loop.
 """
@@ -48,13 +51,19 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2 e): exp2 is the GPU's nativ
 # --8<-- [start:tile_step]
 @triton.jit
 def load_kv_tile(cache, table_row, offs_n, valid, kv_head_off, stride_b, stride_s, offs_d,
-                 HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
-    """K or V rows for key positions offs_n of one sequence, found through its block table."""
+                 HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, scales, KV_QUANT: tl.constexpr):
+    """K or V rows for key positions offs_n of one sequence, found through its block table.
+    KV_QUANT: the rows are int8 / fp8 bytes followed by an fp32 scale (kernels/write_kv.py),
+    read through `scales`, an fp32 view of the same pool; the tile comes back dequantized."""
     blocks = tl.load(table_row + offs_n // BLOCK_SIZE, mask=valid, other=0)   # (BLOCK_N,)
-    rows = blocks[:, None] * stride_b + (offs_n % BLOCK_SIZE)[:, None] * stride_s
+    rows = blocks * stride_b + (offs_n % BLOCK_SIZE) * stride_s + kv_head_off  # (BLOCK_N,)
     mask = valid[:, None] & (offs_d[None, :] < HEAD_DIM)
     # other=0: a masked V row must be 0, not garbage (0 x NaN = NaN in P @ V).
-    return tl.load(cache + rows + kv_head_off + offs_d[None, :], mask=mask, other=0.0)
+    x = tl.load(cache + rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    if KV_QUANT:
+        s = tl.load(scales + (rows + HEAD_DIM) // 4, mask=valid, other=0.0)   # (BLOCK_N,)
+        x = x.to(tl.float32) * s[:, None]
+    return x
 
 
 @triton.jit
@@ -73,6 +82,7 @@ def online_softmax_step(acc, m_i, l_i, s, v):
 @triton.jit
 def _flash_attention_kernel(
     Q, K_cache, V_cache, Out,  # q/out: [num_tokens, num_heads, D]; caches: [blocks, bs, Hkv, D]
+    K_scale, V_scale,          # quantized caches: fp32 views of the pools (else unused)
     query_start_loc,           # [num_seqs + 1] int64: where each sequence's new tokens start
     seq_lens,                  # [num_seqs] int64: tokens in the cache (context + new)
     block_tables,              # [num_seqs, max_blocks] int64: physical block of each logical one
@@ -87,6 +97,7 @@ def _flash_attention_kernel(
     BLOCK_D: tl.constexpr,     # HEAD_DIM rounded up to a power of two
     BLOCK_M: tl.constexpr,     # query rows per program
     BLOCK_N: tl.constexpr,     # keys per tile of the inner loop
+    KV_QUANT: tl.constexpr,    # 0: float cache; 1 / 2: int8 / fp8 rows with a scale each
 ):
     m_block, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(query_start_loc + seq)
@@ -120,18 +131,18 @@ def _flash_attention_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         valid = offs_n < seq_len
         k = load_kv_tile(K_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
-                         offs_d, HEAD_DIM, BLOCK_SIZE)           # (BLOCK_N, BLOCK_D)
+                         offs_d, HEAD_DIM, BLOCK_SIZE, K_scale, KV_QUANT).to(q.dtype)  # (N, D)
         v = load_kv_tile(V_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
-                         offs_d, HEAD_DIM, BLOCK_SIZE)
+                         offs_d, HEAD_DIM, BLOCK_SIZE, V_scale, KV_QUANT).to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * qk_scale                    # (BLOCK_M, BLOCK_N)
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
     for start_n in range(diag_start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         valid = offs_n < seq_len
         k = load_kv_tile(K_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
-                         offs_d, HEAD_DIM, BLOCK_SIZE)
+                         offs_d, HEAD_DIM, BLOCK_SIZE, K_scale, KV_QUANT).to(q.dtype)
         v = load_kv_tile(V_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
-                         offs_d, HEAD_DIM, BLOCK_SIZE)
+                         offs_d, HEAD_DIM, BLOCK_SIZE, V_scale, KV_QUANT).to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(offs_n[None, :] <= q_pos[:, None], s, float("-inf"))  # causal
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
@@ -176,14 +187,16 @@ def check_launch(x: torch.Tensor, kernel) -> None:
 def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                     block_tables: torch.Tensor, max_query_len: int, scale: float,
-                    **tiles) -> torch.Tensor:
+                    kv_cache_dtype: str = "auto", **tiles) -> torch.Tensor:
     """Causal attention of the new tokens q ([num_tokens, num_heads, head_dim]) over their
     sequences' paged K/V (which already hold this step's tokens). Returns q's shape.
 
     tiles: override default_tiles (block_m, block_n, num_warps, num_stages). on_gpu=True takes
     the GPU's tile sizes on any device (the interpreter test of those sizes uses it);
     capability=(8, 0) those of another GPU generation (kernels/aot.py uses it).
+    kv_cache_dtype "int8" / "fp8": the pools hold quantized rows (kernels/write_kv.py).
     """
+    from kernels.write_kv import kv_cache_views
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     if num_heads % num_kv_heads:
@@ -200,13 +213,15 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     t = {**default_tiles(head_dim, max_query_len, on_gpu, q.element_size(), capability),
          **tiles}
     grid = (triton.cdiv(max_query_len, t["block_m"]), seq_lens.shape[0], num_heads)
+    (kc, ks), (vc, vs) = (kv_cache_views(c, kv_cache_dtype) for c in (k_cache, v_cache))
     _flash_attention_kernel[grid](
-        q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables, scale * LOG2E,
+        q, kc, vc, out, ks, vs, query_start_loc, seq_lens, block_tables, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         NUM_QUERIES_PER_KV=num_heads // num_kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=t["block_m"],
-        BLOCK_N=t["block_n"], num_warps=t["num_warps"], num_stages=t["num_stages"])
+        BLOCK_N=t["block_n"], KV_QUANT=("auto", "int8", "fp8").index(kv_cache_dtype),
+        num_warps=t["num_warps"], num_stages=t["num_stages"])
     return out
 
 

@@ -22,7 +22,8 @@ buffer address stay the same from step to step (what a CUDA graph needs), and no
 allocated per layer. Without one, a call allocates what its batch needs (tests, benchmarks).
 
 Left out: multi-token decode (speculative verification uses flash_attention.py), ALiBi, sliding
-windows, FP8 KV. Follows PagedAttention (Kwon et al. 2023) for the cache layout; precision and
+windows. A quantized KV cache (int8 / fp8 rows with a scale, kernels/write_kv.py) is read
+through load_kv_tile, which dequantizes each tile as it loads it. Follows PagedAttention (Kwon et al. 2023) for the cache layout; precision and
 the interpreter's limits as in flash_attention.py.
 """
 
@@ -41,6 +42,7 @@ from kernels.flash_attention import LOG2E, check_launch, load_kv_tile, online_so
 @triton.jit
 def _paged_decode_kernel(
     Q, K_cache, V_cache,      # q: [num_seqs, num_heads, D]; caches: [blocks, bs, Hkv, D]
+    K_scale, V_scale,         # quantized caches: fp32 views of the pools (else unused)
     Out,                      # [num_seqs, num_heads, D]; written when there is one partition
     Part_O, Part_M, Part_L,   # [max_seqs, num_heads, num_partitions, BLOCK_D] and [.., .., parts]
     seq_lens,                 # [num_seqs] int64: tokens in the cache, the new one included
@@ -55,6 +57,7 @@ def _paged_decode_kernel(
     BLOCK_N: tl.constexpr,    # keys per tile (divides PARTITION_SIZE)
     PARTITION_SIZE: tl.constexpr,  # keys per program (a multiple of BLOCK_N)
     ONE_PARTITION: tl.constexpr,   # True: write the final output, skip kernel 2
+    KV_QUANT: tl.constexpr,   # 0: float cache; 1 / 2: int8 / fp8 rows with a scale each
 ):
     seq, kv_head, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens + seq).to(tl.int32)
@@ -79,9 +82,9 @@ def _paged_decode_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         valid = offs_n < end
         k = load_kv_tile(K_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
-                         offs_d, HEAD_DIM, BLOCK_SIZE)            # (BLOCK_N, BLOCK_D)
+                         offs_d, HEAD_DIM, BLOCK_SIZE, K_scale, KV_QUANT).to(q.dtype)  # (N, D)
         v = load_kv_tile(V_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
-                         offs_d, HEAD_DIM, BLOCK_SIZE)
+                         offs_d, HEAD_DIM, BLOCK_SIZE, V_scale, KV_QUANT).to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * qk_scale                     # (BLOCK_H, BLOCK_N)
         s = tl.where(valid[None, :], s, float("-inf"))            # the new token sees all keys
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)
@@ -198,7 +201,7 @@ class DecodeScratch:
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            seq_lens: torch.Tensor, block_tables: torch.Tensor, max_seq_len: int,
                            scale: float, scratch: DecodeScratch | None = None,
-                           **tiles) -> torch.Tensor:
+                           kv_cache_dtype: str = "auto", **tiles) -> torch.Tensor:
     """Attention of one new token per sequence (q: [num_seqs, num_heads, head_dim]) over all
     of that sequence's paged K/V, its own included. Returns q's shape.
 
@@ -235,8 +238,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError(f"the decode scratch holds {scratch.part_m.shape[0]} sequences x "
                          f"{scratch.part_m.shape[1]} heads x {num_parts * t['partition_size']} "
                          f"tokens; this batch has {num_seqs} x {num_heads} x {max_seq_len}")
+    from kernels.write_kv import kv_cache_views
+    (kc, ks), (vc, vs) = (kv_cache_views(c, kv_cache_dtype) for c in (k_cache, v_cache))
     _paged_decode_kernel[(num_seqs, num_kv_heads, num_parts)](
-        q, k_cache, v_cache, out, scratch.part_o, scratch.part_m, scratch.part_l, seq_lens,
+        q, kc, vc, ks, vs, out, scratch.part_o, scratch.part_m, scratch.part_l, seq_lens,
         block_tables, scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
@@ -244,6 +249,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         NUM_QUERIES_PER_KV=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=t["block_n"],
         PARTITION_SIZE=t["partition_size"], ONE_PARTITION=num_parts == 1,
+        KV_QUANT=("auto", "int8", "fp8").index(kv_cache_dtype),
         num_warps=t["num_warps"], num_stages=t["num_stages"])
     if num_parts > 1:
         _reduce_partitions_kernel[(num_seqs, num_heads)](

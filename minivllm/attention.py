@@ -21,7 +21,9 @@ This file is the reference: clear, and fast enough on a CPU. It gathers each seq
 into a padded rectangle and calls torch's scaled_dot_product_attention with a mask. The Triton
 kernels in kernels/ compute the same thing without the gather and are checked against this.
 A contiguous, per-request cache (lesson 01's baseline) is the special case block_size =
-max_model_len with one block per sequence, so it runs through the same code.
+max_model_len with one block per sequence, so it runs through the same code. A quantized pool
+(kv_cache_dtype "int8" / "fp8", lesson 13) stores rows of head_dim bytes plus an fp32 scale:
+new rows are quantized before the write, gathered rows dequantized before SDPA.
 """
 
 from __future__ import annotations
@@ -88,10 +90,12 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
 
 # --8<-- [start:paged_attention]
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    md: AttentionMetadata, scale: float) -> torch.Tensor:
+                    md: AttentionMetadata, scale: float, kv_cache_dtype: str = "auto"
+                    ) -> torch.Tensor:
     """Causal attention of the new tokens over their sequences' cached K/V.
 
-    q: [num_tokens, num_heads, head_dim] -> returns the same shape.
+    q: [num_tokens, num_heads, head_dim] -> returns the same shape. kv_cache_dtype "fp8" or
+    "int8": the pool holds quantized rows (kernels/write_kv.py), dequantized once gathered.
     """
     block_size = k_cache.shape[1]
     if md.torch_layout is None or md.torch_layout.block_size != block_size:
@@ -101,6 +105,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # 1. Gather each sequence's K/V through its block table: [num_seqs, max_seq_len, kv_heads, D].
     k = k_cache.flatten(0, 1)[layout.slots]                            # (B, L, Hkv, D)
     v = v_cache.flatten(0, 1)[layout.slots]
+    if kv_cache_dtype != "auto":
+        from kernels.write_kv import dequantize_kv
+        k, v = dequantize_kv(k, kv_cache_dtype, q.dtype), dequantize_kv(v, kv_cache_dtype, q.dtype)
 
     # 2. Lay the flat queries out as a padded rectangle: [num_seqs, max_query_len, heads, D].
     #    In a pure decode step every sequence has exactly one query: nothing to pad.
@@ -154,12 +161,16 @@ class Attention(torch.nn.Module):
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
         self.backend = "torch"          # or "triton", set by the ModelRunner
+        self.kv_cache_dtype = "auto"    # or "fp8" / "int8": rows of D bytes + a scale (lesson 13)
 
     def forward(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
         # q: (T, H, D), k/v: (T, Hkv, D)
         if self.backend == "triton":    # the same two steps as fused kernels
             from minivllm.triton_attention import triton_attention  # imported only when asked
             return triton_attention(q, k, v, self.k_cache, self.v_cache, md, self.scale,
-                                    md.decode_scratch)
+                                    md.decode_scratch, self.kv_cache_dtype)
+        if self.kv_cache_dtype != "auto":   # quantized pool: quantize the rows as written
+            from kernels.write_kv import quantize_kv
+            k, v = quantize_kv(k, self.kv_cache_dtype), quantize_kv(v, self.kv_cache_dtype)
         write_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
-        return paged_attention(q, self.k_cache, self.v_cache, md, self.scale)
+        return paged_attention(q, self.k_cache, self.v_cache, md, self.scale, self.kv_cache_dtype)

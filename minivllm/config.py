@@ -134,6 +134,11 @@ class EngineConfig:
     # Prefill/decode disaggregation, vLLM's dict: {"kv_connector": "TorchDistributedConnector",
     # "kv_role": "kv_producer" | "kv_consumer", "kv_ip": ..., "kv_port": ...} (minivllm/disagg.py).
     kv_transfer_config: dict | KVTransferConfig | None = None
+    # Quantization (minivllm/quant.py, lesson 13). Weights: None, "int8" (per output channel)
+    # or "int4" / "int4-g32" / "int4-g64" / "int4-g128" (groups, packed two per byte). KV cache:
+    # "auto" (the model's dtype), "fp8" (e4m3) or "int8", one scale per token and KV head.
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self):
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
@@ -182,6 +187,14 @@ class EngineConfig:
         elif not isinstance(self.speculative_config, (SpeculativeConfig, type(None))):
             raise ValueError(f"speculative_config must be a dict or None, got "
                              f"{self.speculative_config!r}")
+        from minivllm.quant import parse_quantization
+        parse_quantization(self.quantization)
+        if self.kv_cache_dtype not in ("auto", "fp8", "int8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8' or 'int8', got "
+                             f"{self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
+            raise ValueError(f"kv_cache_dtype='fp8' needs torch.float8_e4m3fn, which torch "
+                             f"{torch.__version__} lacks; use 'int8'")
         if self.speculative_config is not None and self.kv_layout != "paged":
             raise ValueError("speculative_config needs kv_layout='paged': rejected draft "
                              "tokens give their lookahead blocks back")

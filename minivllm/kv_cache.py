@@ -15,7 +15,8 @@ lesson 02 replaces it with `block_manager.BlockManager`. Both hand the engine th
 block table per sequence, so the attention code cannot tell them apart: a contiguous slab is one
 block of max_model_len tokens.
 
-Left out, compared with vLLM: quantized (fp8) KV caches, per-layer cache specs for hybrid
+Quantized pools (kv_cache_dtype "fp8" / "int8", lesson 13) hold 1 byte per element plus a scale.
+Left out, compared with vLLM: per-tensor calibrated KV scales, per-layer cache specs for hybrid
 models, and the NHD/HND layout choice per attention backend.
 """
 
@@ -49,22 +50,31 @@ def reference_config(name: str) -> ModelConfig:
 
 
 # --8<-- [start:bytes_per_token]
-def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float16) -> int:
-    """Bytes of K and V that one token occupies across all layers."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * elem
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float16,
+                       kv_cache_dtype: str = "auto") -> int:
+    """Bytes of K and V that one token occupies across all layers. A quantized cache ("fp8",
+    "int8") stores a byte per element plus one fp32 scale per token and KV head."""
+    row = config.head_dim * torch.empty((), dtype=dtype).element_size()
+    if kv_cache_dtype != "auto":
+        row = config.head_dim + 4
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * row
 # --8<-- [end:bytes_per_token]
 
 
 def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int,
-                      dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+                      dtype: torch.dtype, device: torch.device,
+                      kv_cache_dtype: str = "auto") -> torch.Tensor:
     """The KV pool: [layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim].
 
     Zero-filled, not empty: attention masks unused slots, but a masked NaN would still poison
-    the weighted sum of V (0 x NaN = NaN), so the pool must never hold garbage.
+    the weighted sum of V (0 x NaN = NaN), so the pool must never hold garbage. Quantized
+    ("fp8", "int8"): int8 storage, each row head_dim bytes then its fp32 scale's 4 bytes
+    (kernels/write_kv.py), so copy-on-write and swaps move the scales with the values.
     """
+    row, dtype = ((config.head_dim, dtype) if kv_cache_dtype == "auto"
+                  else (config.head_dim + 4, torch.int8))
     return torch.zeros(config.num_hidden_layers, 2, num_blocks, block_size,
-                       config.num_key_value_heads, config.head_dim, dtype=dtype, device=device)
+                       config.num_key_value_heads, row, dtype=dtype, device=device)
 
 
 # --8<-- [start:contiguous]

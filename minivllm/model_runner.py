@@ -35,6 +35,7 @@ from minivllm.config import EngineConfig, ModelConfig
 from minivllm.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.loader import load_weights
 from minivllm.models import LlamaForCausalLM
+from minivllm.quant import quantize_model
 from minivllm.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 from minivllm.sequence import Sequence, SequenceGroup
@@ -67,7 +68,7 @@ class ModelRunner:
         load_weights(model, path)
         self.model = model.eval()
         self.sampler = Sampler(device)
-        self.kv_cache = self.cpu_kv_cache = None
+        self.kv_cache = self.cpu_kv_cache = self.quantization = None
         self.init_kv_cache(engine_config)
 
     def init_kv_cache(self, engine_config: EngineConfig) -> None:
@@ -77,6 +78,9 @@ class ModelRunner:
             raise ValueError(f"tensor_parallel_size is fixed when the engine starts (here "
                              f"{self.tp_size}), got {engine_config.tensor_parallel_size}: "
                              "start a new LLM for another size")
+        if engine_config.quantization != self.quantization:    # weights in the asked format
+            quantize_model(self.model, engine_config.quantization)   # (minivllm/quant.py)
+            self.quantization = engine_config.quantization
         self.engine_config = engine_config
         self.cuda_graphs = None
         self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
@@ -102,8 +106,9 @@ class ModelRunner:
         self.num_blocks = self._num_kv_blocks()
         if self.tp is not None:             # every rank's pool has the same number of blocks
             self.num_blocks = self.tp.all_reduce_min(self.num_blocks)
+        self.kv_cache_dtype = engine_config.kv_cache_dtype
         self.kv_cache = allocate_kv_cache(self.kv_config, self.num_blocks, self.block_size,
-                                          self.dtype, self.device)
+                                          self.dtype, self.device, self.kv_cache_dtype)
         self._bind_kv_cache(self.kv_cache)
         logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
                     self.num_blocks, self.block_size, self.num_blocks * self.block_size,
@@ -111,10 +116,11 @@ class ModelRunner:
         # The swap pool: same layout, in host memory (pinned, so copies can be asynchronous).
         self.num_cpu_blocks = 0
         if engine_config.preemption_mode == "swap":
-            block_bytes = kv_bytes_per_token(self.kv_config, self.dtype) * self.block_size
+            block_bytes = self._kv_bytes_per_token() * self.block_size
             self.num_cpu_blocks = engine_config.swap_space // block_bytes
             self.cpu_kv_cache = allocate_kv_cache(self.kv_config, self.num_cpu_blocks,
-                                                  self.block_size, self.dtype, torch.device("cpu"))
+                                                  self.block_size, self.dtype, torch.device("cpu"),
+                                                  self.kv_cache_dtype)
             if self.device.type == "cuda":
                 self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
         # Fewer launches per step (minivllm/compilation.py): torch.compile, then decode graphs
@@ -130,13 +136,17 @@ class ModelRunner:
         for i, attn in enumerate(self.model.attention_layers()):
             attn.k_cache, attn.v_cache = kv_cache[i, 0], kv_cache[i, 1]
             attn.backend = self.attention_backend
+            attn.kv_cache_dtype = self.kv_cache_dtype
+
+    def _kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.kv_config, self.dtype, self.engine_config.kv_cache_dtype)
 
     def _num_kv_blocks(self) -> int:
         """How many blocks the pool gets (see EngineConfig for the rules)."""
         ec = self.engine_config
         if ec.num_kv_blocks is not None:
             return ec.num_kv_blocks
-        block_bytes = kv_bytes_per_token(self.kv_config, self.dtype) * self.block_size
+        block_bytes = self._kv_bytes_per_token() * self.block_size
         if ec.kv_cache_memory is not None:
             budget = ec.kv_cache_memory
         elif self.device.type == "cuda":
@@ -156,7 +166,7 @@ class ModelRunner:
         step (a prefill of max_num_batched_tokens), within gpu_memory_utilization."""
         n = min(self.engine_config.max_num_batched_tokens, self.engine_config.max_model_len)
         scratch = allocate_kv_cache(self.kv_config, -(-n // self.block_size), self.block_size,
-                                    self.dtype, self.device)
+                                    self.dtype, self.device, self.kv_cache_dtype)
         self._bind_kv_cache(scratch)
         seq = SequenceGroup("profile", None, [0] * n, SamplingParams(), -1).seqs[0]
         seq.block_table = list(range(scratch.shape[2]))

@@ -35,12 +35,15 @@ __all__ = ["DecodeScratch", "triton_attention"]
 # --8<-- [start:triton_attention]
 def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, md: AttentionMetadata, scale: float,
-                     scratch: DecodeScratch | None = None) -> torch.Tensor:
-    """q: (T, H, D), k/v: (T, Hkv, D) -> (T, H, D). scratch: the engine's decode partials."""
-    write_kv(k, v, k_cache, v_cache, md.slot_mapping)
+                     scratch: DecodeScratch | None = None, kv_cache_dtype: str = "auto"
+                     ) -> torch.Tensor:
+    """q: (T, H, D), k/v: (T, Hkv, D) -> (T, H, D). scratch: the engine's decode partials.
+    kv_cache_dtype "fp8" / "int8": the kernels quantize on write and dequantize per tile."""
+    q_kv = dict(kv_cache_dtype=kv_cache_dtype)
+    write_kv(k, v, k_cache, v_cache, md.slot_mapping, **q_kv)
     if md.max_query_len == 1:         # pure decode: one query per sequence, split the context
         return paged_decode_attention(q, k_cache, v_cache, md.seq_lens, md.block_tables,
-                                      md.max_seq_len, scale, scratch=scratch)
+                                      md.max_seq_len, scale, scratch=scratch, **q_kv)
     return flash_attention(q, k_cache, v_cache, md.query_start_loc, md.seq_lens,
-                           md.block_tables, md.max_query_len, scale)
+                           md.block_tables, md.max_query_len, scale, **q_kv)
 # --8<-- [end:triton_attention]
