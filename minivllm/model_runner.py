@@ -15,7 +15,7 @@ The weights are loaded once; the KV pool (`init_kv_cache`) is sized and allocate
 configuration, so LLMEngine.reconfigure can rebuild it over the same weights.
 
 Left out, compared with vLLM: CUDA graphs, torch.compile, persistent input buffers reused
-across steps, pipelined (async) scheduling, multi-modal inputs and LoRA.
+across steps, pipelined (async) scheduling and multi-modal inputs.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from minivllm.attention import AttentionMetadata, resolve_attention_backend
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.loader import load_weights
+from minivllm.lora import LoRAManager
 from minivllm.models import LlamaForCausalLM
 from minivllm.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
@@ -54,7 +55,7 @@ class ModelRunner:
         load_weights(model, path)
         self.model = model.eval()
         self.sampler = Sampler(device)
-        self.kv_cache = self.cpu_kv_cache = None
+        self.kv_cache = self.cpu_kv_cache = self.lora_manager = None
         self.init_kv_cache(engine_config)
 
     def init_kv_cache(self, engine_config: EngineConfig) -> None:
@@ -66,6 +67,10 @@ class ModelRunner:
             torch.cuda.empty_cache()
         self.attention_backend = resolve_attention_backend(engine_config.attention_backend,
                                                            self.device, self.dtype)
+        if self.lora_manager:                # LoRA slots (minivllm/lora.py), before KV sizing
+            self.lora_manager.unwrap()
+        self.lora_manager = (LoRAManager(self.model, engine_config, self.device)
+                             if engine_config.enable_lora else None)
         # The Triton decode kernel's partial results: one fixed buffer for the engine's largest
         # decode batch (max_num_seqs sequences of max_model_len tokens), before the KV pool
         # takes what memory is left.
@@ -160,6 +165,9 @@ class ModelRunner:
             slot_mapping += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
             query_start_loc.append(query_start_loc[-1] + n)
             seq_lens.append(end)
+        if self.lora_manager:                # each token's adapter slot, once for every layer
+            self.lora_manager.set_batch([s.lora_int_id for s in seqs], num_new_tokens,
+                                        self.device)
         max_blocks = max(len(s.block_table) for s in seqs)
         block_tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs]
         as_tensor = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
