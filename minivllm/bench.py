@@ -5,6 +5,7 @@
     uv run python -m minivllm.bench throughput         # a mixed workload, minivllm vs HF
     uv run python -m minivllm.bench prefix             # prefix caching on vs off
     uv run python -m minivllm.bench spec               # speculative decoding on vs off
+    uv run python -m minivllm.bench lora               # N LoRA adapters mixed vs one by one
 
 Same weights (the converted checkpoint), same dtype, same prompts, greedy, EOS ignored so both
 produce exactly max_tokens per sequence. Each measurement is the best of --repeats runs after a
@@ -260,9 +261,12 @@ def main(argv=None) -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     from minivllm.bench_spec import add_parser, bench_spec
     add_parser(sub)
+    from minivllm.bench_lora import add_parser as add_lora_parser
+    from minivllm.bench_lora import bench_lora
+    add_lora_parser(sub)
     args = parser.parse_args(argv)
     {"load": bench_load, "decode": bench_decode, "throughput": bench_throughput,
-     "prefix": bench_prefix, "spec": bench_spec}[args.command](args)
+     "prefix": bench_prefix, "spec": bench_spec, "lora": bench_lora}[args.command](args)
 
 
 if __name__ == "__main__":

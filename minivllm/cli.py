@@ -2,7 +2,7 @@
 
     minivllm serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-model-len N] ...
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
-    minivllm bench {throughput,decode,prefix,load,spec} ...    # = python -m minivllm.bench
+    minivllm bench {throughput,decode,prefix,load,spec,lora} ...    # = python -m minivllm.bench
 
 Engine flags keep vLLM's names, so a vLLM command line works after `s/vllm/minivllm/` for the
 flags minivllm has. With no MODEL, the packaged SmolLM2-135M-Instruct is served (no network).
@@ -15,7 +15,7 @@ import logging
 import sys
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"   # its name on the hub
-BENCHMARKS = ("throughput", "decode", "prefix", "load", "spec")   # minivllm/bench.py's
+BENCHMARKS = ("throughput", "decode", "prefix", "load", "spec", "lora")   # minivllm/bench.py's
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
