@@ -10,7 +10,9 @@ projections they adapt, so together they cover what minivllm/lora.py must handle
     yoda    "Hmm, yes."     r=16  o, gate, up, down     (the largest rank the tests allow)
     french  "Bonjour !"     r=2   q, k, v, o            use_rslora (scale alpha / sqrt(r))
 
-They are generated on first use (about a minute each on a loaded 2-core CPU) into
+Only the last six layers are adapted, which keeps training to ten steps of a sixth of the
+model. They are generated on first use (2 to 3.5 minutes each measured on a 2-core CPU shared
+with four other jobs; much less on an idle one) into
 ~/.cache/minivllm/lora/<name>-<recipe hash>/ in PEFT's own format (adapter_config.json +
 adapter_model.safetensors), and reused after; the recipe hash changes when this file's recipe
 does. The training is seeded, so a rerun makes the same adapters up to float summation order.

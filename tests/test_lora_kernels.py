@@ -6,6 +6,8 @@ import minivllm  # noqa: F401, I001  (TRITON_INTERPRET before kernels/ defines i
 import pytest
 import torch
 
+from conftest import gpu
+
 from kernels.lora import (bgmv_expand, bgmv_shrink, lora_expand_ref, lora_shrink_ref, segments,
                           sgmv_expand, sgmv_shrink)
 
@@ -64,3 +66,20 @@ def test_reference_is_the_merged_weight():
     for t, s in enumerate(slots.tolist()):
         merged = w + (b[s] @ a[s] if s >= 0 else 0)
         torch.testing.assert_close(out[t], merged @ x[t], rtol=1e-5, atol=1e-5)   # fp32 buf
+
+
+@gpu
+def test_kernels_on_cuda_bf16_and_the_engine_path():
+    """On a GPU: bf16 BGMV and SGMV (real tl.dot on tensor cores) against the fp32 reference,
+    at SmolLM2's q_proj and down_proj widths, with slots of rank 16."""
+    for K, N in ((576, 576), (1536, 576)):
+        x, a, b, y = (t.cuda() for t in make(torch.bfloat16, T=300, K=K, N=N, S=4, R=16))
+        slots = torch.tensor([0] * 200 + [-1] * 40 + [3] * 50 + [1, 2] * 5).cuda()
+        ref = lora_expand_ref(y.float().clone(), lora_shrink_ref(x.float(), a.float(), slots),
+                              b.float(), slots)
+        scale = ref.abs().max().item()
+        out = bgmv_expand(y.clone(), bgmv_shrink(x, a, slots), b, slots)
+        torch.testing.assert_close(out.float(), ref, rtol=0, atol=2e-2 * scale)
+        seg = segments(slots)
+        out = sgmv_expand(y.clone(), sgmv_shrink(x, a, *seg), b, *seg)
+        torch.testing.assert_close(out.float(), ref, rtol=0, atol=2e-2 * scale)
