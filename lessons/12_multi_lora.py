@@ -269,9 +269,10 @@ def _(mo, widget_run):
     **{widget_run['slot_mib']:.1f} MiB**. Refused adapters:{_refused}
 
     With four slots, all the adapters run together and the batch finishes in the steps one
-    adapter alone would need. With one slot, the same requests go adapter by adapter: four
-    times the steps, each step a quarter as full. Lower the rank below 16 and the yoda
-    adapter (r=16) no longer fits any slot, though the smaller ones still run.
+    adapter alone would need. With one slot, the same requests go adapter by adapter: close
+    to four times the steps (the adapters stop at different lengths), each step less full.
+    Lower the rank below 16 and the yoda adapter (r=16) no longer fits any slot, though the
+    smaller ones still run.
     """)
     return
 
