@@ -16,7 +16,9 @@ if not torch.cuda.is_available():
 
 from minivllm.engine import LLMEngine  # noqa: E402
 from minivllm.llm import LLM  # noqa: E402
+from minivllm.lora import LoRARequest  # noqa: E402
 from minivllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from minivllm.sampling_params import SamplingParams  # noqa: E402
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput",
+           "LoRARequest"]

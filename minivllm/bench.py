@@ -7,6 +7,7 @@
     uv run python -m minivllm.bench spec               # speculative decoding on vs off
     uv run python -m minivllm.bench guided             # guided decoding: compile, mask cost
     uv run python -m minivllm.bench quant              # int8/int4 weights, int8/fp8 KV cache
+    uv run python -m minivllm.bench lora               # N LoRA adapters mixed vs one by one
 
 Same weights (the converted checkpoint), same dtype, same prompts, greedy, EOS ignored so both
 produce exactly max_tokens per sequence. Each measurement is the best of --repeats runs after a
@@ -261,15 +262,17 @@ def main(argv=None) -> None:
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
     from minivllm import bench_compile, bench_guided, bench_quant, bench_tp
+    from minivllm import bench_lora as bench_lora_module
     from minivllm.bench_spec import add_parser, bench_spec
     add_parser(sub)
-    for module in (bench_tp, bench_compile, bench_guided, bench_quant):
+    from minivllm.bench_lora import bench_lora
+    for module in (bench_tp, bench_compile, bench_guided, bench_quant, bench_lora_module):
         module.add_parser(sub)
     args = parser.parse_args(argv)
     {"load": bench_load, "decode": bench_decode, "throughput": bench_throughput,
      "prefix": bench_prefix, "spec": bench_spec, "tp": bench_tp.bench_tp,
      "compile": bench_compile.bench_compile, "guided": bench_guided.bench_guided,
-     "quant": bench_quant.bench_quant}[args.command](args)
+     "quant": bench_quant.bench_quant, "lora": bench_lora}[args.command](args)
 
 
 if __name__ == "__main__":

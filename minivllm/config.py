@@ -139,12 +139,19 @@ class EngineConfig:
     # "auto" (the model's dtype), "fp8" (e4m3) or "int8", one scale per token and KV head.
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
+    # Multi-LoRA (minivllm/lora.py): adapters served in max_loras slots of max_lora_rank, and
+    # kept read in host memory up to max_cpu_loras (None: max_loras).
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self):
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                     "kv_cache_memory", "num_kv_blocks", "swap_space", "tensor_parallel_size"):
+                     "kv_cache_memory", "num_kv_blocks", "swap_space", "tensor_parallel_size",
+                     "max_loras", "max_lora_rank", "max_cpu_loras"):
             value = getattr(self, name)
-            if value is None and name in ("kv_cache_memory", "num_kv_blocks"):
+            if value is None and name in ("kv_cache_memory", "num_kv_blocks", "max_cpu_loras"):
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -157,7 +164,11 @@ class EngineConfig:
         if self.compilation_config not in (0, 3) or isinstance(self.compilation_config, bool):
             raise ValueError(f"compilation_config level must be 0 (eager) or 3 (torch.compile "
                              f"around attention), got {self.compilation_config!r}")
-        for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager"):
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                             f"({self.max_loras}): every adapter in a slot is also kept on host")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager",
+                     "enable_lora"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.preemption_mode not in ("recompute", "swap"):

@@ -17,7 +17,7 @@ itself concerns the whole batch and is raised.)
 
 Left out, compared with vLLM: the separate engine-core process (V1 runs the busy loop in its
 own process and talks to the front end over ZMQ; minivllm's AsyncLLMEngine uses a thread),
-LoRA, multi-modal inputs, pooling models, and pipeline parallelism.
+multi-modal inputs, pooling models, and pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class LLMEngine:
 
     # ---------------------------------------------------------------- requests in
     def add_request(self, request_id: str, prompt: str | list[int],
-                    params: SamplingParams | None = None) -> None:
+                    params: SamplingParams | None = None, lora_request=None) -> None:
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
@@ -166,7 +166,14 @@ class LLMEngine:
                 raise ValueError(f"prompt token ids must be integers, got {bad[0]!r}")
         validate_request(token_ids, params, self.config, self.model_config, self.block_manager)
         self.structured_output.check(params, self.spec_decoder is not None)  # compiles, cached
+        if lora_request is not None:         # checked and read now: a bad adapter fails alone
+            if self.runner.lora_manager is None:
+                raise ValueError(f"{lora_request} was given, but LoRA is off: start the engine "
+                                 "with enable_lora=True (and max_loras, max_lora_rank)")
+            self.runner.lora_manager.add_lora(lora_request)
         group = SequenceGroup(request_id, text, token_ids, params, next(self._seq_ids))
+        if lora_request is not None:         # its own prefix-cache namespace too
+            group.lora_request, group.seqs[0].extra_keys = lora_request, (lora_request.lora_int_id,)
         self._start_detokenizer(group.seqs[0])
         self.scheduler.add(group.seqs[0])
         self.requests[request_id] = group
@@ -247,6 +254,10 @@ class LLMEngine:
             prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
             prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0,
             **(self.spec_decoder.stats() if self.spec_decoder else {}))
+
+    def list_loras(self) -> set[int]:
+        """The ids of the LoRA adapters now in the engine's slots (vLLM's name)."""
+        return set(self.runner.lora_manager.slots) if self.runner.lora_manager else set()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests) or self.scheduler.has_unfinished()
@@ -353,7 +364,8 @@ class LLMEngine:
         rids = lambda seqs: [s.request_id for s in seqs]  # noqa: E731
         record = StepRecord(
             step=self.num_steps - 1,
-            scheduled=[ScheduledSeq(s.request_id, s.index, n, p, len(d)) for s, n, p, d in
+            scheduled=[ScheduledSeq(s.request_id, s.index, n, p, len(d), s.lora_int_id)
+                       for s, n, p, d in
                        zip(batch.seqs, batch.num_new_tokens, batch.is_prefill,
                            batch.spec_token_ids)],
             preempted=rids(batch.preempted), swapped_out=rids(batch.swapped_out),

@@ -4,7 +4,7 @@
     outs = llm.generate(["The capital of France is"], SamplingParams(temperature=0))
     outs[0].outputs[0].text
 
-Left out, compared with vLLM: beam search, embeddings / scoring / classification, LoRA, the
+Left out, compared with vLLM: beam search, embeddings / scoring / classification, the
 old guided_options_request argument (SamplingParams.guided_decoding does it), and multi-modal
 prompts.
 """
@@ -32,11 +32,11 @@ class LLM:
 
     def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request=None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in the order of `prompts`.
 
         A prompt is a string or a list of token ids; one SamplingParams applies to all, or give
-        one per prompt.
+        one per prompt. Likewise lora_request (minivllm.LoRARequest; None: the base model).
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -47,12 +47,15 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} SamplingParams for "
                              f"{len(prompts)} prompts")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"got {len(loras)} LoRA requests for {len(prompts)} prompts")
         ids = []
         try:
-            for prompt, params in zip(prompts, sampling_params):
+            for prompt, params, lora in zip(prompts, sampling_params, loras):
                 ids.append(f"gen-{self._counter}")
                 self._counter += 1
-                self.engine.add_request(ids[-1], prompt, params)
+                self.engine.add_request(ids[-1], prompt, params, lora_request=lora)
         except Exception:
             for rid in ids:                     # leave nothing half-queued behind
                 self.engine.abort_request(rid)
@@ -76,7 +79,8 @@ class LLM:
 
     def chat(self, messages: list[Message] | list[list[Message]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             lora_request=None) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, and generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         if not conversations:
@@ -91,7 +95,8 @@ class LLM:
                                      f"got {m!r}")
             prompts.append(self.tokenizer.apply_chat_template(
                 conv, tokenize=False, add_generation_prompt=add_generation_prompt))
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
 
     def reconfigure(self, **changes) -> LLM:
         """New engine settings over the weights already loaded (LLMEngine.reconfigure):

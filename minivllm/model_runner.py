@@ -20,7 +20,7 @@ of the weights and its share of the KV heads; `execute_model` is the part all ra
 Decode steps on CUDA replay CUDA graphs, and torch.compile is an option (minivllm/compilation.py).
 
 Left out, compared with vLLM: persistent input buffers reused across prefill steps, pipelined
-(async) scheduling, multi-modal inputs and LoRA.
+(async) scheduling and multi-modal inputs.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from minivllm.compilation import CUDAGraphRunner, set_compilation
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.loader import load_weights
+from minivllm.lora import LoRAManager
 from minivllm.models import LlamaForCausalLM
 from minivllm.quant import quantize_model
 from minivllm.sampler import Sampler
@@ -68,7 +69,7 @@ class ModelRunner:
         load_weights(model, path)
         self.model = model.eval()
         self.sampler = Sampler(device)
-        self.kv_cache = self.cpu_kv_cache = self.quantization = None
+        self.kv_cache = self.cpu_kv_cache = self.quantization = self.lora_manager = None
         self.init_kv_cache(engine_config)
 
     def init_kv_cache(self, engine_config: EngineConfig) -> None:
@@ -88,6 +89,10 @@ class ModelRunner:
             torch.cuda.empty_cache()
         self.attention_backend = resolve_attention_backend(engine_config.attention_backend,
                                                            self.device, self.dtype)
+        if self.lora_manager:                # LoRA slots (minivllm/lora.py), before KV sizing
+            self.lora_manager.unwrap()
+        self.lora_manager = (LoRAManager(self.model, engine_config, self.device)
+                             if engine_config.enable_lora else None)
         # The Triton decode kernel's partial results: one fixed buffer for the engine's largest
         # decode batch (max_num_seqs sequences of max_model_len tokens), before the KV pool
         # takes what memory is left.
@@ -198,6 +203,9 @@ class ModelRunner:
             slot_mapping += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
             query_start_loc.append(query_start_loc[-1] + n)
             seq_lens.append(end)
+        if self.lora_manager:                # each token's adapter slot, once for every layer
+            self.lora_manager.set_batch([s.lora_int_id for s in seqs], num_new_tokens,
+                                        self.device)
         max_blocks = max(len(s.block_table) for s in seqs)
         block_tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs]
         as_tensor = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731

@@ -130,7 +130,7 @@ class Scheduler:
         # 2. Swapped-out sequences come back first, oldest first, when their blocks fit.
         while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.swapped[0]
-            if not bm.can_swap_in(seq) or out.preempted:
+            if not bm.can_swap_in(seq) or out.preempted or not self._lora_fits(seq):
                 break
             self.swapped.popleft()
             out.blocks_to_swap_in += bm.swap_in(seq, self.cpu_block_manager)
@@ -151,7 +151,7 @@ class Scheduler:
                 break
             if not self.config.enable_chunked_prefill and seq.num_uncomputed_tokens > budget:
                 break
-            if not bm.can_allocate(seq):
+            if not bm.can_allocate(seq) or not self._lora_fits(seq):
                 break
             self.waiting.popleft()
             bm.allocate(seq)
@@ -162,6 +162,12 @@ class Scheduler:
             budget = self._run(seq, out, budget)
         return out
     # --8<-- [end:schedule]
+
+    def _lora_fits(self, seq: Sequence) -> bool:
+        """At most max_loras distinct adapters run at once: each needs a slot in the model."""
+        active = {s.lora_int_id for s in self.running} - {0}
+        return seq.lora_int_id in active or not seq.lora_int_id or \
+            len(active) < self.config.max_loras
 
     def fork(self, parent: Sequence, children: list[Sequence]) -> None:
         """Parallel sampling: `children` join running, sharing every block of `parent`."""

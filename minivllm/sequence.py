@@ -95,6 +95,11 @@ class Sequence:
         return self.group.params
 
     @property
+    def lora_int_id(self) -> int:
+        """The request's LoRA adapter id (minivllm/lora.py), 0 for the base model."""
+        return self.group.lora_request.lora_int_id if self.group.lora_request else 0
+
+    @property
     def seed(self) -> int | None:
         """Sample i of a seeded request draws with seed + i: reproducible in any batch."""
         return None if self.params.seed is None else self.params.seed + self.index
@@ -150,6 +155,7 @@ class SequenceGroup:
         self.params = params
         self.arrival_time = time.perf_counter()
         self.error: str | None = None            # why the engine failed this request, if it did
+        self.lora_request = None                 # LoRARequest, or None for the base model
         self.seqs = [Sequence(first_seq_id, self, 0, prompt_token_ids, len(prompt_token_ids))]
 
     def __repr__(self) -> str:

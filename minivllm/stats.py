@@ -66,6 +66,7 @@ class ScheduledSeq:
     num_tokens: int            # tokens computed for it this step
     is_prefill: bool           # a prefill chunk (or a recompute), not a one-token decode
     num_draft_tokens: int = 0  # of num_tokens, draft tokens verified (speculative decoding)
+    lora_int_id: int = 0       # its LoRA adapter (minivllm/lora.py), 0 for the base model
 
 
 @dataclass(slots=True)

@@ -18,8 +18,14 @@ ENTRYPOINTS = ("server.py", "serving.py", "protocol.py", "cli.py")
 TOOLS = ("bench*.py", "gpu_bench.py", "workloads.py")
 
 # (folder, files left out of the total, budget for the total, budget per file)
+#
+# With all of Part II in (serving, speculation, disaggregation, LoRA, quantization, structured
+# output, TP, graphs) the core is about 5,500 lines, over the 4,500 target. Until it is cut
+# back, CEILING is a ratchet: the total may shrink, never grow; lower CEILING as it shrinks.
+TARGET = 4500
+CEILING = 5550
 BUDGETS = {
-    "minivllm": (ENTRYPOINTS + TOOLS, 4500, 400),
+    "minivllm": (ENTRYPOINTS + TOOLS, CEILING, 400),
     "kernels": ((), 2000, 400),
     # A lesson is prose, code and figures. Issue 11 asks lesson 05 for ~650 (it is ~950).
     "lessons": ((), None, 1000),
@@ -40,6 +46,8 @@ def report() -> list[str]:
                 if not any(Path(f).match(pattern) for pattern in outside)}
         total = sum(core.values())
         budget = f" / {total_budget:,}" if total_budget else ""
+        if folder == "minivllm" and total > TARGET:
+            budget += f" (ceiling; the target is {TARGET:,}: {total - TARGET:,} over)"
         print(f"{folder + '/':<10} {total:>6,} lines{budget}  ({len(core)} files"
               + (f"; {sum(lines.values()) - total:,} more in {', '.join(outside)}"
                  if outside else "") + ")")

@@ -35,3 +35,18 @@ def test_spec_report(capsys):
     assert all(r[-1] == "True" for r in rows), out
     repetitive = rows[0]
     assert int(repetitive[2]) < int(repetitive[1]) and float(repetitive[3]) > 50, out
+
+
+def test_lora_report(capsys):
+    """Multi-LoRA: base, mixed and one-at-a-time rows for each N, and the memory line."""
+    main(["lora", "--num-adapters", "1", "2", "--num-requests", "2", "--max-tokens", "2",
+          "--rank", "4"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"^(base|base\+lora-off|mixed|one-at-a-time)\s+(\S+)\s+([\d.]+)\s+"
+                      r"([\d.]+)x", out, re.MULTILINE)
+    assert [(r[0], r[1]) for r in rows] == [
+        ("base", "-"), ("base+lora-off", "-"), ("mixed", "1"), ("one-at-a-time", "1"),
+        ("mixed", "2"), ("one-at-a-time", "2")], out
+    assert all(float(r[2]) > 0 for r in rows), out
+    m = re.search(r"slot ([\d.]+) MiB.* ([\d.]+) MiB \((\d+)x a slot\)", out)
+    assert m and float(m[1]) > 0 and int(m[3]) > 50, out      # rank 4: ~100x a slot

@@ -1,0 +1,263 @@
+"""Multi-LoRA serving: one base model, many PEFT adapters, mixed in one batch.
+
+An adapter turns a linear layer's W (N x K) into W + s B A, with A (r x K), B (N x r), r small
+(8, 16) and s = lora_alpha / r (rslora: lora_alpha / sqrt(r)). Merging B A into W serves one
+adapter at the price of a copy of the model per adapter, so multi-tenant servers never merge.
+minivllm does what vLLM does (after Punica and S-LoRA):
+
+  * at engine start every targeted nn.Linear (q, k, v, o, gate, up, down) is wrapped in a
+    LoRALinear holding the A and B of `max_loras` slots, stacked and zero-padded to
+    max_lora_rank (kernels/lora.py draws the layout); the base weights stay shared;
+  * each step the runner tells the layers, once, which slot each token uses (-1: the base
+    model), and every LoRALinear adds shrink + expand to its base output;
+  * adapters are read from disk into host memory when a request names them (an LRU of
+    max_cpu_loras), and copied into a slot when a step needs them (an LRU of max_loras slots);
+    the scheduler never runs more distinct adapters at once than there are slots;
+  * the adapter's id joins the prefix-cache key: the same prompt under two adapters has
+    different K/V.
+
+Left out, compared with vLLM: LoRA on the embeddings and LM head (extra vocabulary), PEFT's
+per-module rank/alpha patterns, DoRA, fused qkv / gate-up shapes, tensor-parallel sharding of
+A and B, CUDA-graph-friendly metadata, and adapters fetched from the hub (local dirs only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# The projections a LoRA may target, and the submodule of a decoder layer that holds each.
+TARGETS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
+           "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+_KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
+
+
+@dataclass(frozen=True, slots=True)
+class LoRARequest:
+    """vLLM's LoRARequest: a name, a unique positive id (the engine's key) and a PEFT dir."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+    def __post_init__(self):
+        if not isinstance(self.lora_int_id, int) or self.lora_int_id < 1:
+            raise ValueError(f"lora_int_id must be a positive integer, got {self.lora_int_id!r}")
+
+
+@dataclass(slots=True)
+class LoRAAdapter:
+    """One adapter in host memory: (layer, module) -> (A (r, K), s B (N, r))."""
+
+    request: LoRARequest
+    rank: int
+    scale: float
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
+
+
+# --8<-- [start:load]
+def load_adapter(req: LoRARequest, shapes: dict[str, tuple[int, int]], num_layers: int,
+                 max_rank: int) -> LoRAAdapter:
+    """Read and check a PEFT adapter directory; shapes: module -> (N, K) of the base layer."""
+    from safetensors.torch import load_file
+    where = f"LoRA adapter {req.lora_name!r} (id {req.lora_int_id}) at {req.lora_path}"
+    path = Path(req.lora_path)
+    files = path / "adapter_config.json", path / "adapter_model.safetensors"
+    if not all(f.is_file() for f in files):
+        raise ValueError(f"{where}: not a PEFT adapter directory (need adapter_config.json "
+                         "and adapter_model.safetensors)")
+    cfg = json.loads(files[0].read_text())
+    r, targets = cfg.get("r"), cfg.get("target_modules")
+    if cfg.get("peft_type", "LORA") != "LORA" or cfg.get("use_dora"):
+        raise ValueError(f"{where}: only plain LoRA is served, not {cfg.get('peft_type')} "
+                         f"(use_dora={cfg.get('use_dora')})")
+    if not isinstance(r, int) or r > max_rank:
+        raise ValueError(f"{where}: rank r={r} exceeds max_lora_rank={max_rank}; start the "
+                         f"engine with max_lora_rank >= {r}")
+    if isinstance(targets, str) or cfg.get("modules_to_save") or cfg.get("rank_pattern") \
+            or cfg.get("alpha_pattern") or cfg.get("bias", "none") != "none":
+        raise ValueError(f"{where}: regex target_modules, modules_to_save, rank/alpha patterns "
+                         "and LoRA biases are not supported")
+    unknown = sorted(set(targets or []) - set(TARGETS))
+    if unknown:
+        raise ValueError(f"{where}: targets {unknown}, which this model's LoRA layers do not "
+                         f"have (supported: {list(TARGETS)})")
+    scale = cfg.get("lora_alpha", r) / (math.sqrt(r) if cfg.get("use_rslora") else r)
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, tensor in load_file(files[1]).items():
+        m = _KEY.fullmatch(key)
+        if m is None or m[2] not in targets or int(m[1]) >= num_layers:
+            raise ValueError(f"{where}: unexpected tensor {key!r} for a {num_layers}-layer "
+                             f"model with targets {targets}")
+        n, k = shapes[m[2]]
+        want = (r, k) if m[3] == "A" else (n, r)
+        if tuple(tensor.shape) != want:
+            raise ValueError(f"{where}: {key} has shape {tuple(tensor.shape)}, expected {want}")
+        pairs.setdefault((int(m[1]), m[2]), {})[m[3]] = tensor.float()
+    weights = {lm: (ab["A"], ab["B"] * scale) for lm, ab in pairs.items() if len(ab) == 2}
+    return LoRAAdapter(req, r, scale, weights)
+# --8<-- [end:load]
+
+
+class LoRABatch:
+    """The step's adapter layout, set once per forward and read by every LoRALinear."""
+
+    def __init__(self):
+        self.token_slots: torch.Tensor | None = None     # (T,) slot per token, -1 = base
+        self.groups: list[tuple[int, torch.Tensor]] = []  # torch path: (slot, its rows)
+        self.segments = None                               # SGMV: (seg_start, seg_slots, longest)
+        self.use_kernels = False
+        self.ops = None          # kernels/lora.py, imported with the engine's first LoRA layer
+
+
+# --8<-- [start:layer]
+class LoRALinear(nn.Module):
+    """base(x), plus each token's adapter: y += s (x A^T) B^T, over stacked slots."""
+
+    def __init__(self, base: nn.Linear, batch: LoRABatch, max_loras: int, max_rank: int):
+        super().__init__()
+        self.base, self.batch = base, batch
+        n, k = base.weight.shape
+        w = base.weight
+        self.register_buffer("lora_a", w.new_zeros(max_loras, max_rank, k), persistent=False)
+        self.register_buffer("lora_b", w.new_zeros(max_loras, n, max_rank), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)                                                 # (T, N)
+        b = self.batch
+        if b.token_slots is None:                                        # no adapter this step
+            return y
+        k = b.ops
+        if not b.use_kernels:                                # CPU: one GEMM per adapter present
+            buf = k.lora_shrink_ref(x, self.lora_a, None, b.groups)       # (T, R)
+            return k.lora_expand_ref(y, buf, self.lora_b, None, b.groups)
+        x = x.contiguous()
+        if b.segments is None:                                           # decode: BGMV
+            return k.bgmv_expand(y, k.bgmv_shrink(x, self.lora_a, b.token_slots), self.lora_b,
+                                 b.token_slots)
+        return k.sgmv_expand(y, k.sgmv_shrink(x, self.lora_a, *b.segments), self.lora_b,
+                             *b.segments)
+# --8<-- [end:layer]
+
+
+class LoRAManager:
+    """Wraps the model's projections and keeps adapters in host memory and in slots."""
+
+    def __init__(self, model: nn.Module, engine_config, device: torch.device):
+        for name in ("quantization", "tensor_parallel_size"):     # other helpers' module swaps
+            value = getattr(engine_config, name, None)
+            if value not in (None, 1):
+                raise ValueError(f"enable_lora does not combine with {name}={value!r} yet")
+        self.max_loras, self.max_rank = engine_config.max_loras, engine_config.max_lora_rank
+        self.max_cpu_loras = engine_config.max_cpu_loras or self.max_loras
+        self.model, self.batch = model, LoRABatch()
+        from kernels import lora as ops          # Triton imported here, not at engine import
+        self.batch.ops = ops
+        self.use_kernels = device.type == "cuda"
+        self.layers: dict[tuple[int, str], LoRALinear] = {}
+        self.shapes: dict[str, tuple[int, int]] = {}
+        for i, layer in enumerate(model.model.layers):
+            for module, parent_name in TARGETS.items():
+                parent = getattr(layer, parent_name)
+                base = getattr(parent, module)
+                if type(base) is not nn.Linear:
+                    raise ValueError(f"enable_lora wraps nn.Linear layers; layers.{i}."
+                                     f"{parent_name}.{module} is a {type(base).__name__}")
+                wrapped = LoRALinear(base, self.batch, self.max_loras, self.max_rank)
+                setattr(parent, module, wrapped)
+                self.layers[i, module] = wrapped
+                self.shapes[module] = tuple(base.weight.shape)
+        self.cpu_cache: OrderedDict[int, LoRAAdapter] = OrderedDict()   # LRU, oldest first
+        self.slots: OrderedDict[int, int] = OrderedDict()               # lora id -> slot, LRU
+        self.requests: dict[int, LoRARequest] = {}
+        self.num_disk_loads = self.num_slot_loads = self.num_slot_evictions = 0
+
+    def unwrap(self) -> None:
+        """Put the plain nn.Linear layers back (a reconfigure without LoRA)."""
+        for (i, module), wrapped in self.layers.items():
+            setattr(getattr(self.model.model.layers[i], TARGETS[module]), module, wrapped.base)
+
+    @property
+    def slot_bytes(self) -> int:
+        """Memory one slot takes in every wrapped layer (A and B at max_lora_rank)."""
+        return sum(w.lora_a[0].nbytes + w.lora_b[0].nbytes for w in self.layers.values())
+
+    def add_lora(self, req: LoRARequest) -> LoRAAdapter:
+        """Check the request against what the engine knows, and load the adapter to host
+        memory if it is not there (evicting the least recently used one beyond max_cpu_loras)."""
+        known = self.requests.get(req.lora_int_id)
+        if known is not None and (known.lora_name, known.lora_path) != (req.lora_name,
+                                                                         req.lora_path):
+            raise ValueError(f"lora_int_id {req.lora_int_id} is already {known.lora_name!r} at "
+                             f"{known.lora_path}; give each adapter its own id")
+        if req.lora_int_id in self.cpu_cache:
+            self.cpu_cache.move_to_end(req.lora_int_id)
+            return self.cpu_cache[req.lora_int_id]
+        adapter = load_adapter(req, self.shapes, len(self.model.model.layers), self.max_rank)
+        self.num_disk_loads += 1
+        self.requests[req.lora_int_id] = req
+        self.cpu_cache[req.lora_int_id] = adapter
+        while len(self.cpu_cache) > self.max_cpu_loras:
+            self.cpu_cache.popitem(last=False)
+        return adapter
+
+    def _activate(self, lora_id: int, keep: set[int]) -> int:
+        """A slot holding adapter lora_id: found, free, or taken from the least recently used
+        adapter not in this step (`keep`)."""
+        if lora_id in self.slots:
+            self.slots.move_to_end(lora_id)
+            return self.slots[lora_id]
+        free = sorted(set(range(self.max_loras)) - set(self.slots.values()))
+        if free:
+            slot = free[0]
+        else:
+            victim = next(i for i in self.slots if i not in keep)
+            slot = self.slots.pop(victim)
+            self.num_slot_evictions += 1
+        adapter = self.add_lora(self.requests[lora_id])      # from host memory (or disk again)
+        for (i, module), layer in self.layers.items():
+            layer.lora_a[slot].zero_()
+            layer.lora_b[slot].zero_()
+            if (i, module) in adapter.weights:
+                a, b = adapter.weights[i, module]
+                layer.lora_a[slot, :adapter.rank].copy_(a)
+                layer.lora_b[slot, :, :adapter.rank].copy_(b)
+        self.slots[lora_id] = slot
+        self.num_slot_loads += 1
+        return slot
+
+    # --8<-- [start:set_batch]
+    def set_batch(self, lora_ids: list[int], num_new_tokens: list[int], device) -> None:
+        """The step's per-token slots, from each sequence's adapter id (0: base model)."""
+        used = set(lora_ids) - {0}
+        if len(used) > self.max_loras:          # the scheduler's _lora_fits prevents this
+            raise RuntimeError(f"a step needs {len(used)} adapters but max_loras={self.max_loras}")
+        b = self.batch
+        if not used:
+            b.token_slots, b.groups, b.segments = None, [], None
+            return
+        slot_of = {i: self._activate(i, used) for i in sorted(used)} | {0: -1}
+        per_token = [slot_of[i] for i, n in zip(lora_ids, num_new_tokens) for _ in range(n)]
+        b.token_slots = torch.tensor(per_token, dtype=torch.int64, device=device)
+        b.use_kernels = self.use_kernels
+        b.groups = [] if self.use_kernels else b.ops.slot_groups(b.token_slots)
+        b.segments = None
+        if self.use_kernels and max(num_new_tokens) > 1:   # a prefill chunk: segments (SGMV)
+            b.segments = b.ops.segments(b.token_slots)
+    # --8<-- [end:set_batch]
+
+    def stats(self) -> dict:
+        return {"slots": dict(self.slots), "cpu_cache": list(self.cpu_cache),
+                "num_disk_loads": self.num_disk_loads, "num_slot_loads": self.num_slot_loads,
+                "num_slot_evictions": self.num_slot_evictions, "slot_bytes": self.slot_bytes}
