@@ -227,19 +227,21 @@ class SpeculativeConfig:
 
     method "ngram": prompt lookup, no extra model. "draft_model": a smaller model sharing the
     target's vocabulary, named by `model` (a checkpoint path, as for the target), guesses
-    greedily over its own KV cache. Only the keys below exist.
+    greedily over its own KV cache; `quantization` quantizes its weights (a quantized copy of
+    the target is a draft that agrees with it often). Only the keys below exist.
     """
 
     num_speculative_tokens: int           # k: draft tokens proposed, then verified, per step
     method: str = "ngram"
     model: str | None = None              # the draft model's checkpoint ("draft_model" only)
+    quantization: str | None = None       # ... and its weights' format, as LLM(quantization=)
     prompt_lookup_max: int = 4            # n-gram: longest suffix to look up in the sequence
     prompt_lookup_min: int = 1            # ... and the shortest
 
     @classmethod
     def from_dict(cls, d: dict) -> SpeculativeConfig:
-        keys = ("num_speculative_tokens", "method", "model", "prompt_lookup_max",
-                "prompt_lookup_min")
+        keys = ("num_speculative_tokens", "method", "model", "quantization",
+                "prompt_lookup_max", "prompt_lookup_min")
         unknown = sorted(set(d) - set(keys))
         if unknown:
             raise ValueError(f"speculative_config: unknown key(s) {unknown}; the keys are "

@@ -118,7 +118,7 @@ class SpeculativeDecoder:
         self.max_model_len = runner.engine_config.max_model_len
         if config.method == "draft_model":
             from minivllm.draft_proposer import DraftModelProposer
-            self.proposer = DraftModelProposer(config.model, runner)
+            self.proposer = DraftModelProposer(config.model, runner, config.quantization)
         else:
             self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.draft_logits: dict[int, torch.Tensor] = {}   # seq_id -> (k, V), during a step

@@ -252,6 +252,21 @@ def test_draft_model_keeps_greedy_output_and_frees_its_pool(smol, smol_path):
         assert pool_is_full(llm.engine)
 
 
+def test_a_quantized_copy_of_the_target_drafts_well(smol, smol_path):
+    """The target's own weights in int8 as the draft: nearly every guess is the target's
+    choice (measured 96-100% at k = 4), and the output is still exactly the target's."""
+    llm = smol(max_model_len=256)
+    requests = [Request("Once upon a time, in a small village by the sea,", greedy(16)),
+                Request(copy_prompt(), greedy(16))]
+    plain = serve(llm, requests)
+    llm.reconfigure(speculative_config={"model": str(smol_path), "quantization": "int8",
+                                        "num_speculative_tokens": 4})
+    run = serve(llm, requests)
+    assert tokens(run.outputs) == tokens(plain.outputs)
+    assert run.steps[-1].stats.spec_decode_acceptance_rate > 0.8
+    assert len(run.steps) < 0.5 * len(plain.steps)
+
+
 def test_a_draft_with_another_vocabulary_is_refused(smol, tiny_checkpoint, tmp_path):
     config = json.loads((tiny_checkpoint("llama")[0] / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config | {"vocab_size": 1000}))
