@@ -84,7 +84,7 @@ def compile_launch(kernel, args, kwargs, arch: int) -> dict:
         (values if key in kernel.arg_names else options)[key] = value
     for i, name in enumerate(kernel.arg_names):
         v = values[name]
-        if i in kernel.constexprs:
+        if i in kernel.constexprs or v is None:            # None: a constexpr, as at launch
             signature[name], constexprs[name] = "constexpr", v
         elif isinstance(v, torch.Tensor):
             signature[name] = "*" + _TYPES[v.dtype]

@@ -56,13 +56,14 @@ def load_kv_tile(cache, table_row, offs_n, valid, kv_head_off, stride_b, stride_
     KV_QUANT: the rows are int8 / fp8 bytes followed by an fp32 scale (kernels/write_kv.py),
     read through `scales`, an fp32 view of the same pool; the tile comes back dequantized."""
     blocks = tl.load(table_row + offs_n // BLOCK_SIZE, mask=valid, other=0)   # (BLOCK_N,)
-    rows = blocks * stride_b + (offs_n % BLOCK_SIZE) * stride_s + kv_head_off  # (BLOCK_N,)
+    rows = blocks[:, None] * stride_b + (offs_n % BLOCK_SIZE)[:, None] * stride_s  # (N, 1)
     mask = valid[:, None] & (offs_d[None, :] < HEAD_DIM)
     # other=0: a masked V row must be 0, not garbage (0 x NaN = NaN in P @ V).
-    x = tl.load(cache + rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    if KV_QUANT:
-        s = tl.load(scales + (rows + HEAD_DIM) // 4, mask=valid, other=0.0)   # (BLOCK_N,)
-        x = x.to(tl.float32) * s[:, None]
+    x = tl.load(cache + rows + kv_head_off + offs_d[None, :], mask=mask, other=0.0)
+    if KV_QUANT:                                   # the row's scale sits after its values
+        s = tl.load(scales + (rows + kv_head_off + HEAD_DIM) // 4, mask=valid[:, None],
+                    other=0.0)                                            # (BLOCK_N, 1)
+        x = x.to(tl.float32) * s
     return x
 
 

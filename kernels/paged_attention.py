@@ -82,9 +82,11 @@ def _paged_decode_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         valid = offs_n < end
         k = load_kv_tile(K_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
-                         offs_d, HEAD_DIM, BLOCK_SIZE, K_scale, KV_QUANT).to(q.dtype)  # (N, D)
+                         offs_d, HEAD_DIM, BLOCK_SIZE, K_scale, KV_QUANT)  # (BLOCK_N, BLOCK_D)
         v = load_kv_tile(V_cache, table_row, offs_n, valid, kv_head_off, stride_kb, stride_ks,
-                         offs_d, HEAD_DIM, BLOCK_SIZE, V_scale, KV_QUANT).to(q.dtype)
+                         offs_d, HEAD_DIM, BLOCK_SIZE, V_scale, KV_QUANT)
+        if KV_QUANT:                                              # dequantized: fp32 tiles
+            k, v = k.to(q.dtype), v.to(q.dtype)
         s = tl.dot(q, tl.trans(k)) * qk_scale                     # (BLOCK_H, BLOCK_N)
         s = tl.where(valid[None, :], s, float("-inf"))            # the new token sees all keys
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, s, v)

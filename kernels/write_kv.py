@@ -117,9 +117,10 @@ def _write_kv_kernel(
 
 def kv_cache_views(cache: torch.Tensor, kv_cache_dtype: str):
     """A quantized pool as the kernels read it: (values, scales) views of the same bytes,
-    values typed int8 or fp8, scales fp32. An unquantized pool is its own values."""
+    values typed int8 or fp8, scales fp32. An unquantized pool has no scales (None: Triton
+    then compiles the kernels without that argument, so it costs no register)."""
     if kv_cache_dtype == "auto":
-        return cache, cache
+        return cache, None
     assert cache.dtype == torch.int8 and cache.shape[-1] % 4 == 0, (cache.dtype, cache.shape)
     return cache.view(KV_QUANT_FORMATS[kv_cache_dtype][0]), cache.view(torch.float32)
 
