@@ -50,6 +50,7 @@ def _timed_all_reduces(group, sizes: list[int], repeats: int) -> dict[int, float
 
 def _worker(rank, size, port, sizes, repeats):
     from minivllm.parallel import TensorParallelGroup
+    torch.set_num_threads(1)      # forked after OpenMP ran: more threads would hang (parallel.py)
     store = dist.TCPStore("127.0.0.1", port, size, False, timeout=datetime.timedelta(seconds=120))
     _timed_all_reduces(TensorParallelGroup(rank, size, store, "gloo"), sizes, repeats)
 

@@ -294,13 +294,13 @@ class TensorParallelRunner(ModelRunner):
         backend = "nccl" if device.type == "cuda" else "gloo"
         store = dist.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=START_TIMEOUT))
-        # vLLM's rule: fork (instant, torch already imported) unless CUDA is in play, which a
-        # forked child cannot use; then spawn (a fresh interpreter: seconds to import torch).
-        fork_ok = device.type == "cpu" and not torch.cuda.is_initialized()
+        # Fork (instant) unless CUDA is in play or a worker gets several CPU threads (a forked
+        # child of a process that ran OpenMP hangs in a parallel region); then spawn (slower).
+        threads = max(1, torch.get_num_threads() // n)
+        fork_ok = device.type == "cpu" and not torch.cuda.is_initialized() and threads == 1
         ctx = torch.multiprocessing.get_context("fork" if fork_ok else "spawn")
         self.results, self.commands, self.workers = ctx.Queue(), [], []
         self._listening, self.failure = False, None
-        threads = max(1, torch.get_num_threads() // n)
         for rank in range(1, n):
             self.commands.append(ctx.Queue())
             self.workers.append(ctx.Process(
