@@ -70,6 +70,9 @@ class NgramProposer:
 
     def propose_batch(self, seqs: list[Sequence], rooms: list[int]) -> list[list[int]]:
         return [self.propose(seq.token_ids, k) for seq, k in zip(seqs, rooms)]
+
+    def drop(self, seq_id: int) -> None:
+        """No per-sequence state to free (the draft-model proposer has some)."""
 # --8<-- [end:ngram]
 
 
@@ -188,7 +191,7 @@ class SpeculativeDecoder:
                 seq.num_computed_tokens = len(seq) - 1
                 block_manager.free_lookahead_slots(seq)
             seq.spec_token_ids = []
-            if seq.is_finished and hasattr(self.proposer, "drop"):
+            if seq.is_finished:
                 self.proposer.drop(seq.seq_id)                      # the draft's twin goes too
         self.draft_logits.clear()
 
