@@ -253,6 +253,7 @@ def client(smol_llm):
         server = Server(AsyncLLMEngine(llm.engine), bind_socket("127.0.0.1", 0), "smol",
                         graceful_s=1.0).start()
         yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
+                            default_headers={"Connection": "close"},
                             timeout=120)
         server.stop()
 

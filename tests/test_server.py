@@ -29,6 +29,10 @@ PROMPTS16 = PROMPTS + ["The best way to learn", "Water boils at", "My favourite 
                        "The mitochondria is", "Dear diary, today"]
 CHAT = [{"role": "user", "content": "Name a planet."}]
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
+# The clients make one attempt (max_retries=0: a test sees the first failure), so they must not
+# reuse a pooled connection that the server's keep-alive timer (uvicorn: 5 s) may be closing
+# while a request goes out on it: under load that race resets the connection (seen in CI).
+FRESH_CONNECTION = {"Connection": "close"}
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +57,7 @@ def _serve(llm):
 @pytest.fixture(scope="module")
 def client(served):
     return openai.OpenAI(base_url=f"{served[0].url}/v1", api_key="none", max_retries=0,
+                         default_headers=FRESH_CONNECTION,
                          timeout=120)
 
 
