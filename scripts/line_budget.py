@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 # spec_decode, ...). Around it, counted apart like vLLM's vllm/entrypoints and benchmarks/:
 # the front ends (HTTP server, OpenAI protocol, CLI) and the tools (benchmarks, workloads).
 ENTRYPOINTS = ("server.py", "serving.py", "protocol.py", "cli.py")
-TOOLS = ("bench*.py", "gpu_bench.py", "workloads.py")
+TOOLS = ("bench*.py", "gpu_bench.py", "workloads.py", "roofline.py")
 
 # (folder, files left out of the total, budget for the total, budget per file)
 #
