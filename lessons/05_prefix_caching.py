@@ -11,13 +11,22 @@ def _():
     import numpy as np
     import torch
     from matplotlib.colors import LogNorm
-    from matplotlib.patches import FancyBboxPatch
 
     from minivllm import LLM, SamplingParams
     from minivllm.block_manager import BlockManager
     from minivllm.sequence import SequenceGroup
-    return (BlockManager, FancyBboxPatch, LLM, LogNorm, SamplingParams, SequenceGroup, mo,
-            np, plt, torch)
+
+    return (
+        BlockManager,
+        LLM,
+        LogNorm,
+        SamplingParams,
+        SequenceGroup,
+        mo,
+        np,
+        plt,
+        torch,
+    )
 
 
 @app.cell
@@ -36,22 +45,19 @@ def _(mo):
 
 @app.cell
 def _(LLM, SamplingParams, mo, torch):
-    # One loaded model; every experiment below starts with
-    # llm.reconfigure(enable_prefix_caching=...): a fresh KV pool and an empty prefix cache
-    # over the same weights. The token budget is CPU-sized: a step never carries more than
-    # 256 tokens, so long prompts are prefilled in chunks.
-    BLOCK_SIZE, MAX_MODEL_LEN, TOKEN_BUDGET, NUM_KV_BLOCKS = 16, 1024, 256, 512
-    llm = LLM(max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
-              max_num_batched_tokens=TOKEN_BUDGET, num_kv_blocks=NUM_KV_BLOCKS,
-              enable_prefix_caching=True)
-    # Warm-up: a process's first forward passes pay one-time setup.
-    llm.generate("Warm-up. " * 40, SamplingParams(max_tokens=2), use_tqdm=False)
+    # One loaded model; each experiment below starts with llm.reconfigure(enable_prefix_caching=
+    # ...): a fresh KV pool and an empty prefix cache over the same weights. A step carries at
+    # most 256 tokens (CPU-sized), so long prompts are prefilled in chunks.
+    BLOCK_SIZE = 16
+    llm = LLM(max_model_len=1024, block_size=BLOCK_SIZE, max_num_batched_tokens=256,
+              num_kv_blocks=512, enable_prefix_caching=True)
+    llm.generate("Warm-up. " * 40, SamplingParams(max_tokens=2), use_tqdm=False)  # one-time setup
     BIG = torch.cuda.is_available()          # a GPU runs the larger settings below
-    device = torch.cuda.get_device_name() if BIG else "CPU"
-    mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
-          f"({str(llm.engine.dtype).removeprefix('torch.')})  \n`{llm.engine!r}`, prefix "
-          "caching switched on and off with `llm.reconfigure(enable_prefix_caching=...)`")
-    return BIG, BLOCK_SIZE, device, llm
+    mo.md(f"**running on:** {torch.cuda.get_device_name() if BIG else 'CPU'} · **model:** "
+          f"SmolLM2-135M-Instruct ({str(llm.engine.dtype).removeprefix('torch.')})  \n"
+          f"`{llm.engine!r}`, prefix caching switched on and off with "
+          "`llm.reconfigure(enable_prefix_caching=...)`")
+    return BIG, BLOCK_SIZE, llm
 
 
 @app.cell
@@ -73,7 +79,7 @@ def _(mo):
 
 
 @app.cell
-def _(llm):
+def _(BLOCK_SIZE, llm):
     _tok = llm.tokenizer
     IM_END = _tok.convert_tokens_to_ids("<|im_end|>")
 
@@ -81,9 +87,7 @@ def _(llm):
         """One message in SmolLM2's chat format, as token ids."""
         return _tok.encode(f"<|im_start|>{role}\n{text}<|im_end|>\n")
 
-    ASSISTANT = _tok.encode("<|im_start|>assistant\n")
-    NEWLINE = _tok.encode("\n")
-
+    ASSISTANT, NEWLINE = _tok.encode("<|im_start|>assistant\n"), _tok.encode("\n")
     SYSTEM_AGENT = (
         "You are TripPlanner, an assistant that plans and books travel by calling tools. "
         "To call a tool, answer with a single line of JSON: {\"tool\": name, \"args\": {...}}. "
@@ -100,37 +104,25 @@ def _(llm):
         "tool fails, say so and try another way. Never invent a booking reference. Ask "
         "before booking anything that costs more than 500 euros. Keep answers under three "
         "sentences unless the traveller asks for details.")
-    # (result of the previous tool call, the traveller's next message)
-    TURNS = [
+    TURNS = [  # (result of the previous tool call, the traveller's next message)
         (None, "I live in Lisbon. Find me a flight to Oslo on 14 March; I'll stay four "
                "nights."),
         ('{"flights": [{"id": "TP1204", "dep": "07:10", "price": 189}, '
          '{"id": "SK832", "dep": "13:05", "price": 142}]}',
          "The cheaper one, please. What will the weather be like?"),
         ('{"city": "Oslo", "date": "14 March", "low": -4, "high": 3, "rain": 0.2, '
-         '"snow": true}',
-         "Cold! Find a hotel near the centre for under 150 euros a night."),
+         '"snow": true}', "Cold! Find a hotel near the centre for under 150 euros a night."),
         ('{"hotels": [{"id": "H-OSL-77", "name": "Fjord Inn", "price": 138}, '
-         '{"id": "H-OSL-12", "price": 119}]}',
-         "Book the Fjord Inn for Ana Costa."),
+         '{"id": "H-OSL-12", "price": 119}]}', "Book the Fjord Inn for Ana Costa."),
         ('{"booking": "FJ-55821", "hotel": "H-OSL-77", "nights": 4, "total": 552}',
          "How much is the whole trip in US dollars?"),
         ('{"amount": 694.0, "source": "EUR", "target": "USD", "result": 752.9}',
          "Thanks. Anything I should pack?"),
     ]
-    return ASSISTANT, IM_END, NEWLINE, SYSTEM_AGENT, TURNS, chat
 
-
-@app.cell
-def _(BLOCK_SIZE):
     def common_prefix(a, b):
         """How many leading tokens two token lists share."""
-        n = 0
-        for x, y in zip(a, b):
-            if x != y:
-                break
-            n += 1
-        return n
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
     def predicted_hit(prompt, earlier):
         """Tokens of `prompt` that prefix caching should skip, by hand: the longest prefix it
@@ -138,37 +130,18 @@ def _(BLOCK_SIZE):
         prompt's last token (its logits are needed, so it is always computed)."""
         shared = max((common_prefix(prompt, e) for e in earlier), default=0)
         return BLOCK_SIZE * min(shared // BLOCK_SIZE, (len(prompt) - 1) // BLOCK_SIZE)
-    return common_prefix, predicted_hit
 
-
-@app.cell
-def _(
-    ASSISTANT,
-    BIG,
-    IM_END,
-    NEWLINE,
-    SYSTEM_AGENT,
-    SamplingParams,
-    TURNS,
-    chat,
-    common_prefix,
-    llm,
-    predicted_hit,
-):
-    NUM_TURNS = len(TURNS) if BIG else 5
-    _params = SamplingParams(temperature=0, max_tokens=24 if BIG else 12)
-
-    def conversation(caching):
+    def conversation(caching, num_turns, params):
         """Play the agent's conversation with prefix caching on or off; a row per turn.
         `earlier` collects the token lists whose K/V the engine has computed."""
-        llm.reconfigure(enable_prefix_caching=caching)
-        engine, history, earlier, rows = llm.engine, chat("system", SYSTEM_AGENT), [], []
-        for tool_result, user_text in TURNS[:NUM_TURNS]:
+        engine = llm.reconfigure(enable_prefix_caching=caching).engine
+        history, earlier, rows = chat("system", SYSTEM_AGENT), [], []
+        for tool_result, user_text in TURNS[:num_turns]:
             if tool_result is not None:
                 history = history + chat("tool", tool_result)
             prompt = history + chat("user", user_text) + ASSISTANT
             hits_before = engine.stats().prefix_cache_hit_tokens
-            out = llm.generate([prompt], _params, use_tqdm=False)[0]
+            out = llm.generate([prompt], params, use_tqdm=False)[0]
             answer = list(out.outputs[0].token_ids)
             rows.append({"prompt_tokens": len(prompt),
                          "hit_tokens": engine.stats().prefix_cache_hit_tokens - hits_before,
@@ -176,13 +149,26 @@ def _(
                          "seen_before": max((common_prefix(prompt, e) for e in earlier),
                                             default=0),
                          "ttft_s": out.metrics.ttft, "answer": answer})
-            # Everything but the last sampled token now has K/V in the cache.
-            earlier.append(prompt + answer[:-1])
+            earlier.append(prompt + answer[:-1])   # all but the last sampled token have K/V
             history = prompt + answer + ([] if answer[-1] == IM_END else [IM_END]) + NEWLINE
         return rows
 
-    conv_cached = conversation(True)
-    conv_uncached = conversation(False)
+    return (
+        ASSISTANT,
+        SYSTEM_AGENT,
+        TURNS,
+        chat,
+        common_prefix,
+        conversation,
+        predicted_hit,
+    )
+
+
+@app.cell
+def _(BIG, SamplingParams, TURNS, conversation, llm):
+    _params = SamplingParams(temperature=0, max_tokens=24 if BIG else 12)
+    conv_cached = conversation(True, len(TURNS) if BIG else 5, _params)
+    conv_uncached = conversation(False, len(TURNS) if BIG else 5, _params)
     turn_hit_rate = [r["hit_tokens"] / r["prompt_tokens"] for r in conv_cached]
     print("turn  prompt  hit (predicted)  hit rate  TTFT cached / uncached")
     for _i, (_a, _b) in enumerate(zip(conv_cached, conv_uncached)):
@@ -190,46 +176,37 @@ def _(
               f"({_a['predicted_hit_tokens']:4d})    {turn_hit_rate[_i]:7.1%}   "
               f"{1000 * _a['ttft_s']:6.0f} ms / {1000 * _b['ttft_s']:6.0f} ms")
     print("last answer:", repr(llm.tokenizer.decode(conv_cached[-1]["answer"])))
-    return NUM_TURNS, conv_cached, conv_uncached, turn_hit_rate
+    return conv_cached, conv_uncached, turn_hit_rate
 
 
 @app.cell
-def _(conv_uncached, np, plt):
+def _(conv_uncached, mo, np, plt):
     _turns = np.arange(1, len(conv_uncached) + 1)
     _old = np.array([r["seen_before"] for r in conv_uncached])
     _new = np.array([r["prompt_tokens"] for r in conv_uncached]) - _old
-    recomputed_share = _old.sum() / (_old.sum() + _new.sum())
+    _share = _old.sum() / (_old.sum() + _new.sum())
     _fig, _ax = plt.subplots(figsize=(8, 3.2))
     _ax.bar(_turns, _old, color="tab:red", alpha=0.7,
             label="computed again: sent in an earlier turn")
     _ax.bar(_turns, _new, bottom=_old, color="tab:blue", alpha=0.8, label="new this turn")
-    _ax.set_xlabel("turn")
-    _ax.set_ylabel("prompt tokens prefilled")
+    _ax.set(xlabel="turn", ylabel="prompt tokens prefilled",
+            title=f"Without prefix caching: {_share:.0%} of the prefill redoes earlier work")
     _ax2 = _ax.twinx()
     _ax2.plot(_turns, [1000 * r["ttft_s"] for r in conv_uncached], "ko-", label="TTFT")
     _ax2.set_ylabel("time to first token (ms)")
     _ax2.set_ylim(bottom=0)
-    _ax.set_title(f"Without prefix caching: {recomputed_share:.0%} of the prefill redoes "
-                  "earlier work")
     _ax.legend(loc="upper left", fontsize=8)
     _fig.tight_layout()
     print(f"without caching the engine prefilled {_old.sum() + _new.sum()} prompt tokens; "
-          f"{_old.sum()} ({recomputed_share:.0%}) had been sent in an earlier turn")
-    _fig
-    return (recomputed_share,)
-
-
-@app.cell
-def _(conv_uncached, mo, recomputed_share):
-    mo.md(f"""
-    The red part of each bar is work the engine already did one turn earlier, and it
-    grows every turn: **{recomputed_share:.0%}** of all prefill tokens were recomputed. The
-    time to first token grows with it, from {1000 * conv_uncached[0]['ttft_s']:.0f} ms on
-    turn 1 to {1000 * conv_uncached[-1]['ttft_s']:.0f} ms on turn {len(conv_uncached)},
-    although the traveller's new message is a dozen words each time. Real agents run for
-    dozens of turns over tens of thousands of tokens: this is quadratic work for linear
-    information.
-    """)
+          f"{_old.sum()} ({_share:.0%}) had been sent in an earlier turn")
+    mo.vstack([_fig, mo.md(f"""
+    The red part of each bar is work the engine already did one turn earlier, and it grows
+    every turn: **{_share:.0%}** of all prefill tokens were recomputed. The time to first token
+    grows with it, from {1000 * conv_uncached[0]['ttft_s']:.0f} ms on turn 1 to
+    {1000 * conv_uncached[-1]['ttft_s']:.0f} ms on turn {len(conv_uncached)}, although each new
+    message is a dozen words. Real agents run for dozens of turns over tens of thousands of
+    tokens: quadratic work for linear information.
+    """)])
     return
 
 
@@ -238,23 +215,18 @@ def _(mo):
     mo.md(r"""
     ## Why the history's K/V can be reused at all
 
-    In a decoder-only transformer, attention is causal: position *t* attends to positions
-    *1..t* and never looks ahead. So the hidden state of token *t*, in every layer, is a
-    function of tokens *1..t* alone, and so are its key and value (a linear map of that
-    hidden state, rotated by the position). Two prompts that agree on their first *t* tokens
-    have the same K/V for those positions, whatever comes after: the same numbers, not
-    close ones.
+    Attention in a decoder-only transformer is causal: position *t* attends to positions
+    *1..t* only. So in every layer the hidden state of token *t*, and its key and value, are a
+    function of tokens *1..t* alone: two prompts that agree on their first *t* tokens have the
+    same K/V there, whatever follows. The same numbers, not close ones.
 
-    Let us look at it in the real cache, not in an equation. With prefix caching **off**, so
-    that each request computes everything itself, we send two prompts:
-
-    * tokens 0-63 (4 blocks): the same system text;
-    * tokens 64-79 (block 4): different words;
-    * tokens 80-111 (blocks 5-6): the same words again, at the same positions.
-
-    Both are prefilled; then, while both are still decoding, we read their block tables
-    (`engine.requests[id].seqs[0].block_table`) and compare their blocks in `engine.runner.kv_cache` (shape `[layers, 2,
-    num_blocks, block_size, kv_heads, head_dim]`) one block and one layer at a time.
+    Here it is in the real cache. With prefix caching **off** (each request computes
+    everything itself) we send two prompts: tokens 0-63 (blocks 0-3) the same system text,
+    tokens 64-79 (block 4) different words, tokens 80-111 (blocks 5-6) the same words again
+    at the same positions. While both decode, we read their block tables
+    (`engine.requests[id].seqs[0].block_table`) and compare their blocks in
+    `engine.runner.kv_cache` (`[layers, 2, num_blocks, block_size, kv_heads, head_dim]`), one
+    block and one layer at a time.
     """)
     return
 
@@ -327,12 +299,11 @@ def _(LogNorm, kv_block_equal, kv_diff, np, plt):
 def _(mo):
     mo.md(r"""
     The four shared blocks are **bit-identical in all 30 layers**: one request could have
-    used the other's. Block 4, where the words differ, differs everywhere. Blocks 5 and 6
-    are the instructive ones: the same tokens at the same positions, yet they differ from
-    layer 1 on. At layer 0 a token's K/V depend only on the token and its position (they are
-    computed from its embedding); every later layer mixes in what came before. So a cached
-    block is only reusable by a request whose **whole prefix** up to the end of that block is
-    the same. The cache's key has to say so.
+    used the other's. Block 4, where the words differ, differs everywhere. Blocks 5 and 6 hold
+    the same tokens at the same positions, yet differ from layer 1 on: at layer 0 a token's K/V
+    come from its embedding and position alone, and every later layer mixes in what came
+    before. A cached block is reusable only by a request whose **whole prefix** up to the end
+    of that block is the same, and the cache's key must say so.
 
     ## The mechanism: a chain of block hashes
 
@@ -340,112 +311,85 @@ def _(mo):
     (`hash_block_tokens` in `minivllm/prefix_cache.py`):
 
     ```
-    name(block 0) = hash(None,          tokens 0..15,  extra keys)
+    name(block 0) = hash(None,            tokens 0..15,      extra keys)
     name(block i) = hash(name(block i-1), tokens of block i, extra keys)
     ```
 
-    so a name stands for everything from token 0 to the end of its block, which is exactly
-    the condition the heatmap showed. The block manager keeps a dictionary from name to
-    physical block and uses it at two moments:
+    A name stands for everything from token 0 to the end of its block: the condition the
+    heatmap showed. The block manager keeps a dictionary from name to physical block:
 
     * **After each step**, `cache_computed_blocks` names every block that became full and
-      computed. A block still being filled, or one whose K/V is scheduled but not yet
-      written, is not findable.
-    * **At admission**, `allocate` walks the new prompt's blocks from the first, looks up
-      each name, and stops at the first miss (`_cached_prefix`). The hits join the block
-      table with their reference count raised, their tokens count as computed, and the
-      scheduler only schedules the rest. The walk stops one token short of the prompt: the
-      last token is always computed, because its logits give the first output token.
+      computed (a block still filling, or scheduled but not yet written, is not findable).
+    * **At admission**, `allocate` walks the prompt's blocks from the first, looks each name
+      up and stops at the first miss (`_cached_prefix`). The hits join the block table with
+      their reference count raised, their tokens count as computed, and the scheduler
+      schedules only the rest. The walk stops one token short: the last prompt token is
+      always computed, because its logits give the first output token.
 
-    A finished request's blocks are not wiped. They return to the free list but keep their
-    names, at the back of the list, so they are reused (and forgotten) last: least recently
-    used first. The dictionary also stores each block's tokens and parent and checks them
-    on a hit, so a hash collision can cost a miss, never a wrong answer.
-
-    Back to the agent, now with caching on:
+    A finished request's blocks keep their names on the free list, at its back, so they are
+    reused (and forgotten) last: least recently used first. Each entry also stores its tokens
+    and parent and checks them on a hit, so a hash collision costs a miss, never a wrong
+    answer. Back to the agent, now with caching on:
     """)
     return
 
 
 @app.cell
-def _(conv_cached, conv_uncached, np, plt, turn_hit_rate):
+def _(conv_cached, conv_uncached, mo, np, plt, turn_hit_rate):
     _turns = np.arange(1, len(conv_cached) + 1)
     _prompt = np.array([r["prompt_tokens"] for r in conv_cached])
-    conv_computed_cached = int(sum(r["prompt_tokens"] - r["hit_tokens"] for r in conv_cached))
-    conv_computed_uncached = int(sum(r["prompt_tokens"] for r in conv_uncached))
+    _computed = _prompt - np.array([r["hit_tokens"] for r in conv_cached])
+    _prompt_u = np.array([r["prompt_tokens"] for r in conv_uncached])
+    conv_computed_cached, conv_computed_uncached = int(_computed.sum()), int(_prompt_u.sum())
     conv_outputs_identical = ([r["answer"] for r in conv_cached]
                               == [r["answer"] for r in conv_uncached])
-    ttft_cached = np.array([r["ttft_s"] for r in conv_cached])
-    ttft_uncached = np.array([r["ttft_s"] for r in conv_uncached])
-    # Turn 1 is cold either way; compare the turns that have a history, by the median of
-    # their ratios. The work (prompt tokens computed, counted by the engine) is what the
-    # checks below assert on; the time it buys is shown beside it, since a shared machine
-    # can slow one run several-fold.
-    _work = [(u["prompt_tokens"], c["prompt_tokens"] - c["hit_tokens"])
-             for u, c in zip(conv_uncached, conv_cached)]
-    conv_work_ratio = float(np.median([_u / _c for _u, _c in _work[1:]]))
-    conv_ttft_ratio = float(np.median(ttft_uncached[1:] / ttft_cached[1:]))
+    _ttft_c = np.array([r["ttft_s"] for r in conv_cached])
+    _ttft_u = np.array([r["ttft_s"] for r in conv_uncached])
+    # Turn 1 is cold either way: medians over the turns with a history. The checks assert on
+    # the work (prompt tokens computed, counted by the engine); the time it buys is shown
+    # beside it, since a shared machine can slow one run several-fold.
+    conv_work_ratio = float(np.median(_prompt_u[1:] / _computed[1:]))
+    conv_ttft_ratio = float(np.median(_ttft_u[1:] / _ttft_c[1:]))
     _fig, (_a, _b) = plt.subplots(1, 2, figsize=(10, 3.4))
     _a.bar(_turns - 0.2, _prompt, 0.4, color="tab:gray", label="without caching")
-    _a.bar(_turns + 0.2, _prompt - np.array([r["hit_tokens"] for r in conv_cached]), 0.4,
-           color="tab:blue", label="with caching")
+    _a.bar(_turns + 0.2, _computed, 0.4, color="tab:blue", label="with caching")
     for _t, _r in zip(_turns, turn_hit_rate):
-        _a.text(_t + 0.2, _prompt[_t - 1] * 0.05 + 5, f"{_r:.0%}\nhit", ha="center",
-                fontsize=7)
-    _a.set_xlabel("turn")
-    _a.set_ylabel("prompt tokens computed")
-    _a.legend(fontsize=8, loc="upper left")
-    _a.set_title("prefill work per turn")
-    _b.plot(_turns, 1000 * ttft_uncached, "o-", color="tab:gray", label="without caching")
-    _b.plot(_turns, 1000 * ttft_cached, "o-", color="tab:blue", label="with caching")
-    _b.set_xlabel("turn")
-    _b.set_xticks(_turns)
-    _b.set_ylabel("ms")
-    _b.set_ylim(bottom=0)
-    _b.legend(fontsize=8)
-    _b.set_title("time to first token")
+        _a.text(_t + 0.2, _prompt[_t - 1] * 0.05 + 5, f"{_r:.0%}\nhit", ha="center", fontsize=7)
+    _a.set(xlabel="turn", ylabel="prompt tokens computed", title="prefill work per turn")
+    _b.plot(_turns, 1000 * _ttft_u, "o-", color="tab:gray", label="without caching")
+    _b.plot(_turns, 1000 * _ttft_c, "o-", color="tab:blue", label="with caching")
+    _b.set(xlabel="turn", xticks=_turns, ylabel="ms", ylim=(0, None), title="time to first token")
+    for _ax in (_a, _b):
+        _ax.legend(fontsize=8, loc="upper left")
     _fig.tight_layout()
+    _match = all(r["hit_tokens"] == r["predicted_hit_tokens"] for r in conv_cached)
     print(f"prompt tokens computed over {len(_turns)} turns: {conv_computed_uncached} without "
           f"caching, {conv_computed_cached} with; turns 2-{len(_turns)}: median "
-          f"{conv_work_ratio:.1f}x fewer prompt tokens computed, TTFT median "
-          f"{conv_ttft_ratio:.1f}x lower ({1000 * np.median(ttft_uncached[1:]):.0f} -> "
-          f"{1000 * np.median(ttft_cached[1:]):.0f} ms); identical answers: "
-          f"{conv_outputs_identical}")
-    _fig
-    return (conv_computed_cached, conv_computed_uncached, conv_outputs_identical,
-            conv_ttft_ratio, conv_work_ratio)
+          f"{conv_work_ratio:.1f}x fewer, TTFT median {conv_ttft_ratio:.1f}x lower "
+          f"({1000 * np.median(_ttft_u[1:]):.0f} -> {1000 * np.median(_ttft_c[1:]):.0f} ms); "
+          f"identical answers: {conv_outputs_identical}")
+    mo.vstack([_fig, mo.md(f"""
+    Hit rate per turn: **{", ".join(f"{_r:.0%}" for _r in turn_hit_rate)}**. The first turn is
+    cold; then almost the whole prompt is found in the cache, and the share grows because the
+    history grows while each turn's new text does not. The engine computed
+    **{conv_computed_cached}** prompt tokens instead of **{conv_computed_uncached}**: a turn with
+    a history computed **{conv_work_ratio:.1f}x** fewer and reached its first token
+    **{conv_ttft_ratio:.1f}x** sooner on this machine (medians over turns 2 on). The answers
+    were {"identical, token for token" if conv_outputs_identical else "NOT identical"}: reusing
+    K/V changes the cost, not the result.
 
-
-@app.cell
-def _(
-    conv_cached,
-    conv_computed_cached,
-    conv_computed_uncached,
-    conv_outputs_identical,
-    conv_ttft_ratio,
-    conv_work_ratio,
-    mo,
-    turn_hit_rate,
-):
-    _rates = ", ".join(f"{_r:.0%}" for _r in turn_hit_rate)
-    _same = "identical, token for token" if conv_outputs_identical else "NOT identical"
-    _match = ("matched" if all(r["hit_tokens"] == r["predicted_hit_tokens"] for r in conv_cached)
-              else "did NOT all match")
-    mo.md(f"""
-    Hit rate per turn: **{_rates}**. The first turn is cold; from then on almost the whole
-    prompt is found in the cache, and the share grows because the history grows while each
-    turn's new text does not. The engine computed **{conv_computed_cached}** prompt tokens
-    instead of **{conv_computed_uncached}**: a turn with a history computed
-    **{conv_work_ratio:.1f}x** fewer prompt tokens and reached its first token
-    **{conv_ttft_ratio:.1f}x** sooner on this machine (medians over turns 2 on). The answers were
-    {_same}: reusing K/V changes the cost, not the result.
-
-    Every hit count above {_match} the prediction made by hand (the `predicted` column): the
-    previous turn's prompt and answer, minus the last sampled token (never fed back, so it
-    has no K/V), rounded down to whole blocks. For turn 2 that is
+    Every hit count {"matched" if _match else "did NOT all match"} the prediction made by hand
+    (the `predicted` column): the previous turn's prompt and answer, minus the last sampled
+    token (never fed back, so it has no K/V), rounded down to whole blocks. For turn 2:
     {conv_cached[1]['predicted_hit_tokens']} of {conv_cached[1]['prompt_tokens']} tokens.
-    """)
-    return
+    """)])
+    return (
+        conv_computed_cached,
+        conv_computed_uncached,
+        conv_outputs_identical,
+        conv_ttft_ratio,
+        conv_work_ratio,
+    )
 
 
 @app.cell
@@ -453,23 +397,15 @@ def _(mo):
     mo.md(r"""
     ## Many users, one system prompt
 
-    The other common shape: one long system prompt (instructions plus reference text or
-    tool schemas) in front of every user's question. Here a documentation bot answers
-    different questions. The first request runs alone and fills the cache; the others then
-    arrive together. The same requests run with prefix caching on and off.
+    The other common shape: one long system prompt in front of every user's question. A
+    documentation bot answers different questions: the first runs alone and fills the cache,
+    the others then arrive together, with prefix caching on and then off.
     """)
     return
 
 
 @app.cell
-def _(
-    ASSISTANT,
-    BIG,
-    SamplingParams,
-    chat,
-    llm,
-    predicted_hit,
-):
+def _(ASSISTANT, BIG, SamplingParams, chat, llm, predicted_hit):
     SYSTEM_DOCS = (
         "You answer questions about minivllm, a small LLM serving engine. Use only the "
         "reference below; if the answer is not there, say you do not know.\n"
@@ -488,128 +424,61 @@ def _(
         "temperature, top_p, top_k, max_tokens, stop strings and a seed. RequestOutput "
         "carries the text, the token ids and metrics such as the time to first token.")
     QUESTIONS = [
-        "What does LLMEngine.step do in one iteration?",
-        "When does a sequence get a new block?",
-        "How is a cached block named?",
-        "Which freed blocks are reused first?",
-        "Where do I find the time to first token?",
-        "Can I stop generation at a string?",
-        "What is a block table?",
-        "Who decides how many tokens a sequence computes in a step?",
-        "What does allocate do when prefix caching is on?",
-        "What is in SamplingParams?",
-        "Does the engine run more than one sequence at a time?",
-        "What happens to a block when its request ends?",
-        "How large is a block?",
-    ][:13 if BIG else 5]
+        "What does LLMEngine.step do in one iteration?", "When does a sequence get a new block?",
+        "How is a cached block named?", "Which freed blocks are reused first?",
+        "Where do I find the time to first token?", "Can I stop generation at a string?",
+        "What is a block table?", "Who decides how many tokens a sequence computes in a step?",
+        "What does allocate do when prefix caching is on?", "What is in SamplingParams?",
+    ][:10 if BIG else 5]
     docs_prefix = chat("system", SYSTEM_DOCS)
     docs_prompts = [docs_prefix + chat("user", _q) + ASSISTANT for _q in QUESTIONS]
     _params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
     def serve_docs(caching):
-        """First question alone, then the rest together. Per request: hits, TTFT, answer."""
-        engine, rows = llm.reconfigure(enable_prefix_caching=caching).engine, []
+        """First question alone, then the rest together: the outputs, the first question's
+        hit tokens and the later questions' hit tokens."""
+        engine = llm.reconfigure(enable_prefix_caching=caching).engine
         before = engine.stats().prefix_cache_hit_tokens
-        _first = llm.generate([docs_prompts[0]], _params, use_tqdm=False)
+        first = llm.generate([docs_prompts[0]], _params, use_tqdm=False)
         after_first = engine.stats().prefix_cache_hit_tokens
-        _rest = llm.generate(docs_prompts[1:], _params, use_tqdm=False)
-        for out in _first + _rest:
-            rows.append({"prompt_tokens": len(out.prompt_token_ids), "ttft_s": out.metrics.ttft,
-                         "answer": list(out.outputs[0].token_ids)})
-        return rows, after_first - before, engine.stats().prefix_cache_hit_tokens - after_first
+        rest = llm.generate(docs_prompts[1:], _params, use_tqdm=False)
+        return (first + rest, after_first - before,
+                engine.stats().prefix_cache_hit_tokens - after_first)
 
-    docs_cached, _first_hits, docs_hit_tokens = serve_docs(True)
-    # The block manager's prefix cache as the questions left it, drawn below. (The next
-    # reconfigure builds a new one; this object stays as it is.)
+    _cached, _first_hits, docs_hit_tokens = serve_docs(True)
+    # The prefix cache as the questions left it, drawn below (reconfigure builds a new one).
     docs_prefix_cache = llm.engine.block_manager.prefix_cache
-    docs_uncached, _, _ = serve_docs(False)
-    # By hand: what should each later question find? What the engine computed before it:
-    # the first question with its answer; not the other later questions, which were
-    # prefilled in the same steps as it.
-    _earlier = [docs_prompts[0] + docs_cached[0]["answer"][:-1]]
-    docs_predicted_hits = sum(predicted_hit(_p, _earlier) for _p in docs_prompts[1:])
-    docs_computed_seqs = [_p + _r["answer"][:-1] for _p, _r in zip(docs_prompts, docs_cached)]
-    docs_prefix_len = len(docs_prefix)
-    _later = len(docs_prompts) - 1
+    _uncached, _, _ = serve_docs(False)
+    _answers = [list(o.outputs[0].token_ids) for o in _cached]
+    docs_outputs_identical = _answers == [list(o.outputs[0].token_ids) for o in _uncached]
+    # By hand: each later question finds what was computed before it, the first question with
+    # its answer (not the other later questions: they were prefilled in the same steps).
+    docs_predicted_hits = sum(predicted_hit(_p, [docs_prompts[0] + _answers[0][:-1]])
+                              for _p in docs_prompts[1:])
+    docs_computed_seqs = [_p + _a[:-1] for _p, _a in zip(docs_prompts, _answers)]
+    docs_prefix_len, _later = len(docs_prefix), len(docs_prompts) - 1
     docs_prefix_skip = docs_hit_tokens / (_later * docs_prefix_len)
-    docs_prompt_tokens = sum(len(_p) for _p in docs_prompts)
-    docs_computed = {"cached": docs_prompt_tokens - _first_hits - docs_hit_tokens,
-                     "uncached": docs_prompt_tokens}
-    docs_ttft = {"cached": sum(r["ttft_s"] for r in docs_cached[1:]) / _later,
-                 "uncached": sum(r["ttft_s"] for r in docs_uncached[1:]) / _later}
-    docs_outputs_identical = ([r["answer"] for r in docs_cached]
-                              == [r["answer"] for r in docs_uncached])
+    _total = sum(len(_p) for _p in docs_prompts)
+    _ttft = [sum(o.metrics.ttft for o in _outs[1:]) / _later for _outs in (_uncached, _cached)]
     print(f"{len(docs_prompts)} questions behind a {docs_prefix_len}-token system prompt; "
           f"the first found {_first_hits} tokens cached")
     print(f"later questions: {docs_hit_tokens} hit tokens (predicted {docs_predicted_hits}), "
           f"{docs_prefix_skip:.1%} of their system-prompt tokens skipped")
-    print(f"prompt tokens computed: {docs_computed['uncached']} without caching, "
-          f"{docs_computed['cached']} with; mean TTFT of the later questions: "
-          f"{1000 * docs_ttft['uncached']:.0f} ms without, {1000 * docs_ttft['cached']:.0f} "
-          f"ms with; identical answers: {docs_outputs_identical}")
-    return (docs_computed_seqs, docs_hit_tokens, docs_outputs_identical,
-            docs_predicted_hits, docs_prefix, docs_prefix_cache, docs_prefix_len,
-            docs_prefix_skip, docs_prompts)
-
-
-@app.cell
-def _(FancyBboxPatch, llm, np):
-    def _snippet(ids, width=13, tail=False):
-        text = llm.tokenizer.decode(list(ids)).replace("\n", "⏎")
-        if len(text) <= width:
-            return text
-        return "…" + text[1 - width:] if tail else text[:width - 1] + "…"
-
-    def draw_hash_chain(ax, prefix_cache, root, keep=2):
-        """The named blocks reachable from `root`, as the block manager holds them: each box
-        is a physical block with the last 4 hex digits of its name; an arrow goes from the
-        block a name was chained to (its parent) to the block it names."""
-        children = prefix_cache.children
-        trunk = [root]                       # blocks every request passes through
-        while len(children.get(trunk[-1], ())) == 1:
-            trunk.append(next(iter(children[trunk[-1]])))
-        shown = trunk if len(trunk) <= 2 * keep + 1 else trunk[:keep] + [None] + trunk[-keep:]
-        pos, leaves = {}, iter(range(10**6))
-
-        def place(block, x):
-            kids = sorted(children.get(block, ()))
-            y = (float(np.mean([place(k, x + 1) for k in kids])) if kids
-                 else -float(next(leaves)))
-            pos[block] = (x, y)
-            return y
-
-        y0 = place(trunk[-1], len(shown) - 1)
-        for x, block in enumerate(shown[:-1]):
-            pos[block if block is not None else "…"] = (x, y0)
-        for node, (x, y) in pos.items():
-            if node == "…":
-                ax.text(x, y, f"… {len(trunk) - 2 * keep} more\nblocks …", ha="center",
-                        va="center", fontsize=7)
-                continue
-            shared = node in trunk
-            ax.add_patch(FancyBboxPatch((x - 0.38, y - 0.28), 0.76, 0.56,
-                                        boxstyle="round,pad=0.02", alpha=0.85,
-                                        color="tab:orange" if shared else "tab:blue"))
-            ax.text(x, y + 0.04, f"#{node}\n{prefix_cache.hash_of_block[node] & 0xFFFF:04x}",
-                    ha="center", va="center", fontsize=6.5, color="white")
-            ax.text(x, y - 0.4, _snippet(prefix_cache.key_of_block[node].token_ids,
-                                         tail=not shared),
-                    ha="center", va="top", fontsize=5.5)
-        order = [b if b is not None else "…" for b in shown]
-        edges = list(zip(order, order[1:]))
-        edges += [(p, c) for p in pos if p != "…" for c in children.get(p, ()) if c in pos
-                  and p not in trunk[:-1]]
-        for p, c in edges:
-            (x1, y1), (x2, y2) = pos[p], pos[c]
-            ax.annotate("", xy=(x2 - 0.4, y2), xytext=(x1 + 0.4, y1),
-                        arrowprops=dict(arrowstyle="->", lw=0.8, color="0.3"))
-        ys = [y for _, y in pos.values()]
-        ax.set_xlim(-0.6, max(x for x, _ in pos.values()) + 0.6)
-        ax.set_ylim(min(ys) - 0.9, max(ys) + 0.5)
-        ax.axis("off")
-        return trunk
-
-    return (draw_hash_chain,)
+    print(f"prompt tokens computed: {_total} without caching, "
+          f"{_total - _first_hits - docs_hit_tokens} with; mean TTFT of the later questions: "
+          f"{1000 * _ttft[0]:.0f} ms without, {1000 * _ttft[1]:.0f} ms with; identical "
+          f"answers: {docs_outputs_identical}")
+    return (
+        docs_computed_seqs,
+        docs_hit_tokens,
+        docs_outputs_identical,
+        docs_predicted_hits,
+        docs_prefix,
+        docs_prefix_cache,
+        docs_prefix_len,
+        docs_prefix_skip,
+        docs_prompts,
+    )
 
 
 @app.cell
@@ -620,50 +489,73 @@ def _(
     docs_prefix,
     docs_prefix_cache,
     docs_prefix_len,
-    draw_hash_chain,
+    llm,
+    mo,
     plt,
 ):
     _pc = docs_prefix_cache
     _root = next(b for b, k in _pc.key_of_block.items()
                  if k.parent_block is None and list(k.token_ids) == docs_prefix[:BLOCK_SIZE])
-    _fig, _a = plt.subplots(figsize=(10, 4.5))
-    _trunk = draw_hash_chain(_a, _pc, _root)
-    _a.set_title(f"vLLM / minivllm: the block manager's named blocks for the documentation "
-                 f"bot (live state; {len(_pc)} named blocks in the whole cache)\nname = "
-                 "hash(parent's name, the block's 16 tokens) · orange: passed through by "
-                 "every question · blue: one question's own blocks", fontsize=9)
+    _trunk = [_root]                      # the blocks every question passed through
+    while len(_pc.children.get(_trunk[-1], ())) == 1:
+        _trunk.append(next(iter(_pc.children[_trunk[-1]])))
+    _branches = []                        # then each question's own chain of blocks
+    for _b in sorted(_pc.children.get(_trunk[-1], ())):
+        _branches.append([_b])
+        while _pc.children.get(_branches[-1][-1]):
+            _branches[-1].append(min(_pc.children[_branches[-1][-1]]))
+    _shown = _trunk if len(_trunk) <= 5 else [*_trunk[:2], None, *_trunk[-2:]]
+    _fig, _ax = plt.subplots(figsize=(10, 1.4 + 0.75 * len(_branches)))
+
+    def _box(x, y, block, frm, color):
+        """A physical block with the last 4 hex digits of its name, its first words below,
+        and an arrow from its parent (the block its name was chained to)."""
+        if frm is not None:
+            _ax.annotate("", xy=(x - 0.4, y), xytext=(frm[0] + 0.4, frm[1]),
+                         arrowprops=dict(arrowstyle="->", lw=0.8, color="0.3"))
+        if block is None:
+            _ax.text(x, y, f"… {len(_trunk) - 4} more\nblocks …", ha="center", va="center",
+                     fontsize=7)
+            return
+        _ax.text(x, y, f"#{block}\n{_pc.hash_of_block[block] & 0xFFFF:04x}", ha="center",
+                 va="center", fontsize=6.5, color="white",
+                 bbox=dict(boxstyle="round", fc=color, alpha=0.85))
+        _words = llm.tokenizer.decode(list(_pc.key_of_block[block].token_ids))
+        _words = _words.replace("\n", "⏎").strip()      # the end of a question's own block
+        _ax.text(x, y - 0.38, _words[:12] + "…" if color == "tab:orange" else "…" + _words[-12:],
+                 ha="center", va="top", fontsize=5.5)
+
+    for _x, _b in enumerate(_shown):
+        _box(_x, 0, _b, (_x - 1, 0) if _x else None, "tab:orange")
+    for _y, _chain in enumerate(_branches, start=1):
+        for _x, _b in enumerate(_chain, start=len(_shown)):
+            _box(_x, -_y, _b, (_x - 1, 0 if _x == len(_shown) else -_y), "tab:blue")
+    _ax.set_xlim(-0.6, len(_shown) + max(map(len, _branches), default=0) - 0.4)
+    _ax.set_ylim(-len(_branches) - 0.8, 0.5)
+    _ax.axis("off")
+    _ax.set_title(f"The block manager's named blocks after the documentation bot's questions "
+                  f"(live state; {len(_pc)} named blocks in the cache)\nname = hash(parent's "
+                  "name, the block's 16 tokens) · orange: passed through by every question · "
+                  "blue: one question's own blocks", fontsize=9)
     _fig.tight_layout()
     chain_shared_tokens = len(_trunk) * BLOCK_SIZE
-    # What a token-level structure would share: the tokens every question has in common.
+    # What a token-level structure (a radix tree) would share: the tokens all questions share.
     radix_shared_tokens = min(common_prefix(docs_computed_seqs[0], _s)
                               for _s in docs_computed_seqs[1:])
     print(f"hash chain: {len(_trunk)} blocks ({chain_shared_tokens} tokens) shared by every "
           f"question; {radix_shared_tokens} tokens shared in all; the system prompt itself "
           f"is {docs_prefix_len} tokens")
-    _fig
-    return chain_shared_tokens, radix_shared_tokens
-
-
-@app.cell
-def _(BLOCK_SIZE, chain_shared_tokens, docs_prefix_len, mo, radix_shared_tokens):
-    mo.md(f"""
-    The picture is the block manager's real state after the questions: an orange
-    trunk of blocks that every question passed through (found by the chain of names), then
-    one blue branch per question for its own words and its answer. The trunk is
-    **{chain_shared_tokens // BLOCK_SIZE} blocks = {chain_shared_tokens} tokens**. The
-    system prompt is {docs_prefix_len} tokens long and the questions also share the few
-    tokens that open a user message, **{radix_shared_tokens}** in all. The rest of them sit
-    in a block that also holds each question's own words, so that block's name differs per
-    question and it is computed every time: the price of working in blocks.
-
-    SGLang's RadixAttention stores the same sequences as a radix tree over tokens, split
-    exactly where two sequences part: it reuses every shared token, and finding a prefix
-    means walking down the tree comparing tokens. vLLM keeps a flat
-    dictionary instead: a lookup is one hash per block, eviction is a free list of
-    blocks, and a block is the unit that paging already manages, so sharing costs nothing
-    extra. The tree's advantage is the up-to-`block_size - 1` tokens per request that the
-    blocks leave on the table; with long shared prefixes that is a few percent.
-    """)
+    mo.vstack([_fig, mo.md(f"""
+    The orange trunk is the **{len(_trunk)} blocks = {chain_shared_tokens} tokens** every
+    question found through the chain of names; each blue branch is one question's own words
+    and answer. The questions share **{radix_shared_tokens}** tokens in all (the system prompt,
+    {docs_prefix_len} tokens, and the opening of a user message), but the last few sit in a
+    block that also holds each question's own words: its name differs, so it is computed
+    every time. SGLang's RadixAttention keeps a radix tree over tokens instead and reuses
+    every shared token, at the price of a tree walk per lookup; vLLM's flat dictionary costs
+    one hash per block and reuses the block that paging already manages, leaving at most
+    `block_size - 1` tokens per request on the table.
+    """)])
     return
 
 
@@ -717,6 +609,7 @@ def _(BlockManager, SamplingParams, SequenceGroup, docs_prefix, llm):
         second = SequenceGroup("b", None, b, SamplingParams(), 1).seqs[0]
         bm.allocate(second)
         return second.num_computed_tokens
+
     return PROMPT_LEN, hits_for
 
 
@@ -730,28 +623,23 @@ def _(PROMPT_LEN, block_pick, hits_for, mo, plt, shared_len, stamp):
     _ax.plot(_xs, _xs, "--", color="0.6", label="every shared token")
     _ax.step(_xs, _ys, where="post", color="tab:blue", label=f"hits, block_size {_bs}")
     _ax.plot([_n], [_hit], "o", color="tab:red")
-    _ax.set_xlabel("tokens the second prompt shares with the first")
-    _ax.set_ylabel("tokens found in the cache")
-    _ax.set_title(f"{_n} shared tokens -> {_hit} hit ({_hit / PROMPT_LEN:.0%} of the prompt)"
-                  + (", timestamped" if _stamp else ""))
+    _ax.set(xlabel="tokens the second prompt shares with the first",
+            ylabel="tokens found in the cache", title=f"{_n} shared tokens -> {_hit} hit "
+            f"({_hit / PROMPT_LEN:.0%} of the prompt)" + (", timestamped" if _stamp else ""))
     _ax.legend(fontsize=8, loc="upper left")
     _fig.tight_layout()
     if _stamp:
-        _note = ("The timestamp is a few tokens at the very start, and it differs per request. "
-                 "Block 0's name differs, so every later name differs too: the chain is "
-                 "broken at its root and nothing hits, however long the rest of the shared "
-                 "prompt. Put per-request data (dates, user ids, request ids) **after** the "
-                 "shared part, never before.")
+        _note = ("The timestamp, a few tokens at the very start, differs per request: block "
+                 "0's name differs, so every later name does too and nothing hits. Put "
+                 "per-request data (dates, user ids) **after** the shared part, never before.")
     elif _n == PROMPT_LEN:
-        _note = (f"The prompts are identical, yet {PROMPT_LEN - _hit} tokens are computed: "
-                 "the lookup stops one token short, because the last token's logits are "
-                 "needed to sample the first output token, and the block holding it is "
-                 "computed whole.")
+        _note = (f"The prompts are identical, yet {PROMPT_LEN - _hit} tokens are computed: the "
+                 "lookup stops one token short (the last token's logits give the first output "
+                 "token), and the block holding it is computed whole.")
     else:
-        _note = (f"Only whole blocks are reused: of {_n} shared tokens, {_n - _hit} are "
-                 f"recomputed because their block also holds tokens that differ. Smaller "
-                 "blocks waste less here and cost more bookkeeping everywhere else (lesson "
-                 "02). Slide to 160 (identical prompts) and switch on the timestamp.")
+        _note = (f"Only whole blocks are reused: {_n - _hit} of {_n} shared tokens are "
+                 "recomputed, their block also holds tokens that differ. Slide to 160 "
+                 "(identical prompts) and switch on the timestamp.")
     mo.vstack([_fig, mo.md(_note)])
     return
 
@@ -783,24 +671,18 @@ def _(SamplingParams, docs_prefix, docs_prompts, llm, predicted_hit):
     exercise_prompt = docs_prefix[:203] + _own
     assert len(exercise_prompt) == 233
 
-    def measure_exercise():
-        """With caching on, serve the first question (its blocks are now cached), then admit
-        the exercise's prompt (one step), read how many of its tokens were hits, abort it.
-        Returns the hits and the token lists computed before the exercise."""
-        engine = llm.reconfigure(enable_prefix_caching=True).engine
-        _out = llm.generate([docs_prompts[0]], SamplingParams(temperature=0, max_tokens=8,
-                                                              ignore_eos=True),
-                            use_tqdm=False)[0]
-        before = engine.stats().prefix_cache_hit_tokens
-        engine.add_request("exercise", exercise_prompt, SamplingParams(temperature=0,
-                                                                       max_tokens=4))
-        engine.step()
-        hit = engine.stats().prefix_cache_hit_tokens - before
-        engine.abort_request("exercise")
-        return hit, [docs_prompts[0] + list(_out.outputs[0].token_ids)[:-1]]
-
-    exercise_hits, _computed = measure_exercise()
-    exercise_by_hand = predicted_hit(exercise_prompt, _computed)
+    # With caching on, serve the first question (its blocks are now cached), then admit the
+    # exercise's prompt (one step), read how many of its tokens were hits, and abort it.
+    _engine = llm.reconfigure(enable_prefix_caching=True).engine
+    _out = llm.generate([docs_prompts[0]], SamplingParams(temperature=0, max_tokens=8,
+                                                          ignore_eos=True), use_tqdm=False)[0]
+    _before = _engine.stats().prefix_cache_hit_tokens
+    _engine.add_request("exercise", exercise_prompt, SamplingParams(temperature=0, max_tokens=4))
+    _engine.step()
+    exercise_hits = _engine.stats().prefix_cache_hit_tokens - _before
+    _engine.abort_request("exercise")
+    exercise_by_hand = predicted_hit(exercise_prompt,
+                                     [docs_prompts[0] + list(_out.outputs[0].token_ids)[:-1]])
     print(f"exercise: the engine found {exercise_hits} of {len(exercise_prompt)} tokens "
           f"cached; by hand {exercise_by_hand}")
     return exercise_by_hand, exercise_hits
@@ -810,27 +692,26 @@ def _(SamplingParams, docs_prefix, docs_prompts, llm, predicted_hit):
 def _(exercise_hits):
     def check_hits_answer(value):
         truth = exercise_hits
+        hints = {
+            0: "Enter a number of tokens. (If you meant 0: the first request ended long ago, "
+               "but freed blocks keep their names until the pool needs them.)",
+            203: "203 would reuse a partly shared block. Only whole blocks have names: tokens "
+                 "192-202 live in block 12 next to tokens that differ, so block 12 misses. "
+                 "Round down to a multiple of 16.",
+            208: "That rounds up. A block that is only partly shared is a miss: round down.",
+            272: "That is the whole system message's full blocks; the client kept only its "
+                 "first 203 tokens.",
+            **dict.fromkeys((224, 232, 233), "The client's own 30 tokens were never sent "
+                            "before, so nothing after token 203 can be cached; count the whole "
+                            "blocks of the shared part only."),
+        }
         if value == truth:
             return (f"Correct: {truth} tokens, {truth // 16} whole blocks. Tokens 192-202 are "
                     "shared too, but they share block 12 with the client's own tokens, so "
                     "block 12 has another name and the walk stops there.")
-        if not value:
-            return ("Enter a number of tokens. (If you meant 0: the first request ended long "
-                    "ago, but freed blocks keep their names until the pool needs them.)")
-        if value == 203:
-            return ("203 would reuse a partly shared block. Only whole blocks have names: "
-                    "tokens 192-202 live in block 12 next to tokens that differ, so block 12 "
-                    "misses. Round down to a multiple of 16.")
-        if value == 208:
-            return "That rounds up. A block that is only partly shared is a miss: round down."
-        if value in (233, 224, 232):
-            return ("The client's own 30 tokens were never sent before, so nothing after "
-                    "token 203 can be cached; count the whole blocks of the shared part only.")
-        if value == 272:
-            return ("That is the whole system message's full blocks; the client kept only "
-                    "its first 203 tokens.")
-        return (f"{value} is not it: find where the two prompts part (token 203), divide by "
-                "block_size, round down, multiply back.")
+        return hints.get(value or 0, f"{value} is not it: find where the two prompts part "
+                         "(token 203), divide by block_size, round down, multiply back.")
+
     return (check_hits_answer,)
 
 
@@ -895,6 +776,7 @@ def _(
         assert "round down" in check_hits_answer(203).lower()
         assert "rounds up" in check_hits_answer(208)
         assert "freed blocks keep their names" in check_hits_answer(0)
+
     return
 
 
@@ -919,37 +801,33 @@ def _(
     mo.md(f"""
     ## What we found
 
-    * The K/V of a shared prefix is the same, bit for bit, in every layer of two requests;
-      the same tokens after a difference match only in layer 0. Reuse is valid for whole
-      prefixes, which is what the chain of block hashes encodes.
+    * A shared prefix's K/V is bit-identical in every layer of two requests; the same tokens
+      after a difference match only in layer 0. Reuse holds for whole prefixes: the chain.
     * Over the agent's conversation the hit rate per turn went
-      {", ".join(f"{_r:.0%}" for _r in turn_hit_rate)}; the engine computed
-      {conv_computed_cached} prompt tokens instead of {conv_computed_uncached} (a median
-      {conv_work_ratio:.1f}x less per turn with history, whose time to first token fell
-      {conv_ttft_ratio:.1f}x on this machine), with the same greedy answers.
-    * With many questions behind one system prompt, **{docs_prefix_skip:.0%}** of the later
-      requests' system-prompt tokens were never computed, and every hit count matched the
-      count predicted from `block_size` and the shared prefix length.
+      {", ".join(f"{_r:.0%}" for _r in turn_hit_rate)}: {conv_computed_cached} prompt tokens
+      computed instead of {conv_computed_uncached} (median {conv_work_ratio:.1f}x fewer per
+      turn with history; TTFT {conv_ttft_ratio:.1f}x lower on this machine), same answers.
+    * Behind one system prompt, **{docs_prefix_skip:.0%}** of the later requests'
+      system-prompt tokens were never computed; every hit count matched the prediction.
 
     ## Where the code lives
 
     * `minivllm/prefix_cache.py`: `hash_block_tokens` (a block's name), `PrefixCache`
-      (name -> block, verified by tokens and parent; hit counters; eviction of a block and
-      its descendants).
-    * `minivllm/block_manager.py`: `_cached_prefix` (the walk at admission, one token
-      short), `allocate` (hits join the block table, their tokens count as computed),
-      `cache_computed_blocks` (naming blocks after each step), `_release` (named blocks go
-      to the back of the free list: LRU).
-    * `minivllm/engine.py`: `LLMEngine.step` calls `cache_computed_blocks` after the model
-      ran; `stats()` reports `prefix_cache_queried_tokens` and `prefix_cache_hit_tokens`.
+      (name -> block, verified by tokens and parent; eviction of a block and its descendants).
+    * `minivllm/block_manager.py`: `_cached_prefix` (the walk at admission, one token short),
+      `allocate` (hits join the block table, their tokens count as computed),
+      `cache_computed_blocks` (naming blocks after each step), `_release` (named blocks go to
+      the back of the free list: LRU).
+    * `minivllm/engine.py`: `LLMEngine.step` calls `cache_computed_blocks` after the model ran;
+      `stats()` reports `prefix_cache_queried_tokens` and `prefix_cache_hit_tokens`.
     * `minivllm/config.py`: `enable_prefix_caching` (on by default, as in vLLM).
-    * `python -m minivllm.bench prefix`: the same two workloads at a larger size, with and
-      without caching, in one run.
+    * `minivllm bench prefix`: the same two workloads at a larger size, with and without
+      caching, side by side.
 
-    Prefix caching is one entry in a longer list: the optimization catalog on the site ranks
-    every optimization in this course and links each to the lesson that measures it.
+    The site's Optimization catalog ranks prefix caching among the course's other
+    optimizations, with the numbers each lesson recorded.
     """)
-    return (findings,)
+    return
 
 
 if __name__ == "__main__":
