@@ -1,5 +1,9 @@
 """The course tables from docs/course.yml, for README.md and the site (one source of truth).
 
+Custom because the same rows go to two places, README.md (between `<!-- course:NAME -->`
+markers) and the site's pages (with links and the lessons' recorded findings, by site.py); a
+snippet include could copy a file, not fill tables with page-relative links.
+
     uv run python docs/hooks/course.py          # rewrite README.md's `course:` sections
     uv run python docs/hooks/course.py --check  # exit 1 if README.md is out of date
 """
