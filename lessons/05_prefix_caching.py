@@ -689,7 +689,7 @@ def _(SamplingParams, docs_prefix, docs_prompts, llm, predicted_hit):
 
 
 @app.cell
-def _(exercise_hits):
+def _(exercise_hits, hits_answer, mo):
     def check_hits_answer(value):
         truth = exercise_hits
         hints = {
@@ -712,14 +712,9 @@ def _(exercise_hits):
         return hints.get(value or 0, f"{value} is not it: find where the two prompts part "
                          "(token 203), divide by block_size, round down, multiply back.")
 
-    return (check_hits_answer,)
-
-
-@app.cell
-def _(check_hits_answer, hits_answer, mo):
     _msg = check_hits_answer(hits_answer.value)
     mo.callout(mo.md(_msg), kind="success" if _msg.startswith("Correct") else "neutral")
-    return
+    return (check_hits_answer,)
 
 
 @app.cell
@@ -729,6 +724,7 @@ def _(
     conv_computed_cached,
     conv_computed_uncached,
     conv_outputs_identical,
+    conv_ttft_ratio,
     conv_work_ratio,
     docs_hit_tokens,
     docs_outputs_identical,
@@ -739,6 +735,7 @@ def _(
     hits_for,
     kv_block_equal,
     kv_diff,
+    mo,
     turn_hit_rate,
 ):
     def test_shared_prefix_kv_is_bit_identical():
@@ -777,19 +774,6 @@ def _(
         assert "rounds up" in check_hits_answer(208)
         assert "freed blocks keep their names" in check_hits_answer(0)
 
-    return
-
-
-@app.cell
-def _(
-    conv_computed_cached,
-    conv_computed_uncached,
-    conv_ttft_ratio,
-    conv_work_ratio,
-    docs_prefix_skip,
-    mo,
-    turn_hit_rate,
-):
     findings = {
         "turn_hit_rate": [round(_r, 4) for _r in turn_hit_rate],
         "conversation_prompt_tokens_computed": (conv_computed_uncached, conv_computed_cached),
