@@ -65,15 +65,11 @@ def _(mo):
     mo.md(r"""
     ## The problem, measured: an agent resends its history every turn
 
-    A chat API is stateless: every request carries the whole conversation so far. An agent
-    makes it worse. Each tool call is a new request whose prompt is the system prompt, the
-    tool descriptions, every earlier message and every earlier tool result, plus a few new
-    tokens at the end. Without help from the engine, each turn prefills all of it again.
-
-    Below, a travel agent talks to a traveller for several turns. Each turn adds the result
-    of the last tool call and the traveller's next message, and the model answers greedily.
-    The same conversation runs twice on the same loaded model: with prefix caching on, then
-    with it off.
+    A chat API is stateless: every request carries the whole conversation so far, and each
+    tool call of an agent is a new request (system prompt, tool descriptions, every earlier
+    message and tool result, a few new tokens). Without help from the engine, each turn
+    prefills all of it again. Below, a travel agent serves a traveller for several turns,
+    answering greedily; the same conversation runs with prefix caching on, then off.
     """)
     return
 
@@ -301,35 +297,33 @@ def _(mo):
     The four shared blocks are **bit-identical in all 30 layers**: one request could have
     used the other's. Block 4, where the words differ, differs everywhere. Blocks 5 and 6 hold
     the same tokens at the same positions, yet differ from layer 1 on: at layer 0 a token's K/V
-    come from its embedding and position alone, and every later layer mixes in what came
-    before. A cached block is reusable only by a request whose **whole prefix** up to the end
-    of that block is the same, and the cache's key must say so.
+    come from its embedding and position alone; every later layer mixes in what came before.
+    A cached block is reusable only by a request whose **whole prefix** up to the end of that
+    block is the same, and the cache's key must say so.
 
     ## The mechanism: a chain of block hashes
 
     minivllm names each *full* block by a hash of its parent block's name and its own tokens
-    (`hash_block_tokens` in `minivllm/prefix_cache.py`):
+    (`hash_block_tokens` in `minivllm/prefix_cache.py`), so a name stands for everything from
+    token 0 to the end of its block, the condition the heatmap showed:
 
     ```
     name(block 0) = hash(None,            tokens 0..15,      extra keys)
     name(block i) = hash(name(block i-1), tokens of block i, extra keys)
     ```
 
-    A name stands for everything from token 0 to the end of its block: the condition the
-    heatmap showed. The block manager keeps a dictionary from name to physical block:
-
     * **After each step**, `cache_computed_blocks` names every block that became full and
-      computed (a block still filling, or scheduled but not yet written, is not findable).
-    * **At admission**, `allocate` walks the prompt's blocks from the first, looks each name
-      up and stops at the first miss (`_cached_prefix`). The hits join the block table with
-      their reference count raised, their tokens count as computed, and the scheduler
-      schedules only the rest. The walk stops one token short: the last prompt token is
-      always computed, because its logits give the first output token.
+      computed, in the block manager's dictionary from name to physical block.
+    * **At admission**, `allocate` walks the prompt's blocks from the first and stops at the
+      first name it does not find (`_cached_prefix`). The hits join the block table with their
+      reference count raised and their tokens count as computed; the scheduler schedules the
+      rest. The walk stops one token short: the last prompt token's logits give the first
+      output token, so it is always computed.
 
-    A finished request's blocks keep their names on the free list, at its back, so they are
-    reused (and forgotten) last: least recently used first. Each entry also stores its tokens
-    and parent and checks them on a hit, so a hash collision costs a miss, never a wrong
-    answer. Back to the agent, now with caching on:
+    A finished request's blocks keep their names at the back of the free list, so they are
+    reused (and forgotten) last: LRU. Each entry also stores its tokens and parent and checks
+    them on a hit, so a hash collision costs a miss, never a wrong answer. Back to the agent,
+    now with caching on:
     """)
     return
 
@@ -569,10 +563,10 @@ def _(mo):
     mo.md(f"""
     ## Try it: what does the second request find?
 
-    Two 160-token prompts share their first tokens and then differ. The first has been
-    served; how many tokens of the second does the cache skip? The cells below ask the real
+    Two 160-token prompts share their first tokens, then differ; the first has been served.
+    How many tokens of the second does the cache skip? The cells below ask the real
     `BlockManager` (no model needed: which blocks hit depends only on tokens). Move the
-    sliders; then find the one switch that turns a 95% hit rate into nothing at all.
+    sliders, then find the one switch that turns a 95% hit rate into nothing at all.
 
     {shared_len}
 
@@ -649,12 +643,11 @@ def _(docs_prefix_len, mo):
     mo.md(f"""
     ## Exercise: predict the hits
 
-    The documentation bot's system message ({docs_prefix_len} tokens) is in the cache from
-    the first question above, with `block_size = 16`. A client that wants a shorter prompt
-    keeps only the **first 203 tokens** of it and appends **30 tokens** of its own. How many
-    of its 233 prompt tokens does the engine find in the cache? The cell after the answer box
-    serves the first question again with caching on, then sends exactly this request, so the
-    checker compares you with the real thing.
+    The documentation bot's system message ({docs_prefix_len} tokens) is in the cache from its
+    first question, with `block_size = 16`. A client keeps only its **first 203 tokens** and
+    appends **30 tokens** of its own. How many of these 233 prompt tokens does the engine find
+    cached? The next cell serves the first question again with caching on, then sends exactly
+    this request, so the checker compares you with the real thing.
     """)
     hits_answer = mo.ui.number(start=0, stop=10_000, value=0, label="tokens found cached")
     hits_answer
