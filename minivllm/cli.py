@@ -1,6 +1,7 @@
 """The `minivllm` command: serve a model over HTTP, and run the benchmarks (vLLM's CLI, small).
 
     minivllm serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-model-len N] ...
+    minivllm serve --kv-transfer-config '{"kv_role": "kv_producer"}'   # a prefill/decode pair
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
     minivllm bench {throughput,decode,prefix,load,spec,tp,compile,guided,quant,lora} ...    # = python -m minivllm.bench
     minivllm bench disagg                  # prefill/decode split vs colocated (bench_disagg.py)
@@ -13,6 +14,7 @@ flags minivllm has. With no MODEL, the packaged SmolLM2-135M-Instruct is served 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 
@@ -67,8 +69,31 @@ def serve_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)")
     p.add_argument("--uvicorn-log-level", default="info")
+    p.add_argument("--kv-transfer-config", type=json.loads, default=None,
+                   help="prefill/decode disaggregation, as JSON: kv_role kv_producer serves "
+                        "the front of a pair (with no kv_port, it spawns the kv_consumer here); "
+                        "kv_role kv_consumer runs a decode role for the producer at kv_ip:kv_port")
     add_engine_args(p)
     return p
+
+
+def make_engine(args: argparse.Namespace):
+    """The engine `minivllm serve` serves: an LLMEngine, or with --kv-transfer-config the
+    front of a disaggregated pair (minivllm/disagg_llm.py)."""
+    from minivllm.engine import LLMEngine
+    kv = args.kv_transfer_config
+    if kv is None:
+        return LLMEngine(args.model, **engine_kwargs(args))
+    from minivllm.config import KVTransferConfig
+    from minivllm.disagg_llm import DisaggLLM, launch
+    from minivllm.server import DisaggFront
+    c = KVTransferConfig.from_dict(kv)
+    if c.kv_role != "kv_producer":
+        raise ValueError("--kv-transfer-config: the HTTP front is the kv_producer's; start a "
+                         "kv_consumer with `minivllm disagg --role consumer --kv-port PORT`")
+    where = {"kv_ip": c.kv_ip, "timeout": c.timeout}
+    return DisaggFront(DisaggLLM(args.model, kv_port=c.kv_port, **where, **engine_kwargs(args))
+                       if "kv_port" in kv else launch(args.model, **where, **engine_kwargs(args)))
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -78,15 +103,19 @@ def serve(args: argparse.Namespace) -> None:
     sock = bind_socket(args.host, args.port)    # a taken port fails now, not after the load
     name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
     try:
-        aengine = AsyncLLMEngine.from_engine_args(args.model, **engine_kwargs(args))
-    except (ValueError, TypeError, FileNotFoundError) as e:
+        engine = make_engine(args)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
         sock.close()
         raise SystemExit(f"minivllm serve: {e}") from None
-    logging.getLogger("minivllm").info("%r", aengine.engine)
-    print(f"minivllm: serving {name} ({aengine.engine!r}) at http://{args.host}:{args.port}/v1",
+    logging.getLogger("minivllm").info("%r", engine)
+    print(f"minivllm: serving {name} ({engine!r}) at http://{args.host}:{args.port}/v1",
           flush=True)
-    Server(aengine, sock, name, api_key=args.api_key,
-           log_level=args.uvicorn_log_level).run()
+    try:
+        Server(AsyncLLMEngine(engine), sock, name, api_key=args.api_key,
+               log_level=args.uvicorn_log_level).run()
+    finally:
+        if hasattr(engine, "close"):            # a disaggregated pair: stop the consumer
+            engine.close()
 
 
 def main(argv: list[str] | None = None) -> None:

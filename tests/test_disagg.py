@@ -47,6 +47,7 @@ def test_disaggregated_greedy_equals_colocated_and_sends_exactly_the_prompts_kv(
     with launch(str(smol_path), max_model_len=256, num_kv_blocks=64) as llm:
         outs = llm.generate(prompts[:6], GREEDY)    # then the pairs: their prefix is cached
         consumer_hits = -llm.consumer_report()["stats"]["prefix_cache_hit_tokens"]
+        first_bytes = llm.stats()["bytes_sent"]
         outs += llm.generate(prompts[6:], GREEDY)
         consumer_hits += llm.consumer_report()["stats"]["prefix_cache_hit_tokens"]
         sent = llm.stats()
@@ -54,10 +55,14 @@ def test_disaggregated_greedy_equals_colocated_and_sends_exactly_the_prompts_kv(
     report = llm.report
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in colocated]
     assert [o.outputs[0].text for o in outs] == [o.outputs[0].text for o in colocated]
-    # Bytes: every prompt token's K and V, every layer, once: no padding of the last block.
-    prompt_kv = sum(map(len, prompts)) * kv_bytes_per_token(smol_llm.engine.model_config,
-                                                            smol_llm.engine.dtype)
-    assert sent["bytes_sent"] == report["bytes_received"] == prompt_kv
+    # Bytes: each prompt token's K and V, every layer, once (no padding of the last block),
+    # less the tokens the consumer's prefix cache held when the prompt arrived: the two pairs
+    # came after the first six had finished there, so only their last 3 and 5 tokens moved.
+    # (Within the first six, a prompt may or may not find its predecessors' blocks cached.)
+    per_token = kv_bytes_per_token(smol_llm.engine.model_config, smol_llm.engine.dtype)
+    assert sent["bytes_sent"] == report["bytes_received"]
+    assert sent["bytes_sent"] - first_bytes == (3 + 5) * per_token
+    assert 0 < first_bytes <= sum(map(len, prompts[:6])) * per_token
     assert sent["num_transfers"] == report["num_received"] == len(prompts)
     assert sent["num_reprefilled"] == 0 and sent["connected"] and report["error"] is None
     # The decode side never prefilled, and returned every block it took.
