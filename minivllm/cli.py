@@ -118,8 +118,47 @@ def serve(args: argparse.Namespace) -> None:
             engine.close()
 
 
+def disagg(argv: list[str]) -> None:
+    """`minivllm disagg`: both roles here (default), or one role of a two-machine pair."""
+    from minivllm import disagg_llm
+    from minivllm.disagg import run_decode_role
+    from minivllm.sampling_params import SamplingParams
+    p = argparse.ArgumentParser(prog="minivllm disagg", description=disagg_llm.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=None)
+    p.add_argument("--role", choices=("both", "producer", "consumer"), default="both")
+    p.add_argument("--kv-ip", default="127.0.0.1", help="the producer's address")
+    p.add_argument("--kv-port", type=int, default=None,
+                   help="its port (default: a free one; both roles must name the same)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the peer")
+    p.add_argument("--prompt", action="append", default=None, help="repeat for more prompts")
+    p.add_argument("--max-tokens", type=int, default=32)
+    add_engine_args(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    kwargs = engine_kwargs(args)
+    if args.role != "both" and args.kv_port is None:
+        p.error("--kv-port is needed when the roles start apart")
+    where = {"kv_ip": args.kv_ip, "kv_port": args.kv_port, "timeout": args.timeout}
+    if args.role == "consumer":
+        config = {"kv_role": "kv_consumer", "kv_ip": args.kv_ip, "kv_port": args.kv_port,
+                  "kv_connector_extra_config": {"timeout": args.timeout}}
+        return run_decode_role(args.model, {**kwargs, "kv_transfer_config": config})
+    llm = (disagg_llm.launch(args.model, **where, **kwargs) if args.role == "both"
+           else disagg_llm.DisaggLLM(args.model, **where, **kwargs))
+    with llm:
+        prompts = args.prompt or ["The capital of France is"]
+        params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+        for out in llm.generate(prompts, params):
+            print(f"{out.prompt!r} -> {out.outputs[0].text!r}")
+        print(llm.stats())
+    print("kv_consumer:", llm.report, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["disagg"]:     # its flags may come first, which REMAINDER would refuse
+        return disagg(argv[1:])
     parser = argparse.ArgumentParser(prog="minivllm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,9 +172,6 @@ def main(argv: list[str] | None = None) -> None:
                                       "(minivllm/disagg_llm.py)", add_help=False)
     d.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    if args.command == "disagg":
-        from minivllm import disagg_llm
-        return disagg_llm.main(args.rest)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         serve(args)

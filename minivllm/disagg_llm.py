@@ -6,7 +6,9 @@
 
 On two machines, the decode side runs `minivllm disagg --role consumer --kv-ip HOST --kv-port
 PORT` and the front `minivllm disagg --role producer --kv-ip HOST --kv-port PORT --prompt ...`
-(HOST: the producer's address, which the consumer must reach; PORT: any free port there).
+(HOST: the producer's address, which the consumer must reach; PORT: any free port there), or
+the HTTP front `minivllm serve --kv-transfer-config '{"kv_role": "kv_producer", "kv_ip": HOST,
+"kv_port": PORT}'` (without kv_port, `serve` spawns the consumer here). Both in minivllm/cli.py.
 
 DisaggLLM lives in the producer's process and owns its engine. It answers LLMEngine's driving
 calls (add_request, step, has_unfinished_requests, abort_request, num_steps, trace), so the
@@ -14,17 +16,15 @@ shared driver `workloads.serve(llm, requests)` serves a workload through it unch
 the producer's (arrival to first token), inter-token latencies are the consumer's (measured
 where the decode runs). The consumer process streams every step's outputs back.
 
-Left out, compared with vLLM's disaggregated serving: the HTTP proxy that routes between many
-prefill and decode instances; here one pair, one front, in-process.
+Left out, compared with vLLM's disaggregated serving: one server per role and the proxy that
+routes between many prefill and decode instances; here one pair, one front, in-process.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import socket
-import sys
 import time
 from dataclasses import dataclass
 
@@ -63,6 +63,7 @@ class DisaggLLM:
         self.remote: dict[str, Handoff] = {}     # decoding on the consumer
         self.prompts: dict[str, str | list[int]] = {}
         self.local: set[str] = set()             # prefilled again here: they stay here
+        self.parts: dict[str, list] = {}         # n > 1: each sample's latest output
         self.connected, self.error, self.report = True, None, None
         self.num_reprefilled, self.num_steps, self._last_heard = 0, 0, time.monotonic()
         self._counter = 0
@@ -80,9 +81,12 @@ class DisaggLLM:
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None) -> None:
         params = params or SamplingParams()
-        if params.n > 1:
-            raise ValueError(f"n={params.n}: disaggregated serving sends one sequence's KV; "
-                             "parallel sampling is not supported here")
+        if params.n > 1:     # vLLM V1's fan-out: n requests of one sample, seeded seed + i as
+            self.parts[request_id] = [None] * params.n     # the engine seeds sample i
+            for i in range(params.n):
+                self.add_request(f"{request_id}#{i}", prompt, dataclasses.replace(
+                    params, n=1, seed=None if params.seed is None else params.seed + i))
+            return
         if request_id in self.remote:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.producer.add_request(request_id, prompt, params)
@@ -92,6 +96,8 @@ class DisaggLLM:
         return bool(self.remote) or self.producer.has_unfinished_requests()
 
     def abort_request(self, request_id: str) -> None:
+        for i in range(len(self.parts.pop(request_id, []))):
+            self.abort_request(f"{request_id}#{i}")
         if self.remote.pop(request_id, None) is not None and self.connected:
             self._send(ABORT, request_id)
         self.producer.abort_request(request_id)
@@ -134,8 +140,29 @@ class DisaggLLM:
             self._lose_consumer(f"the kv_consumer is gone (silent for "
                                 f"{time.monotonic() - self._last_heard:.0f} s or exited)")
         self.num_steps += 1
-        return outs
+        return self._merge(outs) if self.parts else outs
     # --8<-- [end:step]
+
+    def _merge(self, outs: list[RequestOutput]) -> list[RequestOutput]:
+        """The outputs of an n > 1 request's samples, as one output with n completions."""
+        merged, done = [], set()
+        for out in outs:
+            parent, _, i = out.request_id.rpartition("#")
+            if parent not in self.parts:
+                merged.append(out)
+                continue
+            out.outputs[0].index = int(i)
+            self.parts[parent][int(i)] = out
+            done.add(parent)
+        for parent in done:
+            parts = self.parts[parent]
+            if all(parts):
+                merged.append(dataclasses.replace(
+                    parts[0], request_id=parent, outputs=[p.outputs[0] for p in parts],
+                    finished=all(p.finished for p in parts)))
+                if merged[-1].finished:
+                    del self.parts[parent]
+        return merged
 
     def _handoff(self, seq) -> bool:
         try:
@@ -260,42 +287,3 @@ def launch(model: str | None = None, *, kv_ip: str = "127.0.0.1", kv_port: int |
             proc.kill()
         raise
 # --8<-- [end:launch]
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`minivllm disagg`: both roles here (default), or one role of a two-machine pair."""
-    from minivllm.cli import add_engine_args, engine_kwargs
-    p = argparse.ArgumentParser(prog="minivllm disagg", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", default=None)
-    p.add_argument("--role", choices=("both", "producer", "consumer"), default="both")
-    p.add_argument("--kv-ip", default="127.0.0.1", help="the producer's address")
-    p.add_argument("--kv-port", type=int, default=None,
-                   help="its port (default: a free one; both roles must name the same)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the peer")
-    p.add_argument("--prompt", action="append", default=None, help="repeat for more prompts")
-    p.add_argument("--max-tokens", type=int, default=32)
-    add_engine_args(p)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    kwargs = engine_kwargs(args)
-    if args.role != "both" and args.kv_port is None:
-        p.error("--kv-port is needed when the roles start apart")
-    where = {"kv_ip": args.kv_ip, "kv_port": args.kv_port, "timeout": args.timeout}
-    if args.role == "consumer":
-        config = {"kv_role": "kv_consumer", "kv_ip": args.kv_ip, "kv_port": args.kv_port,
-                  "kv_connector_extra_config": {"timeout": args.timeout}}
-        return run_decode_role(args.model, {**kwargs, "kv_transfer_config": config})
-    llm = (launch(args.model, **where, **kwargs) if args.role == "both"
-           else DisaggLLM(args.model, **where, **kwargs))
-    with llm:
-        prompts = args.prompt or ["The capital of France is"]
-        params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-        for out in llm.generate(prompts, params):
-            print(f"{out.prompt!r} -> {out.outputs[0].text!r}")
-        print(llm.stats())
-    print("kv_consumer:", llm.report, file=sys.stderr)
-
-
-if __name__ == "__main__":
-    main()

@@ -21,7 +21,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 def start_consumer(path, port, *flags):
     """The decode role as its own command, as on a second machine (here over loopback)."""
-    cmd = [sys.executable, "-m", "minivllm.disagg_llm", str(path), "--role", "consumer",
+    cmd = [sys.executable, "-m", "minivllm.cli", "disagg", str(path), "--role", "consumer",
            "--kv-ip", "127.0.0.1", "--kv-port", str(port), "--timeout", "120", *flags]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
