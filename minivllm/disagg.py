@@ -12,12 +12,11 @@ for its whole step. Split them (DistServe, Splitwise; vLLM's KV connectors):
                         takes blocks in its own pool, writes the K/V there, decodes on
       RequestOutput <- the consumer's outputs, every step, over the same connection
 
-One message is a header (kind, payload bytes, KV follows), a pickled payload, then for a prompt
-the K/V as one (layers, 2, tokens, kv_heads, head_dim) tensor. Before it, the consumer's
-receiving thread answers how many leading prompt tokens its prefix cache holds (HAVE: one round
-trip, not a decode step), and only the rest travel: (P - cached) x kv_bytes_per_token bytes,
-counted both sides. The first token's sampler generator goes too, so a seeded request draws the
-same tokens as in one engine.
+One message: a header (kind, payload bytes, K/V follows), a pickled payload, then a prompt's K/V
+as one (layers, 2, tokens, kv_heads, head_dim) tensor, sent once the consumer's receiving
+thread has answered how many leading prompt tokens its prefix cache holds (HAVE: a round trip,
+not a decode step): (P - cached) x kv_bytes_per_token bytes, counted both sides. The first
+token's sampler generator goes along, so a seeded request draws what it would in one engine.
 Each role receives on a thread of its own (gloo's irecv makes no progress unless waited on), so
 a transfer lands while the consumer decodes; every wait has a timeout.
 
@@ -30,8 +29,9 @@ on the producer. A bad pairing (same role twice, no peer, different model, weigh
 block_size) is refused when the engines start, on both sides, naming the difference.
 
 Left out, compared with vLLM: asynchronous layer-by-layer sending during the forward pass
-(save_kv_layer), NIXL/RDMA and Mooncake transports, many producers and consumers with a routing proxy, tensor
-parallel ranks, and the HTTP proxy itself (the front here is an LLM-like object).
+(save_kv_layer), NIXL/RDMA and Mooncake transports, many producers and consumers behind a
+routing proxy (here one front owns the pair: DisaggLLM, served over HTTP by minivllm serve
+--kv-transfer-config), and tensor parallel ranks.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class KVConnector:
         self.role, self.rank, self.peer = cfg.kv_role, cfg.rank, 1 - cfg.rank
         self.timeout = cfg.timeout
         self.bytes_sent = self.bytes_received = self.num_sent = self.num_received = 0
+        self.cached_tokens = 0                    # prompt tokens not sent: the consumer had them
         self.transfer_seconds = 0.0               # producer: gather + send; consumer: receive
         store, peer = self._rendezvous(cfg)
         self.pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), self.rank, 2,
@@ -130,6 +131,7 @@ class KVConnector:
             self.pg.send([data], self.peer, 0).wait(wait)
         if kv is not None:
             cached = self.replies.get(timeout=self.timeout)[1]
+            self.cached_tokens += cached
             self.kv_pg.send([kv[:, :, cached:].contiguous()], self.peer, 1).wait(wait)
             self.bytes_sent += kv[:, :, cached:].numel() * kv.element_size()
 

@@ -2,7 +2,7 @@
 
     with launch(max_model_len=1024) as llm:       # spawns the decode role on this machine
         outs = llm.generate(prompts, SamplingParams(temperature=0))
-        llm.stats()                               # bytes and transfers, re-prefills
+        llm.stats()                 # bytes and transfers, tokens not sent, re-prefills
 
 On two machines, the decode side runs `minivllm disagg --role consumer --kv-ip HOST --kv-port
 PORT` and the front `minivllm disagg --role producer --kv-ip HOST --kv-port PORT --prompt ...`
@@ -151,17 +151,14 @@ class DisaggLLM:
             if parent not in self.parts:
                 merged.append(out)
                 continue
-            out.outputs[0].index = int(i)
-            self.parts[parent][int(i)] = out
+            out.outputs[0].index, self.parts[parent][int(i)] = int(i), out
             done.add(parent)
-        for parent in done:
+        for parent in [p for p in done if all(self.parts[p])]:
             parts = self.parts[parent]
-            if all(parts):
-                merged.append(dataclasses.replace(
-                    parts[0], request_id=parent, outputs=[p.outputs[0] for p in parts],
-                    finished=all(p.finished for p in parts)))
-                if merged[-1].finished:
-                    del self.parts[parent]
+            merged.append(dataclasses.replace(parts[0], request_id=parent, outputs=[
+                p.outputs[0] for p in parts], finished=all(p.finished for p in parts)))
+            if merged[-1].finished:
+                del self.parts[parent]
         return merged
 
     def _handoff(self, seq) -> bool:
@@ -224,6 +221,7 @@ class DisaggLLM:
     def stats(self) -> dict:
         c = self.conn
         return {"bytes_sent": c.bytes_sent, "num_transfers": c.num_sent,
+                "cached_tokens_not_sent": c.cached_tokens,
                 "transfer_seconds": c.transfer_seconds, "num_reprefilled": self.num_reprefilled,
                 "connected": self.connected, "error": self.error}
 

@@ -4,6 +4,7 @@ Each process test costs a spawn and a model load, so one launch checks many thin
 wait is bounded: the roles' own timeouts, and a timeout on every subprocess wait.
 """
 
+import argparse
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from conftest import gpu
 from minivllm import LLM, SamplingParams
+from minivllm.cli import make_engine, serve_parser
 from minivllm.config import EngineConfig
 from minivllm.disagg_llm import DisaggLLM, free_port, launch
 from minivllm.kv_cache import kv_bytes_per_token
@@ -60,7 +62,8 @@ def test_disaggregated_greedy_equals_colocated_and_sends_exactly_the_prompts_kv(
     # came after the first six had finished there, so only their last 3 and 5 tokens moved.
     # (Within the first six, a prompt may or may not find its predecessors' blocks cached.)
     per_token = kv_bytes_per_token(smol_llm.engine.model_config, smol_llm.engine.dtype)
-    assert sent["bytes_sent"] == report["bytes_received"]
+    assert sent["bytes_sent"] == report["bytes_received"] == (
+        sum(map(len, prompts)) - sent["cached_tokens_not_sent"]) * per_token
     assert sent["bytes_sent"] - first_bytes == (3 + 5) * per_token
     assert 0 < first_bytes <= sum(map(len, prompts[:6])) * per_token
     assert sent["num_transfers"] == report["num_received"] == len(prompts)
@@ -126,6 +129,13 @@ def test_bad_kv_transfer_config_is_refused_at_construction():
             EngineConfig(kv_transfer_config=bad)
     with pytest.raises(ValueError, match="paged"):
         EngineConfig(kv_layout="contiguous", kv_transfer_config={"kv_role": "kv_producer"})
+    # `minivllm serve --kv-transfer-config`: the HTTP front is the producer's; checked before
+    # any model loads.
+    parser = serve_parser(argparse.ArgumentParser())
+    for flag, message in [('{"kv_role": "kv_consumer"}', "the HTTP front is the kv_producer"),
+                          ('{"kv_role": "kv_producer", "kv_port": 0}', "kv_port must be")]:
+        with pytest.raises(ValueError, match=message):
+            make_engine(parser.parse_args(["--kv-transfer-config", flag]))
 
 
 def test_mismatched_or_missing_peer_is_refused_at_start(tiny_checkpoint):
