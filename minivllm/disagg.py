@@ -41,6 +41,7 @@ import json
 import logging
 import pickle
 import queue
+import signal
 import socket
 import threading
 import time
@@ -274,7 +275,10 @@ def _report(engine: LLMEngine, counts: dict, error: str | None) -> dict:
             "stats": dataclasses.asdict(engine.stats()), "error": error}
 
 
-def run_decode_role(model: str | None, engine_kwargs: dict) -> None:
-    """A consumer process: build the engine (which meets the producer), serve, exit."""
+def run_decode_role(model: str | None, engine_kwargs: dict, spawned: bool = False) -> None:
+    """A consumer process: build the engine (which meets the producer), serve, exit. A spawned
+    one leaves Ctrl-C to its front, which stops it (or it stops when the front is gone)."""
+    if spawned:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     serve_decode(LLMEngine(model, **engine_kwargs))

@@ -274,7 +274,7 @@ def launch(model: str | None = None, *, kv_ip: str = "127.0.0.1", kv_port: int |
     proc = mp.get_context("spawn").Process(
         target=run_decode_role, name="minivllm-kv-consumer", daemon=True,
         args=(model, {**engine_kwargs, **(consumer_kwargs or {}),
-                      "kv_transfer_config": consumer_config}))
+                      "kv_transfer_config": consumer_config}, True))
     proc.start()
     try:
         return DisaggLLM(model, kv_ip=kv_ip, kv_port=kv_port, timeout=timeout,

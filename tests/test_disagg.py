@@ -38,7 +38,7 @@ def finish(proc, timeout=60) -> str:
     return out
 
 
-def test_disaggregated_greedy_equals_colocated_and_sends_exactly_the_prompts_kv(smol_llm,
+def test_disaggregated_greedy_equals_colocated_and_sends_the_uncached_prompt_kv(smol_llm,
                                                                                 smol_path):
     """Real model. Prompt lengths on and off the 16-token block boundary, all in flight at
     once, two pairs sharing a 32-token prefix (prefix caching on both sides)."""
