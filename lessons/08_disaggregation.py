@@ -489,7 +489,8 @@ def _(colocated, intensity, measured_bytes_per_token, mo, pair, split, transfer_
       consumer ran **{consumer['num_prefill_steps']}** prefill steps and ended with
       **{consumer['num_referenced_blocks']}** blocks still held.
     * The connector sent **{measured_bytes_per_token:,.0f} bytes per prompt token**, exactly
-      the KV of the prompt tokens the consumer did not already cache. For a 70B model in bf16 a 4,096-token prompt is 1.3 GB: about
+      the KV of the prompt tokens the consumer did not already cache. For a 70B model in
+      bf16 a 4,096-token prompt is 1.3 GB: about
       **{findings['llama70b_4k_100gbe_transfer_ms']:.0f} ms** over 100 GbE, a few ms over
       NVLink.
 

@@ -194,7 +194,11 @@ class KVConnector:
         """Consumer, receiving thread: prompt tokens its prefix cache holds now (a read of the
         cache's tables; if they are evicted before the request is admitted, it is refused)."""
         seq = SequenceGroup("probe", None, prompt_token_ids, SamplingParams(), -1).seqs[0]
-        return len(self.engine.block_manager._cached_prefix(seq)) * self.engine.config.block_size
+        try:
+            bm = self.engine.block_manager
+            return len(bm._cached_prefix(seq)) * bm.block_size
+        except KeyError:            # a block evicted between two reads: send the whole prompt
+            return 0
 
     def kv_loader(self, meta: dict, kv: torch.Tensor):
         """Consumer: load_kv(seq) for add_prefilled_request: write the received K/V into seq's

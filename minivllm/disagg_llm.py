@@ -23,6 +23,7 @@ routes between many prefill and decode instances; here one pair, one front, in-p
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import socket
 import time
@@ -66,7 +67,7 @@ class DisaggLLM:
         self.parts: dict[str, list] = {}         # n > 1: each sample's latest output
         self.connected, self.error, self.report = True, None, None
         self.num_reprefilled, self.num_steps, self._last_heard = 0, 0, time.monotonic()
-        self._counter = 0
+        self._counter = itertools.count()
 
     def __repr__(self) -> str:
         return f"DisaggLLM(producer={self.producer!r}, connected={self.connected})"
@@ -206,11 +207,9 @@ class DisaggLLM:
     def generate(self, prompts: list[str] | list[list[int]],
                  sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of `prompts`."""
-        ids = []
-        for prompt in prompts:
-            ids.append(f"disagg-{self._counter}")
-            self._counter += 1
-            self.add_request(ids[-1], prompt, sampling_params)
+        ids = [f"disagg-{next(self._counter)}" for _ in prompts]
+        for rid, prompt in zip(ids, prompts):
+            self.add_request(rid, prompt, sampling_params)
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):
             for out in self.step():
