@@ -217,14 +217,16 @@ def _(llm, pair, serve, summarize, workload):
     _before = pair.stats()
     split = summarize(serve(pair, requests), NUM_DECODES)
     split_bytes = pair.stats()["bytes_sent"] - _before["bytes_sent"]
+    split_cached = pair.stats()["cached_tokens_not_sent"] - _before["cached_tokens_not_sent"]
     prompt_tokens = sum(len(r.prompt) for r in requests)
     for _name, _r in (("colocated", colocated), ("disaggregated", split)):
         print(f"{_name:14s}: decode ITL mean {_r['itl_mean_ms']:6.0f} ms, max "
               f"{_r['itl_max_ms']:6.0f} ms; decode tokens behind a prefill "
               f"{_r['decode_tokens_behind_prefill']}; long TTFT {_r['ttft_long_ms']:.0f} ms")
-    print(f"KV sent: {split_bytes} bytes for {prompt_tokens} prompt tokens; outputs identical: "
+    print(f"KV sent: {split_bytes} bytes for {prompt_tokens} prompt tokens, {split_cached} of "
+          "them already in the consumer's prefix cache (not sent); outputs identical: "
           f"{colocated['tokens'] == split['tokens']}")
-    return NUM_DECODES, colocated, prompt_tokens, requests, split, split_bytes
+    return NUM_DECODES, colocated, prompt_tokens, requests, split, split_bytes, split_cached
 
 
 @app.cell
@@ -259,8 +261,10 @@ def _(mo):
 
     `KVConnector.send_kv` gathers the prompt's blocks from the producer's pool, keeps only
     the P slots the prompt fills (the last block is partly empty: those slots are not
-    sent), and sends one `(layers, 2, P, kv_heads, head_dim)` tensor with the first token.
-    The consumer's receiving thread lands it while the consumer keeps decoding; then
+    sent), and announces the request with its first token. The consumer's receiving thread
+    answers how many leading tokens its own prefix cache already holds (whole blocks), and
+    only the rest crosses, as one `(layers, 2, tokens, kv_heads, head_dim)` tensor. It lands
+    while the consumer keeps decoding; then
     `LLMEngine.add_prefilled_request` takes blocks in the consumer's own pool (reusing
     cached prefix blocks), writes the K/V into them and puts the request among the running
     ones, its first token already there. Nothing else about the request changes: the
@@ -286,7 +290,8 @@ def _(mo):
 
 
 @app.cell
-def _(kv_bytes_per_token, llm, prompt_tokens, reference_config, split_bytes, torch):
+def _(kv_bytes_per_token, llm, prompt_tokens, reference_config, split_bytes, split_cached,
+      torch):
     LINKS = {"NVLink 4 (H100)": 450e9, "PCIe 5 x16": 63e9, "InfiniBand NDR 400G": 50e9,
              "100 GbE": 12.5e9}
     MODELS = {"SmolLM2-135M (fp32, this run)": (kv_bytes_per_token(llm.engine.model_config,
@@ -296,7 +301,7 @@ def _(kv_bytes_per_token, llm, prompt_tokens, reference_config, split_bytes, tor
               "Llama-3-70B (bf16)": (kv_bytes_per_token(reference_config("Llama-3-70B"),
                                                         torch.bfloat16), 70e9)}
     H100_FLOPS = 0.5 * 989e12
-    measured_bytes_per_token = split_bytes / prompt_tokens
+    measured_bytes_per_token = split_bytes / (prompt_tokens - split_cached)
 
     def transfer_vs_prefill(model, link, num_tokens):
         """(transfer seconds, estimated H100 prefill seconds) for a prompt of num_tokens."""
@@ -334,6 +339,7 @@ def _(LINKS, SamplingParams, link, mo, model, np, pair, plt, prompt_len, llm,
     pair.generate([llm.tokenizer.encode("x " * 2 * _n)[:_n]],
                   SamplingParams(temperature=0, max_tokens=2))
     _sent = pair.stats()["bytes_sent"] - _before["bytes_sent"]
+    _held = pair.stats()["cached_tokens_not_sent"] - _before["cached_tokens_not_sent"]
     _t, _p = transfer_vs_prefill(model.value, link.value, prompt_len.value)
     _fig, _ax = plt.subplots(figsize=(8, 3.4))
     _lens = np.array([256, 1024, 4096, 16384, 32768])
@@ -353,8 +359,9 @@ def _(LINKS, SamplingParams, link, mo, model, np, pair, plt, prompt_len, llm,
     mo.vstack([_fig, mo.md(
         f"{prompt_len.value} tokens of {model.value} over {link.value}: transfer "
         f"**{1e3 * _t:.1f} ms**, prefill **{1e3 * _p:.1f} ms**: {_verdict}.  \n"
-        f"Live: the pair just sent **{_sent:,} bytes** for a {_n}-token prompt "
-        f"({_sent // _n:,} per token).")])
+        f"Live: the pair just sent **{_sent:,} bytes** for a {_n}-token prompt, "
+        f"{_held} of its tokens were in the consumer's prefix cache already (an earlier "
+        f"prompt of x's) and stayed home ({_sent // (_n - _held):,} bytes per token sent).")])
     return
 
 
@@ -365,7 +372,8 @@ def _(mo):
 
     Fill in `kv_bytes_to_send(num_prompt_tokens)` for this run's model (30 layers, 3 KV
     heads of 64, fp32, blocks of 16 tokens). The checker sends prompts of several lengths
-    through the live pair and compares your numbers with the bytes it counted.
+    through the live pair and compares your numbers with the bytes it counted. Each prompt
+    starts with a token of its own, so the consumer has none of it cached.
     """)
     return
 
@@ -382,7 +390,7 @@ def _(SamplingParams, llm, pair):
 
     def measure_sent(n):
         before = pair.stats()["bytes_sent"]
-        pair.generate([llm.tokenizer.encode("y " * 2 * n)[:n]],
+        pair.generate([[1000 + n] + llm.tokenizer.encode("y " * 2 * n)[:n - 1]],
                       SamplingParams(temperature=0, max_tokens=2))
         return pair.stats()["bytes_sent"] - before
 
@@ -428,6 +436,7 @@ def _(
     prompt_tokens,
     split,
     split_bytes,
+    split_cached,
 ):
     def test_prefill_is_far_more_intense_than_decode():
         assert intensity["prefill"] > 10 * intensity["decode"]
@@ -442,7 +451,7 @@ def _(
 
     def test_connector_sends_exactly_the_prompt_kv():
         per_token = kv_bytes_per_token(llm.engine.model_config, llm.engine.dtype)
-        assert split_bytes == prompt_tokens * per_token
+        assert split_bytes == (prompt_tokens - split_cached) * per_token > 0
         assert exercise_truth == {n: n * per_token for n in EX_LENGTHS}
         assert pair.stats()["num_reprefilled"] == 0 and pair.stats()["connected"]
 
@@ -480,7 +489,8 @@ def _(colocated, intensity, measured_bytes_per_token, mo, pair, split, transfer_
       consumer ran **{consumer['num_prefill_steps']}** prefill steps and ended with
       **{consumer['num_referenced_blocks']}** blocks still held.
     * The connector sent **{measured_bytes_per_token:,.0f} bytes per prompt token**, exactly
-      the KV of the prompt. For a 70B model in bf16 a 4,096-token prompt is 1.3 GB: about
+      the KV of the prompt tokens the consumer did not already cache. For a 70B model in
+      bf16 a 4,096-token prompt is 1.3 GB: about
       **{findings['llama70b_4k_100gbe_transfer_ms']:.0f} ms** over 100 GbE, a few ms over
       NVLink.
 

@@ -78,9 +78,10 @@ def compare(model=None, num_decodes=4, decode_prompt=32, decode_tokens=48, num_l
         before = pair.stats()
         split = summarize(serve(pair, requests), num_decodes)
         after = pair.stats()
-    prompt_tokens = sum(len(r.prompt) for r in requests)
+    cached = after["cached_tokens_not_sent"] - before["cached_tokens_not_sent"]
+    prompt_tokens = sum(len(r.prompt) for r in requests) - cached     # those sent
     sent = after["bytes_sent"] - before["bytes_sent"]
-    transfer = {"bytes_per_prompt_token": sent / prompt_tokens,
+    transfer = {"bytes_per_prompt_token": sent / prompt_tokens, "cached_tokens_not_sent": cached,
                 "transfer_ms_per_prompt_token":
                     1e3 * (after["transfer_seconds"] - before["transfer_seconds"]) / prompt_tokens,
                 "bytes_sent": sent, "num_transfers": after["num_transfers"]
@@ -115,7 +116,8 @@ def main(argv=None) -> None:
     t = r["transfer"]
     print(f"KV sent: {t['bytes_sent'] / 2**20:.1f} MiB in {t['num_transfers']} transfers, "
           f"{t['bytes_per_prompt_token']:,.0f} B and {t['transfer_ms_per_prompt_token']:.4f} ms "
-          f"per prompt token; consumer prefill steps: {t['consumer_prefill_steps']}")
+          f"per prompt token sent ({t['cached_tokens_not_sent']} tokens not sent: the consumer "
+          f"had them cached); consumer prefill steps: {t['consumer_prefill_steps']}")
 
 
 if __name__ == "__main__":

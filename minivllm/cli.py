@@ -1,6 +1,7 @@
 """The `minivllm` command: serve a model over HTTP, and run the benchmarks (vLLM's CLI, small).
 
     minivllm serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-model-len N] ...
+    minivllm serve --kv-transfer-config '{"kv_role": "kv_producer"}'   # a prefill/decode pair
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
     minivllm bench {throughput,decode,prefix,load,spec,tp,compile,guided,quant,lora} ...    # = python -m minivllm.bench
     minivllm bench disagg                  # prefill/decode split vs colocated (bench_disagg.py)
@@ -13,6 +14,7 @@ flags minivllm has. With no MODEL, the packaged SmolLM2-135M-Instruct is served 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 
@@ -67,8 +69,31 @@ def serve_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)")
     p.add_argument("--uvicorn-log-level", default="info")
+    p.add_argument("--kv-transfer-config", type=json.loads, default=None,
+                   help="prefill/decode disaggregation, as JSON: kv_role kv_producer serves "
+                        "the front of a pair (with no kv_port, it spawns the kv_consumer here); "
+                        "kv_role kv_consumer runs a decode role for the producer at kv_ip:kv_port")
     add_engine_args(p)
     return p
+
+
+def make_engine(args: argparse.Namespace):
+    """The engine `minivllm serve` serves: an LLMEngine, or with --kv-transfer-config the
+    front of a disaggregated pair (minivllm/disagg_llm.py)."""
+    from minivllm.engine import LLMEngine
+    kv = args.kv_transfer_config
+    if kv is None:
+        return LLMEngine(args.model, **engine_kwargs(args))
+    from minivllm.config import KVTransferConfig
+    from minivllm.disagg_llm import DisaggLLM, launch
+    from minivllm.server import DisaggFront
+    c = KVTransferConfig.from_dict(kv)
+    if c.kv_role != "kv_producer":
+        raise ValueError("--kv-transfer-config: the HTTP front is the kv_producer's; start a "
+                         "kv_consumer with `minivllm disagg --role consumer --kv-port PORT`")
+    where = {"kv_ip": c.kv_ip, "timeout": c.timeout}
+    return DisaggFront(DisaggLLM(args.model, kv_port=c.kv_port, **where, **engine_kwargs(args))
+                       if "kv_port" in kv else launch(args.model, **where, **engine_kwargs(args)))
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -78,19 +103,62 @@ def serve(args: argparse.Namespace) -> None:
     sock = bind_socket(args.host, args.port)    # a taken port fails now, not after the load
     name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
     try:
-        aengine = AsyncLLMEngine.from_engine_args(args.model, **engine_kwargs(args))
-    except (ValueError, TypeError, FileNotFoundError) as e:
+        engine = make_engine(args)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
         sock.close()
         raise SystemExit(f"minivllm serve: {e}") from None
-    logging.getLogger("minivllm").info("%r", aengine.engine)
-    print(f"minivllm: serving {name} ({aengine.engine!r}) at http://{args.host}:{args.port}/v1",
+    logging.getLogger("minivllm").info("%r", engine)
+    print(f"minivllm: serving {name} ({engine!r}) at http://{args.host}:{args.port}/v1",
           flush=True)
-    Server(aengine, sock, name, api_key=args.api_key,
-           log_level=args.uvicorn_log_level).run()
+    try:
+        Server(AsyncLLMEngine(engine), sock, name, api_key=args.api_key,
+               log_level=args.uvicorn_log_level).run()
+    finally:
+        if hasattr(engine, "close"):            # a disaggregated pair: stop the consumer
+            engine.close()
+
+
+def disagg(argv: list[str]) -> None:
+    """`minivllm disagg`: both roles here (default), or one role of a two-machine pair."""
+    from minivllm import disagg_llm
+    from minivllm.disagg import run_decode_role
+    from minivllm.sampling_params import SamplingParams
+    p = argparse.ArgumentParser(prog="minivllm disagg", description=disagg_llm.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=None)
+    p.add_argument("--role", choices=("both", "producer", "consumer"), default="both")
+    p.add_argument("--kv-ip", default="127.0.0.1", help="the producer's address")
+    p.add_argument("--kv-port", type=int, default=None,
+                   help="its port (default: a free one; both roles must name the same)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the peer")
+    p.add_argument("--prompt", action="append", default=None, help="repeat for more prompts")
+    p.add_argument("--max-tokens", type=int, default=32)
+    add_engine_args(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    kwargs = engine_kwargs(args)
+    if args.role != "both" and args.kv_port is None:
+        p.error("--kv-port is needed when the roles start apart")
+    where = {"kv_ip": args.kv_ip, "kv_port": args.kv_port, "timeout": args.timeout}
+    if args.role == "consumer":
+        config = {"kv_role": "kv_consumer", "kv_ip": args.kv_ip, "kv_port": args.kv_port,
+                  "kv_connector_extra_config": {"timeout": args.timeout}}
+        return run_decode_role(args.model, {**kwargs, "kv_transfer_config": config})
+    llm = (disagg_llm.launch(args.model, **where, **kwargs) if args.role == "both"
+           else disagg_llm.DisaggLLM(args.model, **where, **kwargs))
+    with llm:
+        prompts = args.prompt or ["The capital of France is"]
+        params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+        for out in llm.generate(prompts, params):
+            print(f"{out.prompt!r} -> {out.outputs[0].text!r}")
+        print(llm.stats())
+    print("kv_consumer:", llm.report, file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["disagg"]:     # its flags may come first, which REMAINDER would refuse
+        return disagg(argv[1:])
     parser = argparse.ArgumentParser(prog="minivllm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -104,9 +172,6 @@ def main(argv: list[str] | None = None) -> None:
                                       "(minivllm/disagg_llm.py)", add_help=False)
     d.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    if args.command == "disagg":
-        from minivllm import disagg_llm
-        return disagg_llm.main(args.rest)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         serve(args)

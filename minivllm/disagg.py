@@ -12,8 +12,11 @@ for its whole step. Split them (DistServe, Splitwise; vLLM's KV connectors):
                         takes blocks in its own pool, writes the K/V there, decodes on
       RequestOutput <- the consumer's outputs, every step, over the same connection
 
-One message is a header (kind, payload bytes, KV elements), a pickled payload, then the K/V as
-one (layers, 2, P, kv_heads, head_dim) tensor: P x kv_bytes_per_token bytes, counted both sides.
+One message: a header (kind, payload bytes, K/V follows), a pickled payload, then a prompt's K/V
+as one (layers, 2, tokens, kv_heads, head_dim) tensor, sent once the consumer's receiving
+thread has answered how many leading prompt tokens its prefix cache holds (HAVE: a round trip,
+not a decode step): (P - cached) x kv_bytes_per_token bytes, counted both sides. The first
+token's sampler generator goes along, so a seeded request draws what it would in one engine.
 Each role receives on a thread of its own (gloo's irecv makes no progress unless waited on), so
 a transfer lands while the consumer decodes; every wait has a timeout.
 
@@ -26,9 +29,9 @@ on the producer. A bad pairing (same role twice, no peer, different model, weigh
 block_size) is refused when the engines start, on both sides, naming the difference.
 
 Left out, compared with vLLM: asynchronous layer-by-layer sending during the forward pass
-(save_kv_layer), skipping the blocks the decode side already caches (one more round trip),
-NIXL/RDMA and Mooncake transports, many producers and consumers with a routing proxy, tensor
-parallel ranks, and the HTTP proxy itself (the front here is an LLM-like object).
+(save_kv_layer), NIXL/RDMA and Mooncake transports, many producers and consumers behind a
+routing proxy (here one front owns the pair: DisaggLLM, served over HTTP by minivllm serve
+--kv-transfer-config), and tensor parallel ranks.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import json
 import logging
 import pickle
 import queue
+import signal
 import socket
 import threading
 import time
@@ -48,9 +52,11 @@ import torch
 import torch.distributed as dist
 
 from minivllm.engine import LLMEngine
+from minivllm.sampling_params import SamplingParams
+from minivllm.sequence import SequenceGroup
 
 logger = logging.getLogger("minivllm")
-KV, OUTPUTS, REJECT, ABORT, SHUTDOWN, BYE, ERROR, REPORT = range(8)      # message kinds
+KV, OUTPUTS, REJECT, ABORT, SHUTDOWN, BYE, ERROR, REPORT, HAVE = range(9)   # message kinds
 
 
 class KVConnector:
@@ -61,6 +67,7 @@ class KVConnector:
         self.role, self.rank, self.peer = cfg.kv_role, cfg.rank, 1 - cfg.rank
         self.timeout = cfg.timeout
         self.bytes_sent = self.bytes_received = self.num_sent = self.num_received = 0
+        self.cached_tokens = 0                    # prompt tokens not sent: the consumer had them
         self.transfer_seconds = 0.0               # producer: gather + send; consumer: receive
         store, peer = self._rendezvous(cfg)
         self.pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), self.rank, 2,
@@ -73,7 +80,7 @@ class KVConnector:
             torch.cuda.set_device(engine.device)
             self.kv_pg = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), self.rank, 2)
             self.kv_device = engine.device
-        self.inbox: queue.Queue = queue.Queue()
+        self.inbox, self.replies, self.lock = queue.Queue(), queue.Queue(), threading.Lock()
         threading.Thread(target=self._receive_loop, daemon=True, name="kv-recv").start()
 
     def _rendezvous(self, cfg) -> tuple[dist.TCPStore, dict]:
@@ -115,14 +122,19 @@ class KVConnector:
 
     # ------------------------------------------------------------------ the wire
     def send(self, kind: int, payload, kv: torch.Tensor | None = None) -> None:
-        """Blocking send (the peer always has a receive posted), at most `timeout` s."""
+        """Blocking send (the peer always has a receive posted), at most `timeout` s. A KV
+        message's tensor goes after the peer's HAVE: payload["kv_shape"] less what it holds."""
         data = torch.frombuffer(bytearray(pickle.dumps(payload)), dtype=torch.uint8)
-        header = torch.tensor([kind, data.numel(), 0 if kv is None else kv.numel()])
+        header = torch.tensor([kind, data.numel(), kv is not None])
         wait = timedelta(seconds=self.timeout)
-        self.pg.send([header], self.peer, 0).wait(wait)
-        self.pg.send([data], self.peer, 0).wait(wait)
+        with self.lock:                      # the consumer sends from both of its threads
+            self.pg.send([header], self.peer, 0).wait(wait)
+            self.pg.send([data], self.peer, 0).wait(wait)
         if kv is not None:
-            self.kv_pg.send([kv], self.peer, 1).wait(wait)
+            cached = self.replies.get(timeout=self.timeout)[1]
+            self.cached_tokens += cached
+            self.kv_pg.send([kv[:, :, cached:].contiguous()], self.peer, 1).wait(wait)
+            self.bytes_sent += kv[:, :, cached:].numel() * kv.element_size()
 
     def _receive_loop(self) -> None:
         if self.kv_device.type == "cuda":
@@ -136,14 +148,16 @@ class KVConnector:
                 self.pg.recv([data], self.peer, 0).wait()
                 payload, kv = pickle.loads(data.numpy().tobytes()), None
                 if num_kv:
-                    t0 = time.perf_counter()
-                    kv = torch.empty(payload["kv_shape"], dtype=self.engine.dtype,
-                                     device=self.kv_device)
+                    t0, shape = time.perf_counter(), list(payload["kv_shape"])
+                    payload["cached"] = self._cached_tokens(payload["prompt_token_ids"])
+                    self.send(HAVE, payload["cached"])
+                    shape[2] -= payload["cached"]
+                    kv = torch.empty(shape, dtype=self.engine.dtype, device=self.kv_device)
                     self.kv_pg.recv([kv], self.peer, 1).wait()
                     self.transfer_seconds += time.perf_counter() - t0
                     self.bytes_received += kv.numel() * kv.element_size()
                     self.num_received += 1
-                self.inbox.put((kind, payload, kv))
+                (self.replies if kind == HAVE else self.inbox).put((kind, payload, kv))
                 if kind in (SHUTDOWN, BYE):
                     return
         except Exception as e:  # noqa: BLE001 (the peer died: tell the main loop)
@@ -163,26 +177,46 @@ class KVConnector:
     # ------------------------------------------------------------------ KV in, KV out
     # --8<-- [start:send_kv]
     def send_kv(self, seq, first_logprobs=None) -> None:
-        """Producer: send seq's prompt K/V (its P tokens, every layer) and its first token."""
+        """Producer: send seq's first token, its sampler's generator and its prompt's K/V (the
+        P prompt tokens, every layer, less those the consumer's prefix cache holds)."""
         t0, runner, n = time.perf_counter(), self.engine.runner, seq.num_prompt_tokens
+        g = runner.sampler.generators.get(seq.seq_id)
         blocks = runner.kv_cache[:, :, seq.block_table]          # (L, 2, nb, bs, kvh, hd)
-        kv = blocks.flatten(2, 3)[:, :, :n].to(self.kv_device).contiguous()  # (L, 2, P, kvh, hd)
+        kv = blocks.flatten(2, 3)[:, :, :n].to(self.kv_device)    # (L, 2, P, kvh, hd)
         self.send(KV, {"request_id": seq.request_id, "prompt_token_ids": seq.prompt_token_ids,
                        "params": seq.params, "first_token": seq.token_ids[n],
-                       "first_logprobs": first_logprobs, "kv_shape": tuple(kv.shape)}, kv)
-        self.bytes_sent += kv.numel() * kv.element_size()
+                       "first_logprobs": first_logprobs, "kv_shape": tuple(kv.shape),
+                       "generator": None if g is None else g.get_state()}, kv)
         self.num_sent += 1
         self.transfer_seconds += time.perf_counter() - t0
 
-    def kv_loader(self, kv: torch.Tensor):
+    def _cached_tokens(self, prompt_token_ids: list[int]) -> int:
+        """Consumer, receiving thread: prompt tokens its prefix cache holds now (a read of the
+        cache's tables; if they are evicted before the request is admitted, it is refused)."""
+        seq = SequenceGroup("probe", None, prompt_token_ids, SamplingParams(), -1).seqs[0]
+        try:
+            bm = self.engine.block_manager
+            return len(bm._cached_prefix(seq)) * bm.block_size
+        except KeyError:            # a block evicted between two reads: send the whole prompt
+            return 0
+
+    def kv_loader(self, meta: dict, kv: torch.Tensor):
         """Consumer: load_kv(seq) for add_prefilled_request: write the received K/V into seq's
-        new blocks (those the prefix cache already held are computed: left as they are)."""
+        new blocks (those the prefix cache holds are computed: left as they are) and take
+        over the producer's generator."""
         def load_kv(seq) -> None:
-            runner, bs = self.engine.runner, self.engine.runner.block_size
+            runner, bs, cached = self.engine.runner, self.engine.runner.block_size, meta["cached"]
             start = seq.num_computed_tokens
-            slots = [seq.block_table[p // bs] * bs + p % bs for p in range(start, kv.shape[2])]
+            if start < cached:                   # evicted since HAVE: the producer redoes it
+                self.engine.block_manager.free(seq)
+                raise ValueError(f"{cached - start} cached prompt tokens were evicted")
+            slots = [seq.block_table[p // bs] * bs + p % bs
+                     for p in range(start, len(meta["prompt_token_ids"]))]
             pool = runner.kv_cache.flatten(2, 3)                 # (L, 2, blocks x bs, kvh, hd)
-            pool[:, :, torch.tensor(slots, device=pool.device)] = kv[:, :, start:].to(pool.device)
+            pool[:, :, torch.tensor(slots, device=pool.device, dtype=torch.long)] = \
+                kv[:, :, start - cached:].to(pool.device)
+            if meta["generator"] is not None:
+                runner.sampler.generator(seq).set_state(meta["generator"])
         return load_kv
     # --8<-- [end:send_kv]
 
@@ -212,7 +246,7 @@ def serve_decode(engine: LLMEngine) -> dict:
             try:
                 if not engine.add_prefilled_request(
                         meta["request_id"], meta["prompt_token_ids"], meta["params"],
-                        meta["first_token"], conn.kv_loader(kv), meta["first_logprobs"]):
+                        meta["first_token"], conn.kv_loader(meta, kv), meta["first_logprobs"]):
                     break
             except ValueError as e:             # it can never run here: the producer keeps it
                 conn.send(REJECT, (meta["request_id"], str(e)))
@@ -245,7 +279,10 @@ def _report(engine: LLMEngine, counts: dict, error: str | None) -> dict:
             "stats": dataclasses.asdict(engine.stats()), "error": error}
 
 
-def run_decode_role(model: str | None, engine_kwargs: dict) -> None:
-    """A consumer process: build the engine (which meets the producer), serve, exit."""
+def run_decode_role(model: str | None, engine_kwargs: dict, spawned: bool = False) -> None:
+    """A consumer process: build the engine (which meets the producer), serve, exit. A spawned
+    one leaves Ctrl-C to its front, which stops it (or it stops when the front is gone)."""
+    if spawned:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     serve_decode(LLMEngine(model, **engine_kwargs))

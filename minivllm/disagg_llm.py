@@ -2,11 +2,13 @@
 
     with launch(max_model_len=1024) as llm:       # spawns the decode role on this machine
         outs = llm.generate(prompts, SamplingParams(temperature=0))
-        llm.stats()                               # bytes and transfers, re-prefills
+        llm.stats()                 # bytes and transfers, tokens not sent, re-prefills
 
 On two machines, the decode side runs `minivllm disagg --role consumer --kv-ip HOST --kv-port
 PORT` and the front `minivllm disagg --role producer --kv-ip HOST --kv-port PORT --prompt ...`
-(HOST: the producer's address, which the consumer must reach; PORT: any free port there).
+(HOST: the producer's address, which the consumer must reach; PORT: any free port there), or
+the HTTP front `minivllm serve --kv-transfer-config '{"kv_role": "kv_producer", "kv_ip": HOST,
+"kv_port": PORT}'` (without kv_port, `serve` spawns the consumer here). Both in minivllm/cli.py.
 
 DisaggLLM lives in the producer's process and owns its engine. It answers LLMEngine's driving
 calls (add_request, step, has_unfinished_requests, abort_request, num_steps, trace), so the
@@ -14,17 +16,16 @@ shared driver `workloads.serve(llm, requests)` serves a workload through it unch
 the producer's (arrival to first token), inter-token latencies are the consumer's (measured
 where the decode runs). The consumer process streams every step's outputs back.
 
-Left out, compared with vLLM's disaggregated serving: the HTTP proxy that routes between many
-prefill and decode instances; here one pair, one front, in-process.
+Left out, compared with vLLM's disaggregated serving: one server per role and the proxy that
+routes between many prefill and decode instances; here one pair, one front, in-process.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import itertools
 import logging
 import socket
-import sys
 import time
 from dataclasses import dataclass
 
@@ -63,9 +64,10 @@ class DisaggLLM:
         self.remote: dict[str, Handoff] = {}     # decoding on the consumer
         self.prompts: dict[str, str | list[int]] = {}
         self.local: set[str] = set()             # prefilled again here: they stay here
+        self.parts: dict[str, list] = {}         # n > 1: each sample's latest output
         self.connected, self.error, self.report = True, None, None
         self.num_reprefilled, self.num_steps, self._last_heard = 0, 0, time.monotonic()
-        self._counter = 0
+        self._counter = itertools.count()
 
     def __repr__(self) -> str:
         return f"DisaggLLM(producer={self.producer!r}, connected={self.connected})"
@@ -80,9 +82,12 @@ class DisaggLLM:
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None) -> None:
         params = params or SamplingParams()
-        if params.n > 1:
-            raise ValueError(f"n={params.n}: disaggregated serving sends one sequence's KV; "
-                             "parallel sampling is not supported here")
+        if params.n > 1:     # vLLM V1's fan-out: n requests of one sample, seeded seed + i as
+            self.parts[request_id] = [None] * params.n     # the engine seeds sample i
+            for i in range(params.n):
+                self.add_request(f"{request_id}#{i}", prompt, dataclasses.replace(
+                    params, n=1, seed=None if params.seed is None else params.seed + i))
+            return
         if request_id in self.remote:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.producer.add_request(request_id, prompt, params)
@@ -92,6 +97,8 @@ class DisaggLLM:
         return bool(self.remote) or self.producer.has_unfinished_requests()
 
     def abort_request(self, request_id: str) -> None:
+        for i in range(len(self.parts.pop(request_id, []))):
+            self.abort_request(f"{request_id}#{i}")
         if self.remote.pop(request_id, None) is not None and self.connected:
             self._send(ABORT, request_id)
         self.producer.abort_request(request_id)
@@ -134,8 +141,26 @@ class DisaggLLM:
             self._lose_consumer(f"the kv_consumer is gone (silent for "
                                 f"{time.monotonic() - self._last_heard:.0f} s or exited)")
         self.num_steps += 1
-        return outs
+        return self._merge(outs) if self.parts else outs
     # --8<-- [end:step]
+
+    def _merge(self, outs: list[RequestOutput]) -> list[RequestOutput]:
+        """The outputs of an n > 1 request's samples, as one output with n completions."""
+        merged, done = [], set()
+        for out in outs:
+            parent, _, i = out.request_id.rpartition("#")
+            if parent not in self.parts:
+                merged.append(out)
+                continue
+            out.outputs[0].index, self.parts[parent][int(i)] = int(i), out
+            done.add(parent)
+        for parent in [p for p in done if all(self.parts[p])]:
+            parts = self.parts[parent]
+            merged.append(dataclasses.replace(parts[0], request_id=parent, outputs=[
+                p.outputs[0] for p in parts], finished=all(p.finished for p in parts)))
+            if merged[-1].finished:
+                del self.parts[parent]
+        return merged
 
     def _handoff(self, seq) -> bool:
         try:
@@ -182,11 +207,9 @@ class DisaggLLM:
     def generate(self, prompts: list[str] | list[list[int]],
                  sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of `prompts`."""
-        ids = []
-        for prompt in prompts:
-            ids.append(f"disagg-{self._counter}")
-            self._counter += 1
-            self.add_request(ids[-1], prompt, sampling_params)
+        ids = [f"disagg-{next(self._counter)}" for _ in prompts]
+        for rid, prompt in zip(ids, prompts):
+            self.add_request(rid, prompt, sampling_params)
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):
             for out in self.step():
@@ -197,6 +220,7 @@ class DisaggLLM:
     def stats(self) -> dict:
         c = self.conn
         return {"bytes_sent": c.bytes_sent, "num_transfers": c.num_sent,
+                "cached_tokens_not_sent": c.cached_tokens,
                 "transfer_seconds": c.transfer_seconds, "num_reprefilled": self.num_reprefilled,
                 "connected": self.connected, "error": self.error}
 
@@ -249,7 +273,7 @@ def launch(model: str | None = None, *, kv_ip: str = "127.0.0.1", kv_port: int |
     proc = mp.get_context("spawn").Process(
         target=run_decode_role, name="minivllm-kv-consumer", daemon=True,
         args=(model, {**engine_kwargs, **(consumer_kwargs or {}),
-                      "kv_transfer_config": consumer_config}))
+                      "kv_transfer_config": consumer_config}, True))
     proc.start()
     try:
         return DisaggLLM(model, kv_ip=kv_ip, kv_port=kv_port, timeout=timeout,
@@ -260,42 +284,3 @@ def launch(model: str | None = None, *, kv_ip: str = "127.0.0.1", kv_port: int |
             proc.kill()
         raise
 # --8<-- [end:launch]
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`minivllm disagg`: both roles here (default), or one role of a two-machine pair."""
-    from minivllm.cli import add_engine_args, engine_kwargs
-    p = argparse.ArgumentParser(prog="minivllm disagg", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", default=None)
-    p.add_argument("--role", choices=("both", "producer", "consumer"), default="both")
-    p.add_argument("--kv-ip", default="127.0.0.1", help="the producer's address")
-    p.add_argument("--kv-port", type=int, default=None,
-                   help="its port (default: a free one; both roles must name the same)")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the peer")
-    p.add_argument("--prompt", action="append", default=None, help="repeat for more prompts")
-    p.add_argument("--max-tokens", type=int, default=32)
-    add_engine_args(p)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    kwargs = engine_kwargs(args)
-    if args.role != "both" and args.kv_port is None:
-        p.error("--kv-port is needed when the roles start apart")
-    where = {"kv_ip": args.kv_ip, "kv_port": args.kv_port, "timeout": args.timeout}
-    if args.role == "consumer":
-        config = {"kv_role": "kv_consumer", "kv_ip": args.kv_ip, "kv_port": args.kv_port,
-                  "kv_connector_extra_config": {"timeout": args.timeout}}
-        return run_decode_role(args.model, {**kwargs, "kv_transfer_config": config})
-    llm = (launch(args.model, **where, **kwargs) if args.role == "both"
-           else DisaggLLM(args.model, **where, **kwargs))
-    with llm:
-        prompts = args.prompt or ["The capital of France is"]
-        params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-        for out in llm.generate(prompts, params):
-            print(f"{out.prompt!r} -> {out.outputs[0].text!r}")
-        print(llm.stats())
-    print("kv_consumer:", llm.report, file=sys.stderr)
-
-
-if __name__ == "__main__":
-    main()

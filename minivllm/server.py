@@ -22,6 +22,7 @@ routing, the tokenizer endpoints, and more than one model per server.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import logging
 import socket
@@ -177,6 +178,25 @@ def build_app(aengine: AsyncLLMEngine, served_model_name: str, api_key: str | No
     return app
 
 
+
+
+class DisaggFront:
+    """A disaggregated pair (minivllm/disagg_llm.py: DisaggLLM, the producer's engine and the
+    front) as AsyncLLMEngine drives an engine. The server is the same; its /metrics show the
+    producer's queue and pool, with the requests decoding on the consumer counted as running."""
+
+    def __init__(self, llm):
+        self.llm, self.config, self.tokenizer = llm, llm.producer.config, llm.tokenizer
+
+    def __getattr__(self, name):          # add_request, step, abort_request, close, ...
+        return getattr(self.llm, name)
+
+    def __repr__(self) -> str:
+        return repr(self.llm)
+
+    def stats(self):
+        s = self.llm.producer.stats()
+        return dataclasses.replace(s, num_running=s.num_running + len(self.llm.remote))
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

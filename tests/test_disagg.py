@@ -4,6 +4,7 @@ Each process test costs a spawn and a model load, so one launch checks many thin
 wait is bounded: the roles' own timeouts, and a timeout on every subprocess wait.
 """
 
+import argparse
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from conftest import gpu
 from minivllm import LLM, SamplingParams
+from minivllm.cli import make_engine, serve_parser
 from minivllm.config import EngineConfig
 from minivllm.disagg_llm import DisaggLLM, free_port, launch
 from minivllm.kv_cache import kv_bytes_per_token
@@ -21,7 +23,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 def start_consumer(path, port, *flags):
     """The decode role as its own command, as on a second machine (here over loopback)."""
-    cmd = [sys.executable, "-m", "minivllm.disagg_llm", str(path), "--role", "consumer",
+    cmd = [sys.executable, "-m", "minivllm.cli", "disagg", str(path), "--role", "consumer",
            "--kv-ip", "127.0.0.1", "--kv-port", str(port), "--timeout", "120", *flags]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -36,7 +38,7 @@ def finish(proc, timeout=60) -> str:
     return out
 
 
-def test_disaggregated_greedy_equals_colocated_and_sends_exactly_the_prompts_kv(smol_llm,
+def test_disaggregated_greedy_equals_colocated_and_sends_the_uncached_prompt_kv(smol_llm,
                                                                                 smol_path):
     """Real model. Prompt lengths on and off the 16-token block boundary, all in flight at
     once, two pairs sharing a 32-token prefix (prefix caching on both sides)."""
@@ -47,6 +49,7 @@ def test_disaggregated_greedy_equals_colocated_and_sends_exactly_the_prompts_kv(
     with launch(str(smol_path), max_model_len=256, num_kv_blocks=64) as llm:
         outs = llm.generate(prompts[:6], GREEDY)    # then the pairs: their prefix is cached
         consumer_hits = -llm.consumer_report()["stats"]["prefix_cache_hit_tokens"]
+        first_bytes = llm.stats()["bytes_sent"]
         outs += llm.generate(prompts[6:], GREEDY)
         consumer_hits += llm.consumer_report()["stats"]["prefix_cache_hit_tokens"]
         sent = llm.stats()
@@ -54,10 +57,15 @@ def test_disaggregated_greedy_equals_colocated_and_sends_exactly_the_prompts_kv(
     report = llm.report
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in colocated]
     assert [o.outputs[0].text for o in outs] == [o.outputs[0].text for o in colocated]
-    # Bytes: every prompt token's K and V, every layer, once: no padding of the last block.
-    prompt_kv = sum(map(len, prompts)) * kv_bytes_per_token(smol_llm.engine.model_config,
-                                                            smol_llm.engine.dtype)
-    assert sent["bytes_sent"] == report["bytes_received"] == prompt_kv
+    # Bytes: each prompt token's K and V, every layer, once (no padding of the last block),
+    # less the tokens the consumer's prefix cache held when the prompt arrived: the two pairs
+    # came after the first six had finished there, so only their last 3 and 5 tokens moved.
+    # (Within the first six, a prompt may or may not find its predecessors' blocks cached.)
+    per_token = kv_bytes_per_token(smol_llm.engine.model_config, smol_llm.engine.dtype)
+    assert sent["bytes_sent"] == report["bytes_received"] == (
+        sum(map(len, prompts)) - sent["cached_tokens_not_sent"]) * per_token
+    assert sent["bytes_sent"] - first_bytes == (3 + 5) * per_token
+    assert 0 < first_bytes <= sum(map(len, prompts[:6])) * per_token
     assert sent["num_transfers"] == report["num_received"] == len(prompts)
     assert sent["num_reprefilled"] == 0 and sent["connected"] and report["error"] is None
     # The decode side never prefilled, and returned every block it took.
@@ -121,6 +129,13 @@ def test_bad_kv_transfer_config_is_refused_at_construction():
             EngineConfig(kv_transfer_config=bad)
     with pytest.raises(ValueError, match="paged"):
         EngineConfig(kv_layout="contiguous", kv_transfer_config={"kv_role": "kv_producer"})
+    # `minivllm serve --kv-transfer-config`: the HTTP front is the producer's; checked before
+    # any model loads.
+    parser = serve_parser(argparse.ArgumentParser())
+    for flag, message in [('{"kv_role": "kv_consumer"}', "the HTTP front is the kv_producer"),
+                          ('{"kv_role": "kv_producer", "kv_port": 0}', "kv_port must be")]:
+        with pytest.raises(ValueError, match=message):
+            make_engine(parser.parse_args(["--kv-transfer-config", flag]))
 
 
 def test_mismatched_or_missing_peer_is_refused_at_start(tiny_checkpoint):
