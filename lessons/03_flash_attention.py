@@ -123,14 +123,15 @@ def _(mo, naive_rows):
     Doubling the prompt quadruples the matrix: at {_t:,} tokens one layer's $S$ alone is
     **{_b / 2**20:,.0f} MiB**, and $P$ as much again, each written once and read back once.
     Here the fused version took **{_f:.1f} ms** against the naive **{_n:.1f} ms**
-    ({_n / _f:.1f}x), but that is *not* "the same arithmetic, less traffic". On this CPU
-    causal SDPA skips the key blocks that lie wholly above the diagonal (about half the
-    work), while the naive version computes every score, then builds a T x T mask and runs
-    two more passes over $S$ to apply it and to softmax it. Asked for the full, unmasked
-    product, SDPA took **{_full:.1f} ms** ({_n / _full:.1f}x faster than naive): the rest of
-    the gap is the extra passes and allocations, which here mostly stay in the CPU's caches.
-    Nothing on this page measures a GPU's HBM: the memory-traffic argument below is counted,
-    not timed, and no GPU run of this lesson is recorded yet (docs/benchmarks.md).
+    ({_n / _f:.1f}x), but not for the same arithmetic. On this CPU causal SDPA skips the
+    key blocks that lie wholly above the diagonal (about half the scores), while the naive
+    version computes every score, then builds a T x T mask and makes two more passes over
+    $S$ to apply it and to softmax it. Asked for the full, unmasked product, SDPA took
+    **{_full:.1f} ms**: the causal skip is worth {_full / _f:.1f}x of the gap, and the other
+    {_n / _full:.1f}x is the naive version's extra passes and T x T allocations, through
+    this CPU's caches and DRAM. Nothing on this page measures a GPU's HBM: the traffic
+    argument below is counted, not timed, and no GPU run of this lesson is recorded yet
+    (docs/benchmarks.md).
     """)
     return
 
