@@ -90,18 +90,20 @@ def _(MAX_NUM_SEQS, PAGED, llm, mo, serve, spread_requests, torch):
         """Short prompts (8 to 32 tokens), output lengths with `spread`."""
         return spread_requests(llm.tokenizer, n, mean_out, spread, prompt_range=(8, 32))
 
-    def run(scheduling, requests, layout=PAGED):
-        """Serve `requests`, all arriving at once, with `scheduling` over a KV `layout`, and
-        read the step trace: the batches (the requests scheduled in each step), the step in
-        which each request finished (counted from 1), its tokens and the wall time."""
-        res = serve(llm.reconfigure(scheduling=scheduling, **layout), requests)
+    def run(scheduling, requests, layout=PAGED, slots=MAX_NUM_SEQS):
+        """Serve `requests`, all arriving at once, with `scheduling` over a KV `layout` and
+        `slots` batch slots, and read the step trace: the batches (the requests scheduled in
+        each step), the step in which each request finished (counted from 1), its tokens and
+        the wall time."""
+        res = serve(llm.reconfigure(scheduling=scheduling, max_num_seqs=slots, **layout),
+                    requests)
         batches = [sorted(int(x.request_id.removeprefix("req-")) for x in s.scheduled)
                    for s in res.steps]
         num_out = res.num_output_tokens
         return {"batches": batches, "finish_step": res.finish_step,
                 "tokens": [o.outputs[0].token_ids for o in res.outputs],
                 "seconds": res.elapsed, "steps": len(batches), "output_tokens": num_out,
-                "slot_utilization": sum(map(len, batches)) / (len(batches) * MAX_NUM_SEQS),
+                "slot_utilization": sum(map(len, batches)) / (len(batches) * slots),
                 "tokens_per_step": num_out / len(batches),
                 "tokens_per_s": res.output_throughput,
                 "max_running": max(s.stats.num_running for s in res.steps),
@@ -376,6 +378,57 @@ def _(DEFAULT_SPREAD, compare, mo, plt):
     a page of code), which is why every serving engine batches continuously.
     """)])
     return (sweep,)
+
+
+@app.cell
+def _(DEFAULT_SPREAD, MAX_NUM_SEQS, compare, functools, make_requests, run):
+    @functools.cache
+    def compare_slots(slots):
+        """Both policies on the default request set with `slots` batch slots (cached)."""
+        if slots == MAX_NUM_SEQS:
+            return compare(DEFAULT_SPREAD)
+        _requests = make_requests(DEFAULT_SPREAD)
+        return (run("static", _requests, slots=slots),
+                run("continuous", _requests, slots=slots))
+    return (compare_slots,)
+
+
+@app.cell
+def _(MAX_NUM_SEQS, mo):
+    slots_pick = mo.ui.slider(steps=[1, 2, 4, 8], value=MAX_NUM_SEQS, show_value=True,
+                              label="max_num_seqs (batch slots)")
+    mo.md(f"""
+    ### Try it: give static batching more slots
+
+    More slots should help both policies. Before you move it, predict what happens to
+    static batching's slot utilization at 8 slots: each batch now waits for the slowest of
+    8 requests instead of 4. Each new value runs both policies (several seconds on a CPU).
+
+    {slots_pick}
+    """)
+    return (slots_pick,)
+
+
+@app.cell
+def _(compare_slots, draw_gantt, mo, plt, slots_pick):
+    _n = slots_pick.value
+    _s, _c = compare_slots(_n)
+    _fig, (_a, _b) = plt.subplots(2, 1, figsize=(10, 1.6 + 0.5 * _n), sharex=True)
+    _last = max(_s["steps"], _c["steps"])
+    draw_gantt(_a, _s, _n, f"static, {_n} slots: {_s['steps']} steps, "
+               f"{_s['slot_utilization']:.0%} of slot-steps busy", _last)
+    draw_gantt(_b, _c, _n, f"continuous, {_n} slots: {_c['steps']} steps, "
+               f"{_c['slot_utilization']:.0%} busy", _last)
+    _b.set_xlabel("engine step")
+    _fig.tight_layout()
+    _idle = round((1 - _s["slot_utilization"]) * _s["steps"] * _n)
+    mo.vstack([_fig, mo.md(
+        f"**{_n} slots**: static wasted **{_idle}** slot-steps "
+        f"({1 - _s['slot_utilization']:.0%}), continuous "
+        f"{1 - _c['slot_utilization']:.0%}. The wider the static batch, the longer its fast "
+        "members sit idle waiting for its slowest; continuous batching refills each slot "
+        "as it frees.")])
+    return
 
 
 @app.cell
