@@ -244,11 +244,12 @@ def _(mo):
     mo.md(r"""
     ### Break it: drop one line of the loop, in fp16
 
-    GPU kernels keep $\ell$ and $O$ in low precision more often than not, and fp16's largest
-    number is 65,504, which is $e^{11.1}$. Below, the same walk runs in fp16 on scores three
-    times larger (attention scores of 20 to 30 are ordinary in trained models). Pick a
-    variant: the exact loop; one without the max subtraction (exponentiate the raw scores);
-    one that keeps the running max but never rescales what it accumulated.
+    A GPU kernel hands the probabilities $e^{s - m}$ to a tensor-core matmul in fp16 or
+    bf16, and fp16's largest number is 65,504, which is $e^{11.1}$. Below, the same walk
+    runs entirely in fp16 (simpler than a real kernel, which keeps $\ell$ and $O$ in fp32)
+    on scores three times larger (scores of 20 to 30 are ordinary in trained models). Pick
+    a variant: the exact loop; one without the max subtraction (exponentiate the raw
+    scores); one that keeps the running max but never rescales what it accumulated.
     """)
     return
 
