@@ -449,8 +449,10 @@ def _(StepCost, llm, measure_peaks, mo, ms_per_token, sweep):
     budget above is {smallest_chunk}, so every chunk here is compute-bound and the roofline
     says each of its tokens costs at least {roofline_ms_per_token:.2f} ms at this device's
     peak matmul rate. The steps measured {ms_per_token:.2f} ms per token (the slope of the
-    fastest steps): the same order, the rest being work the model leaves out (attention's
-    softmax, norms, activations) and matmuls smaller than the peak's. Lesson 01's "step time
+    fastest steps), {ms_per_token / roofline_ms_per_token:.1f}x that bound: work the model
+    leaves out (attention's softmax, norms, activations), matmuls smaller than the peak's,
+    and on a shared machine other jobs. Either way step time grows with the tokens in the
+    step, as a compute-bound step's must. Lesson 01's "step time
     nearly flat" is the other side of the same knee: decode steps of 1 to 8 tokens sit left
     of it. No GPU run of this lesson is recorded yet (docs/benchmarks.md), so the GPU side
     of this paragraph is the data sheet's, not a measurement.

@@ -382,7 +382,8 @@ def _(POOLS, block_bytes, mo, run):
     live in the same RAM, so a swap is a plain memory copy. On a GPU the copy crosses PCIe
     and waits on it, while a recompute is a prefill, the kind of work a GPU does fastest;
     which one wins then depends on the workload: long contexts make recompute expensive,
-    short ones make it cheap.
+    short ones make it cheap. (That GPU trade-off is reasoned, not measured: no GPU run of
+    this lesson is recorded yet in docs/benchmarks.md.)
     """)
     return (compared,)
 
