@@ -370,11 +370,11 @@ def _(
         print(f"{_name:>12}: {_f / _m:7.2f} FLOP/byte, {_f / _t / 1e9:6.2f} GFLOP/s and "
               f"{_m / _t / 1e9:5.2f} GB/s achieved, {1e3 * _t:7.1f} ms (roofline bound "
               f"{1e3 * peaks.bound(_f, _m):6.1f} ms)")
-    return PREFILL_TOKENS, knee_batch, peaks, roofline_steps
+    return PREFILL_TOKENS, cost, knee_batch, peaks, roofline_steps
 
 
 @app.cell
-def _(PREFILL_TOKENS, device, knee_batch, mo, np, peaks, plt, roofline_steps):
+def _(PREFILL_TOKENS, cost, device, knee_batch, mo, np, peaks, plt, roofline_steps):
     _fig, _ax = plt.subplots(figsize=(7.5, 4))
     _x = np.logspace(-1, 3, 200)
     _ax.loglog(_x, np.minimum(peaks.flops, peaks.bandwidth * _x) / 1e9, "k-", lw=1.5,
@@ -395,10 +395,10 @@ def _(PREFILL_TOKENS, device, knee_batch, mo, np, peaks, plt, roofline_steps):
     _d1, _pf = roofline_steps[0], roofline_steps[-1]
     mo.vstack([_fig, mo.md(f"""
     A decode step of batch 1 does **{_d1[1] / _d1[2]:.2f} FLOP per byte** (two FLOPs per
-    weight, each weight 4 bytes in fp32 here): far left of the ridge at
+    weight, each weight {cost.elem} bytes here): far left of the ridge at
     **{peaks.ridge:.1f}**, so its time is the weights' bytes over the bandwidth,
     and adding sequences adds arithmetic that the memory wait hides. That is the flat part
-    of the step-time plot above. Each sequence adds about half a FLOP per fp32 weight byte, so
+    of the step-time plot above. Each sequence adds about {2 / cost.elem:g} FLOP per weight byte, so
     decode reaches the ridge near batch **{knee_batch}** here (the knee), and from there on a
     step costs its arithmetic: step time grows with the tokens in it. A prefill of
     {PREFILL_TOKENS} tokens sits at **{_pf[1] / _pf[2]:.0f} FLOP/byte**, far right of the
