@@ -13,9 +13,10 @@ def _():
 
     from minivllm import LLM, SamplingParams
     from minivllm.kv_cache import REFERENCE_MODELS, kv_bytes_per_token, reference_config
+    from minivllm.roofline import StepCost, measure_peaks
     from minivllm.workloads import Request, lognormal_requests, serve
-    return (LLM, REFERENCE_MODELS, Request, SamplingParams, kv_bytes_per_token,
-            lognormal_requests, mo, np, plt, reference_config, serve, torch)
+    return (LLM, REFERENCE_MODELS, Request, SamplingParams, StepCost, kv_bytes_per_token,
+            lognormal_requests, measure_peaks, mo, np, plt, reference_config, serve, torch)
 
 
 @app.cell
@@ -199,6 +200,56 @@ def _(mo, static_trace, static_utilization):
 
 @app.cell
 def _(mo):
+    concurrency = mo.ui.slider(steps=[4, 8, 16, 32, 64], value=16, show_value=True,
+                               label="requests arriving together")
+    mo.md(f"""
+    ### Try it: push the slab engine until the queue blows up
+
+    The same 8 slabs, now offered a burst of short requests (an 8-token prompt, 8 tokens
+    each). Slide the burst up: up to 8 everything runs at once; past that, every extra
+    request waits in the queue for a whole slab to free, while almost all of the slab
+    memory is empty. Each value runs the engine (a few seconds on a CPU).
+
+    {concurrency}
+    """)
+    return (concurrency,)
+
+
+@app.cell
+def _(Request, SLABS, SamplingParams, concurrency, llm, mo, np, plt, serve):
+    _ids = llm.tokenizer.encode("The key to fast inference is")
+    _burst = serve(llm.reconfigure(**SLABS),
+                   [Request(_ids, SamplingParams(temperature=0, max_tokens=8,
+                                                 ignore_eos=True))] * concurrency.value)
+    burst = {"requests": concurrency.value, "steps": len(_burst.steps),
+             "max_waiting": max(_s.stats.num_waiting for _s in _burst.steps),
+             "max_running": max(_s.stats.num_running for _s in _burst.steps),
+             "ttft_s": np.array(_burst.ttfts)}
+    _fig, _ax = plt.subplots(figsize=(8, 2.6))
+    _x = range(1, len(_burst.steps) + 1)
+    _ax.step(_x, [_s.stats.num_running for _s in _burst.steps], where="mid",
+             color="tab:green", label="running (one slab each)")
+    _ax.step(_x, [_s.stats.num_waiting for _s in _burst.steps], where="mid",
+             color="tab:red", label="waiting for a slab")
+    _ax.set_xlabel("engine step")
+    _ax.set_ylabel("requests")
+    _ax.legend(fontsize=8)
+    _ax.set_title(f"{concurrency.value} requests on 8 slabs: {burst['steps']} steps, "
+                  f"the last first token after {burst['ttft_s'].max():.1f} s", fontsize=10)
+    _fig.tight_layout()
+    print(f"burst of {concurrency.value} on 8 slabs: {burst['steps']} steps, at most "
+          f"{burst['max_running']} running and {burst['max_waiting']} waiting; time to first "
+          f"token median {np.median(burst['ttft_s']):.2f} s, max {burst['ttft_s'].max():.2f} s")
+    mo.vstack([_fig, mo.md(
+        f"Each request holds at most {len(_ids) + 8} of its slab's 2048 slots, yet at most "
+        f"**{burst['max_running']}** ran and **{burst['max_waiting']}** waited. The queue "
+        "grows by one for every request past 8, and each wave of 8 adds 8 steps to the "
+        "time the last one waits for its first token.")])
+    return (burst,)
+
+
+@app.cell
+def _(mo):
     mo.md(r"""
     ## Decode is memory-bound
 
@@ -236,8 +287,9 @@ def _(Request, SamplingParams, llm, mo, serve):
               f"({weight_bytes / _n / 1e6:6.1f} MB per token); {_ms:7.1f} ms/step  "
               f"{_tps:7.1f} tokens/s  weights read at "
               f"{weight_bytes / (_ms / 1000) / 1e9:5.1f} GB/s")
-    return (batch_sizes, decode_tokens_per_step, num_steps, step_ms, tokens_per_s,
-            weight_bytes)
+    decode_context = len(_ids) + 6          # the middle of the 12 decode steps
+    return (batch_sizes, decode_context, decode_tokens_per_step, num_steps, step_ms,
+            tokens_per_s, weight_bytes)
 
 
 @app.cell
@@ -248,7 +300,7 @@ def _(batch_sizes, device, plt, step_ms, tokens_per_s):
     _a.set_xlabel("requests in the batch")
     _a.set_ylabel("ms per decode step")
     _a.set_ylim(bottom=0)
-    _a.set_title("step time: nearly flat")
+    _a.set_title("step time: flat, then growing")
     _b.plot(batch_sizes, tokens_per_s, "o-", color="tab:green")
     _b.set_xscale("log", base=2)
     _b.set_xlabel("requests in the batch")
@@ -262,6 +314,101 @@ def _(batch_sizes, device, plt, step_ms, tokens_per_s):
           f"{step_time_growth:.1f}x the step time")
     _fig
     return decode_speedup, step_time_growth
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## One cost model: the roofline of this device
+
+    "Memory-bound" is a claim about two numbers, so measure them. This device has a peak
+    arithmetic rate (a large matmul) and a peak bandwidth (a large copy); their ratio, the
+    **ridge**, is the FLOPs a step must do per byte it moves to be limited by arithmetic
+    rather than by memory. `minivllm/roofline.py` counts each step's FLOPs and bytes from the
+    model's shapes (every weight read once, the KV read, the activations), and the course
+    uses this one model from here on (lessons 08 and 10 reuse it). Each decode step above,
+    and one 128-token prefill step, go on the roofline below.
+    """)
+    return
+
+
+@app.cell
+def _(
+    Request,
+    SamplingParams,
+    StepCost,
+    batch_sizes,
+    decode_context,
+    llm,
+    measure_peaks,
+    serve,
+    step_ms,
+):
+    _on_gpu = llm.engine.device.type == "cuda"
+    peaks = measure_peaks(llm.engine.device, llm.engine.dtype,
+                          **(dict(n=8192, copy_mib=2048) if _on_gpu else {}))
+    cost = StepCost.of(llm.engine.model_config, llm.engine.dtype)
+    PREFILL_TOKENS = 512 if _on_gpu else 128
+    _ids = llm.tokenizer.encode("A prompt is computed in one step, all of its tokens at "
+                                "once, against one read of the weights. " * 40)
+    _run = serve(llm, [Request(_ids[:PREFILL_TOKENS],
+                               SamplingParams(temperature=0, max_tokens=1))])
+    # (name, FLOPs, bytes, measured seconds) of each step put on the roofline.
+    roofline_steps = [(f"decode x{_b}", *cost.step([1] * _b, [decode_context] * _b, _b),
+                       _ms / 1000) for _b, _ms in zip(batch_sizes, step_ms)]
+    roofline_steps.append((f"prefill {PREFILL_TOKENS}",
+                           *cost.step([PREFILL_TOKENS], [PREFILL_TOKENS], 1),
+                           _run.steps[0].duration))
+    # The knee in batch size: where a decode step's FLOPs per byte reaches the ridge.
+    knee_batch = next((_b for _b in range(1, 4097)
+                       if _b * 2 * (cost.linear_params + cost.head_params)
+                       >= peaks.ridge * cost.step([1] * _b, [decode_context] * _b, _b)[1]),
+                      None)
+    print(f"this device: {peaks.flops / 1e9:.1f} GFLOP/s, {peaks.bandwidth / 1e9:.1f} GB/s, "
+          f"ridge {peaks.ridge:.1f} FLOP/byte; decode reaches it at batch {knee_batch}")
+    for _name, _f, _m, _t in roofline_steps:
+        print(f"{_name:>12}: {_f / _m:7.2f} FLOP/byte, {_f / _t / 1e9:6.2f} GFLOP/s and "
+              f"{_m / _t / 1e9:5.2f} GB/s achieved, {1e3 * _t:7.1f} ms (roofline bound "
+              f"{1e3 * peaks.bound(_f, _m):6.1f} ms)")
+    return PREFILL_TOKENS, cost, knee_batch, peaks, roofline_steps
+
+
+@app.cell
+def _(PREFILL_TOKENS, cost, device, knee_batch, mo, np, peaks, plt, roofline_steps):
+    _fig, _ax = plt.subplots(figsize=(7.5, 4))
+    _x = np.logspace(-1, 3, 200)
+    _ax.loglog(_x, np.minimum(peaks.flops, peaks.bandwidth * _x) / 1e9, "k-", lw=1.5,
+               label="roofline (measured peaks)")
+    _ax.axvline(peaks.ridge, color="gray", ls=":", lw=1, label=f"ridge {peaks.ridge:.1f}")
+    for _name, _f, _m, _t in roofline_steps:
+        _pre = _name.startswith("prefill")
+        _ax.loglog(_f / _m, _f / _t / 1e9, "s" if _pre else "o",
+                   color="tab:orange" if _pre else "tab:blue", ms=8)
+        _ax.annotate(_name.removeprefix("decode "), (_f / _m, _f / _t / 1e9), fontsize=7,
+                     xytext=(4, -10), textcoords="offset points")
+    _ax.set_xlabel("arithmetic intensity, FLOP/byte")
+    _ax.set_ylabel("GFLOP/s achieved")
+    _ax.set_title(f"{device}: decode steps (blue, by batch) and one prefill (orange)",
+                  fontsize=10)
+    _ax.legend(fontsize=8, loc="upper left")
+    _fig.tight_layout()
+    _d1, _pf = roofline_steps[0], roofline_steps[-1]
+    mo.vstack([_fig, mo.md(f"""
+    A decode step of batch 1 does **{_d1[1] / _d1[2]:.2f} FLOP per byte** (two FLOPs per
+    weight, each weight {cost.elem} bytes here): far left of the ridge at
+    **{peaks.ridge:.1f}**, so its time is the weights' bytes over the bandwidth,
+    and adding sequences adds arithmetic that the memory wait hides. That is the flat part
+    of the step-time plot above. Each sequence adds about {2 / cost.elem:g} FLOP per weight byte, so
+    decode reaches the ridge near batch **{knee_batch}** here (the knee), and from there on a
+    step costs its arithmetic: step time grows with the tokens in it. A prefill of
+    {PREFILL_TOKENS} tokens sits at **{_pf[1] / _pf[2]:.0f} FLOP/byte**, far right of the
+    ridge: compute-bound, each token paying its own FLOPs. Lesson 10 measures exactly that
+    slope (milliseconds per token in a step) on steps of 64 to 644 tokens, all right of the
+    knee; lesson 01's flat line and lesson 10's "no slack" are the two sides of this one
+    roofline. On a GPU the ridge is near 300 FLOP/byte in bf16, so the knee moves to
+    batches of hundreds; no GPU run of this lesson is recorded yet (docs/benchmarks.md).
+    """)])
+    return
 
 
 @app.cell
@@ -306,10 +453,13 @@ def _(answer, check_kv_answer, mo):
 @app.cell
 def _(
     batch_sizes,
+    burst,
     bytes_table,
     check_kv_answer,
     decode_tokens_per_step,
     num_steps,
+    peaks,
+    roofline_steps,
     static_utilization,
 ):
     def test_static_preallocation_wastes_most_of_the_cache():
@@ -321,6 +471,20 @@ def _(
         # (The seconds are printed above; on a shared machine they can swing several-fold.)
         assert decode_tokens_per_step == batch_sizes
         assert num_steps == [num_steps[0]] * len(batch_sizes) == [12] * len(batch_sizes)
+
+    def test_decode_left_of_the_ridge_prefill_right_of_it():
+        # FLOPs and bytes are counted from the shapes; the ridge is measured (a ratio of two
+        # peaks, which a loaded machine moves by far less than the 100x between the two).
+        (_, df, dm, dt), (_, pf, pm, pt) = roofline_steps[0], roofline_steps[-1]
+        assert df / dm < 1 < peaks.ridge < pf / pm
+        # Same weights, same device: the prefill step gets several times the FLOP/s.
+        assert pf / pt > 3 * df / dt
+
+    def test_slab_queue_grows_past_eight_requests():
+        # Counted: 8 slabs run 8 requests; the rest wait, in waves of 8 steps each.
+        assert burst["max_running"] == min(8, burst["requests"])
+        assert burst["max_waiting"] == max(0, burst["requests"] - 8)
+        assert burst["steps"] == 8 * -(-burst["requests"] // 8)
 
     def test_bytes_per_token_of_known_models():
         assert bytes_table["Llama-3-8B"] == 131072
@@ -337,11 +501,17 @@ def _(
 def _(
     decode_speedup,
     decode_tokens_per_step,
+    knee_batch,
     mo,
+    peaks,
+    roofline_steps,
     static_utilization,
     step_time_growth,
 ):
     findings = {
+        "ridge_flop_per_byte": peaks.ridge,
+        "decode_knee_batch": knee_batch,
+        "flop_per_byte": {_n: _f / _m for _n, _f, _m, _ in roofline_steps},
         "static_kv_utilization": static_utilization,
         "decode_tokens_per_step": decode_tokens_per_step,
         "decode_speedup_at_max_batch": decode_speedup,
@@ -360,9 +530,12 @@ def _(
       **{decode_speedup:.1f}x** from batch 1 to the largest batch, while each step became
       only **{step_time_growth:.1f}x** slower: decode is bound by reading weights (and, at
       long contexts, the KV cache), not by arithmetic.
+    * This device's roofline puts the ridge at {peaks.ridge:.1f} FLOP/byte: decode crosses it
+      near batch {knee_batch}, a prefill sits far to its right.
 
     ## Where the code lives
 
+    * `minivllm/roofline.py`: `measure_peaks` and `StepCost`, the course's one cost model.
     * `minivllm/kv_cache.py`: `kv_bytes_per_token`, `ContiguousAllocator` (this lesson's slab
       per request) and the KV pool layout.
     * `minivllm/attention.py`: how attention finds a sequence's K/V through its block table;

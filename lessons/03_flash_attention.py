@@ -8,6 +8,7 @@ app = marimo.App(width="medium")
 def _():
     import minivllm  # noqa: F401  first: without CUDA it switches Triton's interpreter on
 
+    import math
     import time
 
     import marimo as mo
@@ -20,7 +21,8 @@ def _():
     from minivllm.config import ModelConfig
     from minivllm.loader import load_hf_config, resolve_model_path
     return (ModelConfig, default_tiles, flash_attention, flash_attention_reference,
-            load_hf_config, mo, plt, random_paged_batch, resolve_model_path, time, torch)
+            load_hf_config, math, mo, plt, random_paged_batch, resolve_model_path, time,
+            torch)
 
 
 @app.cell
@@ -104,22 +106,32 @@ def _(D, H, mo, time, torch):
         _naive = best_ms(lambda: naive_attention(_q, _k, _v, D ** -0.5))
         _fused = best_ms(lambda: torch.nn.functional.scaled_dot_product_attention(
             _q, _k, _v, is_causal=True))
+        # The same arithmetic as the naive version: every score computed, none skipped.
+        _full = best_ms(lambda: torch.nn.functional.scaled_dot_product_attention(_q, _k, _v))
         _s_bytes = H * _t * _t * 4
-        naive_rows.append((_t, _s_bytes, _naive, _fused))
+        naive_rows.append((_t, _s_bytes, _naive, _fused, _full))
         print(f"T={_t:5d}: S (and P) {_s_bytes / 2**20:8.1f} MiB each per layer (fp32, {H} "
-              f"heads), naive {_naive:8.2f} ms, fused SDPA {_fused:7.2f} ms")
+              f"heads), naive {_naive:8.2f} ms, fused SDPA {_fused:7.2f} ms causal, "
+              f"{_full:7.2f} ms without the causal skip")
     return best_ms, naive_attention, naive_rows
 
 
 @app.cell
 def _(mo, naive_rows):
-    _t, _b, _n, _f = naive_rows[-1]
+    _t, _b, _n, _f, _full = naive_rows[-1]
     mo.md(f"""
     Doubling the prompt quadruples the matrix: at {_t:,} tokens one layer's $S$ alone is
     **{_b / 2**20:,.0f} MiB**, and $P$ as much again, each written once and read back once.
     Here the fused version took **{_f:.1f} ms** against the naive **{_n:.1f} ms**
-    ({_n / _f:.1f}x) for the same arithmetic: the difference is memory traffic and
-    allocation, which is what FlashAttention removes.
+    ({_n / _f:.1f}x), but not for the same arithmetic. On this CPU causal SDPA skips the
+    key blocks that lie wholly above the diagonal (about half the scores), while the naive
+    version computes every score, then builds a T x T mask and makes two more passes over
+    $S$ to apply it and to softmax it. Asked for the full, unmasked product, SDPA took
+    **{_full:.1f} ms**: the causal skip is worth {_full / _f:.1f}x of the gap, and the other
+    {_n / _full:.1f}x is the naive version's extra passes and T x T allocations, through
+    this CPU's caches and DRAM. Nothing on this page measures a GPU's HBM: the traffic
+    argument below is counted, not timed, and no GPU run of this lesson is recorded yet
+    (docs/benchmarks.md).
     """)
     return
 
@@ -230,6 +242,74 @@ def _(mo, tile_slider, walk_states):
 @app.cell
 def _(mo):
     mo.md(r"""
+    ### Break it: drop one line of the loop, in fp16
+
+    A GPU kernel hands the probabilities $e^{s - m}$ to a tensor-core matmul in fp16 or
+    bf16, and fp16's largest number is 65,504, which is $e^{11.1}$. Below, the same walk
+    runs entirely in fp16 (simpler than a real kernel, which keeps $\ell$ and $O$ in fp32)
+    on scores three times larger (scores of 20 to 30 are ordinary in trained models). Pick
+    a variant: the exact loop; one without the max subtraction (exponentiate the raw
+    scores); one that keeps the running max but never rescales what it accumulated.
+    """)
+    return
+
+
+@app.cell
+def _(torch):
+    def online_softmax_fp16(s, v, tile, variant="exact"):
+        """The walk's loop in fp16, with one line optionally removed. Returns O / l."""
+        h = torch.float16
+        m, l, o = torch.tensor(float("-inf"), dtype=h), torch.zeros((), dtype=h), 0 * v[0].to(h)
+        for _start in range(0, len(s), tile):
+            s_t, v_t = s[_start:_start + tile].to(h), v[_start:_start + tile].to(h)
+            m_new = torch.maximum(m, s_t.max())
+            if variant == "no max subtraction":
+                p, alpha = torch.exp(s_t), torch.ones((), dtype=h)   # e^s overflows
+            else:
+                p, alpha = torch.exp(s_t - m_new), torch.exp(m - m_new)
+                if variant == "no rescale":
+                    alpha = torch.ones((), dtype=h)   # the bug: old terms keep the old max
+            l, o, m = l * alpha + p.sum(), o * alpha + p @ v_t, m_new
+        return (o / l).float()
+
+    BREAK_VARIANTS = ("exact", "no max subtraction", "no rescale")
+    return BREAK_VARIANTS, online_softmax_fp16
+
+
+@app.cell
+def _(BREAK_VARIANTS, mo):
+    break_pick = mo.ui.dropdown(BREAK_VARIANTS, value="no max subtraction",
+                                label="online softmax variant (fp16)")
+    break_pick
+    return (break_pick,)
+
+
+@app.cell
+def _(BREAK_VARIANTS, WALK_TILE, break_pick, mo, online_softmax_fp16, walk_s, walk_v):
+    _big = 3 * walk_s                                   # scores up to about 3x the walk's
+    _exact = _big.softmax(0) @ walk_v
+    break_errors = {}
+    for _v in BREAK_VARIANTS:
+        _out = online_softmax_fp16(_big, walk_v, WALK_TILE, _v)
+        break_errors[_v] = (float((_out - _exact).abs().max()), int((~_out.isfinite()).sum()))
+    for _v, (_err, _bad) in break_errors.items():
+        print(f"fp16 walk, {_v:>18}: max error {_err:.3g}, {_bad} of 8 outputs inf/NaN")
+    _err, _bad = break_errors[break_pick.value]
+    mo.callout(mo.md(
+        f"**{break_pick.value}** (largest score {float(_big.max()):.1f}): "
+        + (f"{_bad} of 8 outputs are inf or NaN: $e^{{s}}$ overflowed fp16, and inf / inf is "
+           "NaN. In a model, one NaN row poisons every later layer and the sampler." if _bad
+           else f"max error {_err:.3g} against the exact softmax"
+           + (" (fp16 rounding only)." if _err < 1e-2 else
+              ": finite and silently wrong, because the terms summed before the max grew "
+              "are weighted by the old max. Nothing crashes; the tokens change.")),
+        ), kind="success" if _err < 1e-2 else "danger")
+    return (break_errors,)
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
     ## The real kernel, exactly equal
 
     `kernels/flash_attention.py` runs this loop for `BLOCK_M` query rows per program, over key
@@ -291,7 +371,7 @@ def hbm_elements(T: int, d: int, block_m: int = 128) -> tuple[int, int]:
 
 
 @app.cell
-def _(D, plt):
+def _(D, math, plt):
     calc_T = [2 ** i for i in range(8, 17)]
     _naive, _tiled = zip(*(hbm_elements(t, D) for t in calc_T))
     traffic_ratio_4k = hbm_elements(4096, D)[0] / hbm_elements(4096, D)[1]
@@ -305,19 +385,29 @@ def _(D, plt):
     _ax.set_title(f"head dim {D}: tiled moves {traffic_ratio_4k:.1f}x fewer bytes at T = 4096")
     _ax.legend()
     _fig.tight_layout()
+    # Slope of each line on the log-log plot over its last doubling: 2 means quadratic.
+    traffic_slopes = {_name: math.log2(_x[-1] / _x[-2]) for _name, _x in
+                      (("naive", _naive), ("tiled", _tiled))}
     print(f"traffic per head at T=4096, head dim {D}: naive / tiled = {traffic_ratio_4k:.1f}x; "
-          f"scratch memory: naive {4096 * 4096 * 2 / 2**20:.0f} MiB, tiled 0")
+          f"scratch memory: naive {4096 * 4096 * 2 / 2**20:.0f} MiB, tiled 0; log-log slope "
+          f"from T=32k to 64k: naive {traffic_slopes['naive']:.2f}, tiled "
+          f"{traffic_slopes['tiled']:.2f}")
     _fig
-    return (traffic_ratio_4k,)
+    return traffic_ratio_4k, traffic_slopes
 
 
 @app.cell
-def _(mo):
-    mo.md(r"""
-    The ratio tends to $4B_M/d$ (8 with 128-row tiles and head dim 64): the tiled kernel is
-    still quadratic in its K/V re-reads, but it never stores anything of size T x T, and its
-    re-reads are tile-sized and regular. On a GPU that is the difference between a
-    memory-bound and a compute-bound kernel.
+def _(D, mo, traffic_slopes):
+    mo.md(rf"""
+    Read the plot's slopes, not only the gap: both lines rise by a factor of 4 per doubling
+    of T (slopes {traffic_slopes['naive']:.2f} and {traffic_slopes['tiled']:.2f} on the
+    log-log axes). FlashAttention makes attention's *memory* O(T), nothing of size T x T is
+    ever stored, but its main-memory *traffic* stays quadratic: query tile $i$ re-reads every
+    K and V tile before it. What tiling buys is a constant factor, which tends to
+    $4B_M/d$ ({4 * 128 // D} with 128-row tiles and head dim {D}), and re-reads that are
+    tile-sized and regular. That constant is why the series calls the kernel "IO-aware"
+    rather than "linear"; on a GPU it is the difference between a memory-bound and a
+    compute-bound kernel (a statement from the papers, not measured here).
 
     ## Live timing on this device
     """)
@@ -434,6 +524,7 @@ def _(
     D,
     EQ_T,
     H,
+    break_errors,
     checker_verdicts,
     kernel_errors,
     naive_attention,
@@ -441,6 +532,7 @@ def _(
     on_gpu,
     torch,
     traffic_ratio_4k,
+    traffic_slopes,
     walk_error,
     walk_states,
     walk_s,
@@ -494,6 +586,14 @@ def _(
 
     def test_tiling_moves_fewer_bytes():
         assert 6 < traffic_ratio_4k < 8
+
+    def test_each_dropped_line_breaks_fp16_softmax():
+        assert break_errors["exact"][0] < 1e-2 and break_errors["exact"][1] == 0
+        assert break_errors["no max subtraction"][1] > 0          # inf / NaN
+        assert break_errors["no rescale"][1] == 0 and break_errors["no rescale"][0] > 0.05
+
+    def test_tiled_traffic_is_still_quadratic():
+        assert all(1.9 < x <= 2.0 for x in traffic_slopes.values()), traffic_slopes
 
     def test_checker_accepts_the_rescaling_and_rejects_the_bugs():
         assert checker_verdicts == {"solution": True, "added": False, "wrong sign": False}

@@ -39,15 +39,18 @@ def _(LLM, mo, torch):
     # One loaded model, two settings of one knob: `scheduling`, switched with
     # llm.reconfigure(scheduling=...) (a fresh KV pool, the same weights). MAX_NUM_SEQS batch
     # slots. Prefix caching is off so that a prompt served twice costs the same both times.
-    # num_kv_blocks is given so that, on a GPU, the pool is not sized from free memory.
-    MAX_NUM_SEQS = 4
-    llm = LLM(max_model_len=512, max_num_seqs=MAX_NUM_SEQS, num_kv_blocks=256,
-              enable_prefix_caching=False)
+    # num_kv_blocks is given so that, on a GPU, the pool is not sized from free memory: a
+    # budget of KV_BUDGET tokens, which is 2 slabs of max_model_len (the slab layout below).
+    MAX_NUM_SEQS, MAX_MODEL_LEN, KV_BUDGET = 4, 512, 1024
+    PAGED = dict(kv_layout="paged", num_kv_blocks=KV_BUDGET // 16)
+    SLABS = dict(kv_layout="contiguous", num_kv_blocks=KV_BUDGET // MAX_MODEL_LEN)
+    llm = LLM(max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS, block_size=16,
+              enable_prefix_caching=False, **PAGED)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
           f"({str(llm.engine.dtype).removeprefix('torch.')}) · "
           f"**batch slots:** max_num_seqs = {MAX_NUM_SEQS}  \n`{llm.engine!r}`")
-    return MAX_NUM_SEQS, device, llm
+    return KV_BUDGET, MAX_MODEL_LEN, MAX_NUM_SEQS, PAGED, SLABS, device, llm
 
 
 @app.cell
@@ -74,7 +77,7 @@ def _(mo):
 
 
 @app.cell
-def _(MAX_NUM_SEQS, llm, mo, serve, spread_requests, torch):
+def _(MAX_NUM_SEQS, PAGED, llm, mo, serve, spread_requests, torch):
     # A seeded request set (minivllm.workloads.spread_requests). Output lengths are
     # log-normal around MEAN_OUT tokens; `spread` is the sigma of the log, rescaled so that
     # every spread asks for (almost) the same number of tokens in total: only the mix
@@ -87,20 +90,24 @@ def _(MAX_NUM_SEQS, llm, mo, serve, spread_requests, torch):
         """Short prompts (8 to 32 tokens), output lengths with `spread`."""
         return spread_requests(llm.tokenizer, n, mean_out, spread, prompt_range=(8, 32))
 
-    def run(scheduling, requests):
-        """Serve `requests`, all arriving at once, with `scheduling`, and read the step trace:
-        the batches (the requests scheduled in each step), the step in which each request
-        finished (counted from 1), its tokens and the wall time."""
-        res = serve(llm.reconfigure(scheduling=scheduling), requests)
+    def run(scheduling, requests, layout=PAGED, slots=MAX_NUM_SEQS):
+        """Serve `requests`, all arriving at once, with `scheduling` over a KV `layout` and
+        `slots` batch slots, and read the step trace: the batches (the requests scheduled in
+        each step), the step in which each request finished (counted from 1), its tokens and
+        the wall time."""
+        res = serve(llm.reconfigure(scheduling=scheduling, max_num_seqs=slots, **layout),
+                    requests)
         batches = [sorted(int(x.request_id.removeprefix("req-")) for x in s.scheduled)
                    for s in res.steps]
         num_out = res.num_output_tokens
         return {"batches": batches, "finish_step": res.finish_step,
                 "tokens": [o.outputs[0].token_ids for o in res.outputs],
                 "seconds": res.elapsed, "steps": len(batches), "output_tokens": num_out,
-                "slot_utilization": sum(map(len, batches)) / (len(batches) * MAX_NUM_SEQS),
+                "slot_utilization": sum(map(len, batches)) / (len(batches) * slots),
                 "tokens_per_step": num_out / len(batches),
                 "tokens_per_s": res.output_throughput,
+                "max_running": max(s.stats.num_running for s in res.steps),
+                "peak_blocks": max(s.stats.num_blocks_used for s in res.steps),
                 "out_lens": [r.params.max_tokens for r in requests]}
 
     for _mode in ("static", "continuous"):   # warm-up: first-step allocations, lazy imports
@@ -256,13 +263,50 @@ def _(continuous_run, mo, static_run):
     compute in either case (every step computed real tokens); static batching wasted
     *capacity*: steps that could have carried 4 sequences carried 1 or 2.
 
-    Two things make the continuous version possible. The scheduler must run every step (it
-    does: `LLMEngine.step` calls `Scheduler.schedule` each time), and memory must be handed
-    out per request as it arrives and grows, so that a newcomer fits next to requests of any
-    length. That is what paged KV blocks give (lesson 02): with one slab per request sized
-    for the worst case, the engine could not admit newcomers as freely.
+    The series says continuous batching is impossible without paged KV memory. That is
+    stronger than what the engine shows: the scheduler only has to run every step (it does:
+    `LLMEngine.step` calls `Scheduler.schedule` each time), and a slab freed by a finished
+    request can be handed to a newcomer just as a freed block can. What paging changes is
+    how many requests fit in the memory. The 2x2 below measures it on the same requests and
+    the same KV budget.
     """)
     return
+
+
+@app.cell
+def _(DEFAULT_SPREAD, KV_BUDGET, MAX_MODEL_LEN, SLABS, continuous_run, make_requests, mo,
+      run, static_run):
+    # Same requests, same bytes of KV: 2 slabs of max_model_len, or 64 blocks of 16 tokens.
+    _requests = make_requests(DEFAULT_SPREAD)
+    grid = {("slab", "static"): run("static", _requests, SLABS),
+            ("slab", "continuous"): run("continuous", _requests, SLABS),
+            ("paged", "static"): static_run, ("paged", "continuous"): continuous_run}
+    for (_lay, _sch), _r in grid.items():
+        print(f"{_lay:5s} x {_sch:10s}: {_r['steps']:3d} steps, at most {_r['max_running']} "
+              f"running, {_r['tokens_per_step']:.2f} tokens/step, {_r['tokens_per_s']:.1f} "
+              f"tokens/s ({_r['seconds']:.1f} s)")
+    _rows = "\n".join(
+        f"| {_name} | " + " | ".join(
+            f"{grid[_lay, _sch]['steps']} steps, {grid[_lay, _sch]['tokens_per_step']:.2f} "
+            f"tok/step, {grid[_lay, _sch]['max_running']} at once"
+            for _sch in ("static", "continuous")) + " |"
+        for _lay, _name in (("slab", f"slab of {MAX_MODEL_LEN} per request"),
+                            ("paged", "paged, 16-token blocks")))
+    mo.md(f"""
+    | KV budget {KV_BUDGET} tokens | static | continuous |
+    |---|---|---|
+    {_rows}
+
+    Continuous batching helps on slabs too (fewer steps than static on the same slabs), so it
+    is not *impossible* without pages. But the slabs cap the batch at
+    {grid[("slab", "continuous")]["max_running"]} requests, because each reserves
+    {MAX_MODEL_LEN} tokens for requests that use a few dozen; with pages the same bytes held
+    all {grid[("paged", "continuous")]["max_running"]} slots and the pool never had more than
+    {grid[("paged", "continuous")]["peak_blocks"]} of its {KV_BUDGET // 16} blocks in use. The
+    two mechanisms multiply: the bottom-right cell is the only one that is both wide and
+    refilled every step.
+    """)
+    return (grid,)
 
 
 @app.cell
@@ -334,6 +378,57 @@ def _(DEFAULT_SPREAD, compare, mo, plt):
     a page of code), which is why every serving engine batches continuously.
     """)])
     return (sweep,)
+
+
+@app.cell
+def _(DEFAULT_SPREAD, MAX_NUM_SEQS, compare, functools, make_requests, run):
+    @functools.cache
+    def compare_slots(slots):
+        """Both policies on the default request set with `slots` batch slots (cached)."""
+        if slots == MAX_NUM_SEQS:
+            return compare(DEFAULT_SPREAD)
+        _requests = make_requests(DEFAULT_SPREAD)
+        return (run("static", _requests, slots=slots),
+                run("continuous", _requests, slots=slots))
+    return (compare_slots,)
+
+
+@app.cell
+def _(MAX_NUM_SEQS, mo):
+    slots_pick = mo.ui.slider(steps=[1, 2, 4, 8], value=MAX_NUM_SEQS, show_value=True,
+                              label="max_num_seqs (batch slots)")
+    mo.md(f"""
+    ### Try it: give static batching more slots
+
+    More slots should help both policies. Before you move it, predict what happens to
+    static batching's slot utilization at 8 slots: each batch now waits for the slowest of
+    8 requests instead of 4. Each new value runs both policies (several seconds on a CPU).
+
+    {slots_pick}
+    """)
+    return (slots_pick,)
+
+
+@app.cell
+def _(compare_slots, draw_gantt, mo, plt, slots_pick):
+    _n = slots_pick.value
+    _s, _c = compare_slots(_n)
+    _fig, (_a, _b) = plt.subplots(2, 1, figsize=(10, 1.6 + 0.5 * _n), sharex=True)
+    _last = max(_s["steps"], _c["steps"])
+    draw_gantt(_a, _s, _n, f"static, {_n} slots: {_s['steps']} steps, "
+               f"{_s['slot_utilization']:.0%} of slot-steps busy", _last)
+    draw_gantt(_b, _c, _n, f"continuous, {_n} slots: {_c['steps']} steps, "
+               f"{_c['slot_utilization']:.0%} busy", _last)
+    _b.set_xlabel("engine step")
+    _fig.tight_layout()
+    _idle = round((1 - _s["slot_utilization"]) * _s["steps"] * _n)
+    mo.vstack([_fig, mo.md(
+        f"**{_n} slots**: static wasted **{_idle}** slot-steps "
+        f"({1 - _s['slot_utilization']:.0%}), continuous "
+        f"{1 - _c['slot_utilization']:.0%}. The wider the static batch, the longer its fast "
+        "members sit idle waiting for its slowest; continuous batching refills each slot "
+        "as it frees.")])
+    return
 
 
 @app.cell
@@ -413,6 +508,7 @@ def _(
     check_finish_step,
     continuous_run,
     exercise_truth,
+    grid,
     same_tokens,
     static_run,
     sweep,
@@ -434,6 +530,15 @@ def _(
         widest = max(sweep)
         assert sweep[widest][0]["steps"] > sweep[widest][1]["steps"]
 
+    def test_two_by_two_continuous_helps_on_slabs_and_paging_widens_the_batch():
+        slab_s, slab_c = grid[("slab", "static")], grid[("slab", "continuous")]
+        assert slab_c["steps"] < slab_s["steps"]               # possible without pages
+        assert slab_s["max_running"] == slab_c["max_running"] == 2
+        assert grid[("paged", "continuous")]["max_running"] == 4
+        assert grid[("paged", "continuous")]["steps"] < slab_c["steps"]
+        assert grid[("paged", "continuous")]["peak_blocks"] <= 64
+        assert slab_c["tokens"] == continuous_run["tokens"]    # same greedy tokens
+
     def test_exercise_truth_and_checker():
         assert exercise_truth == {"continuous": 8, "static": 14}
         assert "correct" in check_finish_step("continuous", 8)
@@ -444,8 +549,9 @@ def _(
 
 
 @app.cell
-def _(continuous_run, mo, static_run, step_ratio, sweep):
+def _(continuous_run, grid, mo, static_run, step_ratio, sweep):
     findings = {
+        "two_by_two_steps": {f"{_l}/{_s}": _r["steps"] for (_l, _s), _r in grid.items()},
         "static_steps": static_run["steps"],
         "continuous_steps": continuous_run["steps"],
         "static_slot_utilization": static_run["slot_utilization"],
@@ -469,6 +575,9 @@ def _(continuous_run, mo, static_run, step_ratio, sweep):
       per step against {static_run['tokens_per_step']:.2f}.
     * The gain is zero when all requests want the same length, and grows with the spread of
       lengths.
+    * Continuous batching works on slabs too; paging is what lets the same KV bytes hold the
+      whole batch: slab/continuous took {grid[("slab", "continuous")]["steps"]} steps,
+      paged/continuous {grid[("paged", "continuous")]["steps"]}.
 
     ## Where the code lives
 

@@ -73,51 +73,18 @@ def _(mo):
 
 
 @app.cell
-def _(llm, time, torch):
-    mc = llm.engine.model_config
-    ELEM = torch.empty((), dtype=llm.engine.dtype).element_size()
-    H, I, L = mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers
-    q_dim, kv_dim = mc.num_attention_heads * mc.head_dim, mc.num_key_value_heads * mc.head_dim
-    LINEAR_PARAMS = L * (H * (q_dim + 2 * kv_dim) + q_dim * H + 3 * H * I)   # per token: x2 FLOPs
-    HEAD_PARAMS = H * mc.vocab_size                                          # lm_head, per sample
+def _(llm):
+    import minivllm.roofline as _roofline
 
-    def step_cost(new_tokens, context_lens, sampled):
-        """FLOPs and bytes of one step: new_tokens[i] tokens of sequence i, which then holds
-        context_lens[i] tokens; `sampled` rows of logits."""
-        attn = sum(4 * L * q_dim * sum(range(c - n + 1, c + 1))             # QK^T and PV
-                   for n, c in zip(new_tokens, context_lens))
-        flops = 2 * LINEAR_PARAMS * sum(new_tokens) + attn + 2 * HEAD_PARAMS * sampled
-        kv_token = 2 * L * kv_dim * ELEM
-        moved = ((LINEAR_PARAMS + HEAD_PARAMS) * ELEM                    # every weight, once
-                 + kv_token * sum(context_lens)                         # KV read (and written)
-                 + sum(new_tokens) * H * 4 * ELEM)                       # activations, roughly
-        return flops, moved
-
-    def device_peaks():
-        """This device's FLOP rate (a large matmul) and bandwidth (a large copy), best of 3."""
-        dev = llm.engine.device
-        a = torch.randn(1024, 1024, device=dev, dtype=llm.engine.dtype)
-        x = torch.ones(32 * 2**20, device=dev, dtype=torch.float32)     # 128 MiB, touched
-        y = torch.zeros_like(x)
-        flops, bw = [], []
-        for _ in range(3):
-            t = time.perf_counter()
-            for _ in range(4):
-                a @ a
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            flops.append(4 * 2 * 1024**3 / (time.perf_counter() - t))
-            t = time.perf_counter()
-            y.copy_(x)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            bw.append(2 * x.numel() * 4 / (time.perf_counter() - t))        # read + write
-        return max(flops), max(bw)
-
-    PEAK_FLOPS, PEAK_BW = device_peaks()
-    RIDGE = PEAK_FLOPS / PEAK_BW
+    # The course's one cost model (minivllm/roofline.py, introduced in lesson 01): this
+    # device's peaks, measured, and a step's FLOPs and bytes from the model's shapes.
+    _cost = _roofline.StepCost.of(llm.engine.model_config, llm.engine.dtype)
+    step_cost = _cost.step          # (new_tokens, context_lens, sampled) -> (FLOPs, bytes)
+    _big = dict(n=8192, copy_mib=2048) if llm.engine.device.type == "cuda" else {}
+    _peaks = _roofline.measure_peaks(llm.engine.device, llm.engine.dtype, **_big)
+    PEAK_FLOPS, PEAK_BW, RIDGE = _peaks.flops, _peaks.bandwidth, _peaks.ridge
     print(f"this device: {PEAK_FLOPS / 1e9:.0f} GFLOP/s, {PEAK_BW / 1e9:.1f} GB/s, ridge "
-          f"{RIDGE:.1f} FLOP/byte; linear params {LINEAR_PARAMS / 1e6:.1f} M")
+          f"{RIDGE:.1f} FLOP/byte; linear params {_cost.linear_params / 1e6:.1f} M")
     return PEAK_BW, PEAK_FLOPS, RIDGE, step_cost
 
 

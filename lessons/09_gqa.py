@@ -133,7 +133,8 @@ def _(mo):
     so each K/V byte is read once per group.
 
     Pick a KV head count for SmolLM2's 9 query heads and watch what it does to the cache, the
-    pool, and the bytes a decode step reads (batch 32, 1,024-token contexts):
+    pool, and the bytes a decode step reads (batch 32, 1,024-token contexts); further down,
+    the same choice shows what the engine answers when it serves that checkpoint:
     """)
     return
 
@@ -311,6 +312,22 @@ def _(live, mo):
 
 
 @app.cell
+def _(kv_pick, live, mo):
+    # The dropdown from above, now on served checkpoints: what the engine answered with it.
+    _kind = {"9": "MHA", "3": "GQA", "1": "MQA"}[kv_pick.value.split()[0]]
+    _r, _ref = live[_kind], live["GQA"]
+    _same = _r["tokens"] == _ref["tokens"]
+    mo.callout(mo.md(
+        f"**{kv_pick.value}**, served by the engine from the rewritten checkpoint "
+        f"({_r['blocks']:,} blocks in the pool): {_r['text']!r}. "
+        + ("Same greedy tokens as the original." if _same else
+           f"The original answers {_ref['text']!r}: the tokens changed. More sequences fit, "
+           "but it is no longer the model you trained.")),
+        kind="success" if _same else "danger")
+    return
+
+
+@app.cell
 def _(mo):
     mo.md(r"""
     ## Decode reads the cache: bytes moved per step
@@ -450,6 +467,7 @@ def _(
     kv_dtype,
     live,
     mha_same_tokens,
+    mqa_same_tokens,
     pool_bytes_per_token,
     smol_bytes,
 ):
@@ -468,6 +486,11 @@ def _(
         assert live["MHA"]["kv_heads"] == 9 and live["MQA"]["kv_heads"] == 1
         assert abs(live["GQA"]["blocks"] / live["MHA"]["blocks"] - 3) < 0.05
         assert abs(live["MQA"]["blocks"] / live["GQA"]["blocks"] - 3) < 0.05
+
+    def test_averaged_mqa_checkpoint_changes_the_tokens():
+        # The widget's break: the squeezed checkpoint fits 3x the blocks and answers
+        # differently (greedy, 2 prompts x 6 tokens).
+        assert not mqa_same_tokens
 
     def test_decode_bytes_fall_with_kv_heads():
         assert [b for _, b, _ in decode_rows] == sorted(b for _, b, _ in decode_rows)[::-1]

@@ -15,8 +15,10 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
+    from minivllm.roofline import StepCost, measure_peaks
     from minivllm.workloads import Request, serve
-    return LLM, Request, SamplingParams, functools, math, mo, np, plt, serve, torch
+    return (LLM, Request, SamplingParams, StepCost, functools, math, measure_peaks, mo, np,
+            plt, serve, torch)
 
 
 @app.cell
@@ -307,11 +309,15 @@ def _(
 @app.cell
 def _(mo):
     mo.md(r"""
-    On a GPU a decode step barely uses the arithmetic units, so adding a few hundred prefill
-    tokens to it costs little extra time: the chunk fills arithmetic that the decodes leave
-    idle, and one pass keeps both the compute and the memory bandwidth busy. On a CPU there
-    is no such slack: step time grows with the tokens in the step almost in proportion (the
-    plot in the next section shows it), so here chunking buys smoothness, not throughput.
+    Does a chunk ride along with the decodes for free? Lesson 01's roofline answers it: a
+    step below the ridge waits on reading the weights and has idle arithmetic to spare; a
+    step above it pays for every token. On a GPU the ridge is high (near 300 FLOP/byte in
+    bf16 on an H100, from its data sheet) and a step stays memory-bound up to a few hundred
+    tokens, so a chunk of that size fills arithmetic the decodes leave idle. On this CPU the
+    ridge is low, the knee comes within the first few dozen tokens, and every chunk below is past
+    it: step time grows with the tokens in the step almost in proportion (the right-hand
+    plot in the next section, and the roofline after it), so here chunking buys smoothness,
+    not throughput.
     """)
     return
 
@@ -413,7 +419,45 @@ def _(BUDGET, MAX_MODEL_LEN, mo, np, plt, run_budget, with_chunks, without):
     {ms_per_token:.2f} ms. (This lesson's default budget, {BUDGET}, took
     {with_chunks['long_prefill_steps']} chunks.)
     """)])
-    return (sweep,)
+    return ms_per_token, sweep
+
+
+@app.cell
+def _(StepCost, llm, measure_peaks, mo, ms_per_token, sweep):
+    # Lesson 01's cost model (minivllm/roofline.py), applied to a step of n tokens: it waits
+    # on the weights (bytes / bandwidth) or on its arithmetic (FLOPs / peak), the larger.
+    _on_gpu = llm.engine.device.type == "cuda"
+    peaks = measure_peaks(llm.engine.device, llm.engine.dtype,
+                          **(dict(n=8192, copy_mib=2048) if _on_gpu else {}))
+    _cost = StepCost.of(llm.engine.model_config, llm.engine.dtype)
+    # The knee in tokens per step: where the step's FLOPs per byte reach the ridge.
+    def _intensity(n):
+        flops, moved = _cost.step([n], [n], 1)
+        return flops / moved
+
+    knee_tokens = next(_n for _n in range(1, 1 << 16) if _intensity(_n) >= peaks.ridge)
+    # Above the knee each token adds its FLOPs: the roofline's ms per token.
+    _f1, _f2 = (_cost.step([_n], [_n], 1)[0] for _n in (256, 257))
+    roofline_ms_per_token = 1e3 * (_f2 - _f1) / peaks.flops
+    smallest_chunk = min(sweep)
+    print(f"roofline: ridge {peaks.ridge:.1f} FLOP/byte ({peaks.flops / 1e9:.1f} GFLOP/s, "
+          f"{peaks.bandwidth / 1e9:.1f} GB/s), knee at {knee_tokens} tokens per step; "
+          f"{roofline_ms_per_token:.2f} ms per token above it, measured {ms_per_token:.2f}")
+    mo.md(f"""
+    **The same roofline as lesson 01.** On this device a step reaches the ridge
+    ({peaks.ridge:.1f} FLOP/byte, measured) at about **{knee_tokens} tokens**; the smallest
+    budget above is {smallest_chunk}, so every chunk here is compute-bound and the roofline
+    says each of its tokens costs at least {roofline_ms_per_token:.2f} ms at this device's
+    peak matmul rate. The steps measured {ms_per_token:.2f} ms per token (the slope of the
+    fastest steps), {ms_per_token / roofline_ms_per_token:.1f}x that bound: work the model
+    leaves out (attention's softmax, norms, activations), matmuls smaller than the peak's,
+    and on a shared machine other jobs. Either way step time grows with the tokens in the
+    step, as a compute-bound step's must. Lesson 01's "step time
+    nearly flat" is the other side of the same knee: decode steps of 1 to 8 tokens sit left
+    of it. No GPU run of this lesson is recorded yet (docs/benchmarks.md), so the GPU side
+    of this paragraph is the data sheet's, not a measurement.
+    """)
+    return knee_tokens, roofline_ms_per_token
 
 
 @app.cell
@@ -478,12 +522,20 @@ def _(
     check_first_token_step,
     exercise_chunks,
     exercise_truth,
+    knee_tokens,
     predicted_chunks,
     same_tokens,
     sweep,
+    torch,
     with_chunks,
     without,
 ):
+    def test_every_chunk_is_past_the_roofline_knee_on_cpu():
+        # The knee (tokens where a step's FLOPs per byte reach the measured ridge) is below
+        # the smallest chunk on a CPU: there is no idle arithmetic for a chunk to fill.
+        if not torch.cuda.is_available():
+            assert 1 < knee_tokens < min(sweep), knee_tokens
+
     def test_chunked_steps_stay_within_budget():
         assert with_chunks["total"].max() <= BUDGET
         for _b, _r in sweep.items():
@@ -516,7 +568,7 @@ def _(
 
 
 @app.cell
-def _(BUDGET, mo, predicted_chunks, sweep, with_chunks, without):
+def _(BUDGET, knee_tokens, mo, predicted_chunks, sweep, with_chunks, without):
     findings = {
         "unchunked_largest_step_tokens": int(without["total"].max()),
         "chunked_largest_step_tokens": int(with_chunks["total"].max()),
@@ -530,6 +582,7 @@ def _(BUDGET, mo, predicted_chunks, sweep, with_chunks, without):
         "long_ttft_ms": {"off": 1000 * without["long_ttft_s"],
                          "on": 1000 * with_chunks["long_ttft_s"]},
         "long_ttft_steps_by_budget": {str(_b): _r["long_ttft_steps"] for _b, _r in sweep.items()},
+        "roofline_knee_tokens": knee_tokens,
     }
     print("findings:", findings)
     mo.md(f"""

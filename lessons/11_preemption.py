@@ -78,6 +78,10 @@ def _(mo):
     * **swap**: copy its blocks to a pool in host memory and park it; before any new request
       is admitted, it is copied back. No compute is repeated, but every block crosses the
       host link twice (on a GPU, PCIe).
+
+    vLLM's current engine (V1) preempts by recompute only; swap was an option of its
+    earlier engine (V0), and the series still describes both. minivllm keeps swap
+    (`preemption_mode="swap"`) so that the two can be measured side by side.
     """)
     return
 
@@ -85,14 +89,16 @@ def _(mo):
 @app.cell
 def _(BLOCK_SIZE, Request, SamplingParams, cdiv, collections, llm, np, serve, torch):
     # The request set: NUM_REQUESTS requests arrive together. EOS is ignored, so every run
-    # generates the same number of tokens and can be compared token for token.
-    NUM_REQUESTS = 16 if torch.cuda.is_available() else 8
+    # generates the same number of tokens and can be compared token for token. Enough of
+    # them that a tail percentile is not just the slowest request, short enough to sweep
+    # many pools in a minute on a CPU.
+    NUM_REQUESTS = 64 if torch.cuda.is_available() else 24
     _rng = np.random.default_rng(0)
     _text = llm.tokenizer.encode(
         "When memory runs out, somebody has to give some back. The scheduler picks the "
         "youngest running request, releases its blocks, and lets the older ones finish. " * 20)
-    _prompt_lens = _rng.integers(16, 49, NUM_REQUESTS)
-    _out_lens = _rng.integers(6, 25, NUM_REQUESTS)
+    _prompt_lens = _rng.integers(16, 33, NUM_REQUESTS)
+    _out_lens = _rng.integers(4, 17, NUM_REQUESTS)
     requests = [(_text[9 * i: 9 * i + int(p)], int(o))
                 for i, (p, o) in enumerate(zip(_prompt_lens, _out_lens))]
     # The working set: blocks needed if every request ran at once, at its full length.
@@ -130,6 +136,7 @@ def _(BLOCK_SIZE, Request, SamplingParams, cdiv, collections, llm, np, serve, to
                        "swapped": s.stats.num_swapped} for s in res.steps],
             "step_s": step_s, "wall_s": float(step_s.sum()),
             "preemptions": res.steps[-1].stats.num_preemptions,   # since reconfigure
+            "peak_blocks": max(s.stats.num_blocks_used for s in res.steps),
             "swapped_out_blocks": blocks_swapped_out(res.steps),
             "recomputed_tokens": scheduled - useful, "useful_tokens": useful,
             "tokens": [o.outputs[0].token_ids for o in res.outputs],
@@ -138,6 +145,7 @@ def _(BLOCK_SIZE, Request, SamplingParams, cdiv, collections, llm, np, serve, to
             "p50_s": float(np.percentile(e2e, 50)), "p99_s": float(np.percentile(e2e, 99)),
             "p50_steps": float(np.percentile(finish, 50)),
             "p99_steps": float(np.percentile(finish, 99)),
+            "p90_steps": float(np.percentile(finish, 90)),
             "p50_ttft_s": float(np.percentile(ttft, 50)),
             "p99_ttft_s": float(np.percentile(ttft, 99)),
         }
@@ -162,17 +170,23 @@ def _(
         """The request set on a pool of `pool` blocks with one policy (cached)."""
         return run_set(requests, mode, pool)
 
-    # Pool sizes as fractions of the working set, never below what the largest request
-    # needs alone (the engine refuses a request that could never fit).
-    POOLS = sorted({max(largest_request_blocks + 1, round(saturation_blocks * _f))
-                    for _f in (0.3, 0.5, 0.75, 1.5)})
+    # What the schedule holds at its peak when memory is no constraint (max_num_seqs still
+    # is): the pool size below which something must wait or be evicted.
+    UNCONSTRAINED = 128
+    peak_demand = run("recompute", UNCONSTRAINED)["peak_blocks"]
+    # A fine sweep, every 2 blocks, from well below that peak to just above it; never below
+    # what the largest request needs alone (the engine refuses one that could never fit).
+    POOLS = sorted({max(largest_request_blocks + 1, _p)
+                    for _p in range(peak_demand - 14, peak_demand + 3, 2)} | {UNCONSTRAINED})
     mo.md(f"""
-    {NUM_REQUESTS} requests, prompts of 16 to 48 tokens, 6 to 24 output tokens each,
-    all arriving at once. Run together at their full length they would hold
-    **{saturation_blocks} blocks**: the pool's saturation point for this set. The largest
-    request alone needs {largest_request_blocks}. Pools measured below: {POOLS} blocks.
+    {NUM_REQUESTS} requests, prompts of 16 to 32 tokens, 4 to 16 output tokens each,
+    all arriving at once, at most 16 running together (`max_num_seqs`). Run all at once at
+    full length they would hold {saturation_blocks} blocks; with 16 at a time, the
+    unconstrained schedule held at most **{peak_demand} blocks** at its peak: the peak
+    concurrent block demand, measured on a pool of {UNCONSTRAINED}. The largest request
+    alone needs {largest_request_blocks}. Pools measured below: {POOLS} blocks.
     """)
-    return POOLS, run
+    return POOLS, peak_demand, run
 
 
 @app.cell
@@ -182,36 +196,50 @@ def _(mo):
 
     The recompute engine serves the same request set on pools of several sizes. Left: the
     end-to-end latency of the requests (arrival to last token), median and 99th percentile
-    (with this few requests, p99 is about the slowest one). Right: how many preemptions
+    and 90th percentile. With 24 requests, p99 is an interpolation between the two slowest,
+    so the 90th (two requests above it) is plotted; a p99 that means something needs a few
+    hundred requests, more than a CPU serves in a minute. Right: how many preemptions
     happened and how many tokens had to be computed a second time.
     """)
     return
 
 
 @app.cell
-def _(POOLS, mo, np, plt, run, saturation_blocks):
+def _(POOLS, mo, np, plt, peak_demand, run):
     sweep = {_p: run("recompute", _p) for _p in POOLS}
+    _fine = POOLS[:-1]                  # the every-2-blocks sweep; POOLS[-1] is unconstrained
+    _free = sweep[POOLS[-1]]
+    # The knee: the smallest pool from which on nothing is preempted and the last request
+    # finishes in the same step as on the unconstrained pool.
+    knee = min(_p for _p in POOLS if all(sweep[_q]["num_steps"] == _free["num_steps"]
+                                         and not sweep[_q]["preemptions"]
+                                         for _q in POOLS if _q >= _p))
     _fig, (_a, _b, _c) = plt.subplots(1, 3, figsize=(12, 3.4))
-    for _ax, _unit, _scale in ((_a, "s", "s"), (_b, "steps", "steps")):
-        _ax.plot(POOLS, [sweep[_p][f"p99_{_scale}"] for _p in POOLS], "o-", color="tab:red",
-                 label="p99")
-        _ax.plot(POOLS, [sweep[_p][f"p50_{_scale}"] for _p in POOLS], "o-",
+    for _ax, _scale in ((_a, "s"), (_b, "steps")):
+        if _scale == "steps":
+            _ax.plot(_fine, [sweep[_p]["p90_steps"] for _p in _fine], "o-", color="tab:red",
+                     label="p90")
+        else:
+            _ax.plot(_fine, [np.percentile(sweep[_p]["e2e_s"], 90) for _p in _fine], "o-",
+                     color="tab:red", label="p90")
+        _ax.plot(_fine, [sweep[_p][f"p50_{_scale}"] for _p in _fine], "o-",
                  color="tab:blue", label="p50")
-        _ax.axvline(saturation_blocks, color="k", ls="--", lw=1, label="working set")
+        _ax.axvline(peak_demand, color="k", ls="--", lw=1, label="peak block demand")
+        _ax.axvline(knee, color="tab:green", ls=":", lw=2, label="knee")
         _ax.set_xlabel("KV pool, blocks")
         _ax.set_ylim(bottom=0)
     _a.set_ylabel("end-to-end latency, s")
     _a.set_title("latency (RequestOutput.metrics)", fontsize=10)
-    _a.legend(fontsize=8)
+    _a.legend(fontsize=7)
     _b.set_ylabel("end-to-end latency, engine steps")
     _b.set_title("the same in steps (no timing noise)", fontsize=10)
-    _w = 0.35 * (POOLS[1] - POOLS[0]) if len(POOLS) > 1 else 1
-    _c.bar(np.array(POOLS) - _w / 2, [sweep[_p]["preemptions"] for _p in POOLS], _w,
+    _w = 0.8
+    _c.bar(np.array(_fine) - _w / 2, [sweep[_p]["preemptions"] for _p in _fine], _w,
            color="tab:purple", label="preemptions")
     _c2 = _c.twinx()
-    _c2.bar(np.array(POOLS) + _w / 2, [sweep[_p]["recomputed_tokens"] for _p in POOLS], _w,
+    _c2.bar(np.array(_fine) + _w / 2, [sweep[_p]["recomputed_tokens"] for _p in _fine], _w,
             color="tab:orange", label="tokens computed twice")
-    _c.axvline(saturation_blocks, color="k", ls="--", lw=1)
+    _c.axvline(peak_demand, color="k", ls="--", lw=1)
     _c.set_xlabel("KV pool, blocks")
     _c.set_ylabel("preemptions", color="tab:purple")
     _c2.set_ylabel("tokens computed twice", color="tab:orange")
@@ -220,27 +248,32 @@ def _(POOLS, mo, np, plt, run, saturation_blocks):
     for _p in POOLS:
         _r = sweep[_p]
         print(f"pool {_p:3d} blocks: {_r['num_steps']:3d} steps, {_r['preemptions']:2d} "
-              f"preemptions, {_r['recomputed_tokens']:4d} tokens recomputed, latency p50 "
-              f"{_r['p50_s']:5.2f} s / p99 {_r['p99_s']:5.2f} s (in steps: p50 "
-              f"{_r['p50_steps']:.0f}, p99 {_r['p99_steps']:.0f}), wall {_r['wall_s']:.1f} s")
+              f"preemptions, {_r['recomputed_tokens']:4d} tokens recomputed, latency in steps"
+              f" p50 {_r['p50_steps']:.0f} / p90 {_r['p90_steps']:.0f} / p99 "
+              f"{_r['p99_steps']:.0f}, p99 {_r['p99_s']:5.2f} s, wall {_r['wall_s']:.1f} s")
+    print(f"knee at {knee} blocks; peak concurrent block demand {peak_demand} blocks")
     _fig
-    return (sweep,)
+    return knee, sweep
 
 
 @app.cell
-def _(POOLS, mo, saturation_blocks, sweep):
+def _(POOLS, knee, mo, peak_demand, sweep):
     _small, _large = sweep[POOLS[0]], sweep[POOLS[-1]]
     mo.md(f"""
-    Above the working set ({saturation_blocks} blocks) the pool size does not matter: every
-    request runs from start to finish, nobody is preempted, and the slowest request is done
-    after {_large['num_steps']} steps. Below it, requests queue for blocks, the youngest
-    running ones are evicted and their tokens computed again. At {POOLS[0]} blocks the p99
-    latency was **{_small['p99_steps'] / _large['p99_steps']:.1f}x** that of the large pool in
-    steps ({_small['p99_s'] / _large['p99_s']:.1f}x in seconds on this machine), the median
-    **{_small['p50_steps'] / _large['p50_steps']:.1f}x**, with {_small['preemptions']}
-    preemptions and {_small['recomputed_tokens']} tokens computed twice. Nothing changes
-    until the pool drops below the working set, then every block less costs more: that is
-    the cliff a server sees in its p99 when it runs near its pool's saturation point.
+    From {knee} blocks up the pool size barely matters: nobody is preempted, nothing is
+    computed twice, and the slowest request is done after
+    {_large['num_steps']} steps, as on a pool of {POOLS[-1]}. That knee sits at
+    **{knee}** blocks against a peak concurrent demand of **{peak_demand}**: the schedule
+    needs its peak only for a step or two, and {"a few blocks less only delays an admission"
+    if knee < peak_demand else "any block less costs"}. Below the knee, requests queue for
+    blocks, the youngest running ones are evicted and their tokens computed again. At
+    {POOLS[0]} blocks the p90 latency was
+    **{_small['p90_steps'] / _large['p90_steps']:.1f}x** that of the unconstrained pool in
+    steps ({_small['p99_s'] / _large['p99_s']:.1f}x for p99 in seconds on this loaded
+    machine), the median **{_small['p50_steps'] / _large['p50_steps']:.1f}x**, with
+    {_small['preemptions']} preemptions and {_small['recomputed_tokens']} tokens computed
+    twice. That is the cliff a server sees in its tail latency when it runs near its pool's
+    saturation point.
     """)
     return
 
@@ -278,13 +311,13 @@ def _(plt):
 
 
 @app.cell
-def _(POOLS, mo, saturation_blocks):
+def _(POOLS, mo, peak_demand):
     pool = mo.ui.slider(POOLS[0], POOLS[-1], step=1, value=POOLS[1], show_value=True,
                         label="KV pool, blocks")
     mo.md(f"""
     ### Try it: find the cliff
 
-    The working set of this request set is {saturation_blocks} blocks. Slide the pool down
+    The peak concurrent demand of this request set is {peak_demand} blocks. Slide the pool down
     from the top and watch when preemptions start, and how quickly the work grows once they
     do. Is the first preemption where you expected it? Each new size runs both policies (a
     few seconds on a CPU).
@@ -349,7 +382,8 @@ def _(POOLS, block_bytes, mo, run):
     live in the same RAM, so a swap is a plain memory copy. On a GPU the copy crosses PCIe
     and waits on it, while a recompute is a prefill, the kind of work a GPU does fastest;
     which one wins then depends on the workload: long contexts make recompute expensive,
-    short ones make it cheap.
+    short ones make it cheap. (That GPU trade-off is reasoned, not measured: no GPU run of
+    this lesson is recorded yet in docs/benchmarks.md.)
     """)
     return (compared,)
 
@@ -422,6 +456,8 @@ def _(
     check_preemption,
     compared,
     exercise_truth,
+    knee,
+    peak_demand,
     saturation_blocks,
     sweep,
 ):
@@ -430,18 +466,21 @@ def _(
         for _r in [*sweep.values(), *compared.values()]:
             assert _r["tokens"] == _reference, (_r["mode"], _r["pool"])
 
-    def test_preemption_below_saturation_none_above():
+    def test_preemption_below_the_knee_none_from_peak_demand_up():
         assert POOLS[-1] >= saturation_blocks
-        assert sweep[POOLS[-1]]["preemptions"] == 0
-        assert sweep[POOLS[-1]]["recomputed_tokens"] == 0
-        assert sweep[POOLS[0]]["preemptions"] > 0 and sweep[POOLS[1]]["preemptions"] > 0
+        for _p in POOLS:
+            if _p >= peak_demand:       # the unconstrained schedule fits: it is the same run
+                assert sweep[_p]["preemptions"] == 0 == sweep[_p]["recomputed_tokens"]
+                assert sweep[_p]["num_steps"] == sweep[POOLS[-1]]["num_steps"]
+        assert POOLS[0] < knee <= peak_demand
+        assert sweep[POOLS[0]]["preemptions"] > 0
 
-    def test_p99_latency_smallest_pool_above_largest():
+    def test_tail_latency_smallest_pool_above_largest():
         # In engine steps: deterministic. (The same in seconds is printed, but wall time on a
         # shared machine can jump several-fold between two runs, so it is not asserted.)
         _small, _large = sweep[POOLS[0]], sweep[POOLS[-1]]
-        assert _small["p99_steps"] > 1.5 * _large["p99_steps"]
-        assert _small["p50_steps"] > _large["p50_steps"]
+        assert _small["p90_steps"] > _large["p90_steps"]
+        assert _small["num_steps"] > _large["num_steps"]
 
     def test_swap_recomputes_nothing_and_moves_blocks():
         for _p in POOLS[:2]:
@@ -459,11 +498,13 @@ def _(
 
 
 @app.cell
-def _(POOLS, block_bytes, compared, mo, saturation_blocks, sweep):
+def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sweep):
     _small, _large = sweep[POOLS[0]], sweep[POOLS[-1]]
     _rc, _sw = compared[("recompute", POOLS[0])], compared[("swap", POOLS[0])]
     findings = {
         "saturation_blocks": saturation_blocks,
+        "peak_demand_blocks": peak_demand,
+        "knee_blocks": knee,
         "preemptions_by_pool": {str(_p): _r["preemptions"] for _p, _r in sweep.items()},
         "recomputed_tokens_by_pool": {str(_p): _r["recomputed_tokens"]
                                       for _p, _r in sweep.items()},
@@ -478,8 +519,8 @@ def _(POOLS, block_bytes, compared, mo, saturation_blocks, sweep):
     mo.md(f"""
     ## What we found
 
-    * With a pool at or above the working set ({saturation_blocks} blocks here), nothing is
-      preempted; at {POOLS[0]} blocks the recompute engine preempted
+    * From a pool of {knee} blocks up (the peak concurrent demand is {peak_demand}), nothing
+      is preempted; at {POOLS[0]} blocks the recompute engine preempted
       **{_small['preemptions']}** times and computed **{_small['recomputed_tokens']}**
       tokens twice.
     * p99 latency at {POOLS[0]} blocks was **{_small['p99_s']:.2f} s** against

@@ -261,18 +261,20 @@ def main(argv=None) -> None:
     p.add_argument("--num-questions", type=int, default=32)
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=16)
-    from minivllm import bench_compile, bench_guided, bench_quant, bench_tp
+    from minivllm import bench_ablation, bench_compile, bench_guided, bench_quant, bench_tp
     from minivllm import bench_lora as bench_lora_module
     from minivllm.bench_spec import add_parser, bench_spec
     add_parser(sub)
     from minivllm.bench_lora import bench_lora
-    for module in (bench_tp, bench_compile, bench_guided, bench_quant, bench_lora_module):
+    for module in (bench_tp, bench_compile, bench_guided, bench_quant, bench_lora_module,
+                   bench_ablation):
         module.add_parser(sub)
     args = parser.parse_args(argv)
     {"load": bench_load, "decode": bench_decode, "throughput": bench_throughput,
      "prefix": bench_prefix, "spec": bench_spec, "tp": bench_tp.bench_tp,
      "compile": bench_compile.bench_compile, "guided": bench_guided.bench_guided,
-     "quant": bench_quant.bench_quant, "lora": bench_lora}[args.command](args)
+     "quant": bench_quant.bench_quant, "lora": bench_lora,
+     "ablation": bench_ablation.bench_ablation}[args.command](args)
 
 
 if __name__ == "__main__":

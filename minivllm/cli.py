@@ -3,7 +3,7 @@
     minivllm serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-model-len N] ...
     minivllm serve --kv-transfer-config '{"kv_role": "kv_producer"}'   # a prefill/decode pair
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
-    minivllm bench {throughput,decode,prefix,load,spec,tp,compile,guided,quant,lora} ...    # = python -m minivllm.bench
+    minivllm bench {throughput,decode,prefix,load,spec,tp,compile,guided,quant,lora,ablation} ...
     minivllm bench disagg                  # prefill/decode split vs colocated (bench_disagg.py)
     minivllm disagg [MODEL] [--role both|producer|consumer] [--kv-ip IP --kv-port PORT] ...
 
@@ -20,7 +20,7 @@ import sys
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"   # its name on the hub
 BENCHMARKS = ("throughput", "decode", "prefix", "load", "spec", "tp", "compile",
-              "guided", "quant", "lora")   # minivllm/bench.py's
+              "guided", "quant", "lora", "ablation")   # minivllm/bench.py's
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
