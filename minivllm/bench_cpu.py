@@ -153,10 +153,11 @@ def main(argv=None) -> None:
           "batch-1 decode | roofline |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        hf = r.get("transformers")
-        print(f"| {r['dtype']} | {r['minivllm']:.1f} | {r.get('reference attention', 0):.1f} | "
-              f"{hf or 0:.1f} | {r['minivllm'] / hf if hf else 0:.2f}x | "
-              f"{r['batch-1 decode']:.1f} | {r['roofline']:.1f} |")
+        hf, ref = r.get("transformers"), r.get("reference attention")
+        ratio = f"{r['minivllm'] / hf:.2f}x" if hf else "-"
+        print(f"| {r['dtype']} | {r['minivllm']:.1f} | {f'{ref:.1f}' if ref else '-'} | "
+              f"{f'{hf:.1f}' if hf else '-'} | {ratio} | {r['batch-1 decode']:.1f} | "
+              f"{r['roofline']:.1f} |")
 
 
 if __name__ == "__main__":
