@@ -6,6 +6,7 @@ minivllm/triton_attention.py).
     flash_attention.py   tiled online-softmax attention over the paged cache (prefill, chunks)
     paged_attention.py   decode attention split along the context (flash-decoding)
     paged_batch.py       random paged batches for tests, benchmarks and lessons
+    cpu_attention.py     the torch backend's fast path: plain torch ops, no Triton, no padding
     bench.py             the GPU benchmark (`python -m kernels.bench`)
 
 Each kernel file carries its torch reference, a test against it and a benchmark, and runs on

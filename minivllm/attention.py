@@ -17,9 +17,10 @@ The batch is flat: the new tokens of all sequences are concatenated ([num_tokens
 vLLM do. A sequence may bring one token (decode), its whole prompt (prefill), or a chunk of it
 over K/V already cached (chunked prefill, prefix-cache hits): the same code handles all three.
 
-This file is the reference: clear, and fast enough on a CPU. It gathers each sequence's K/V
-into a padded rectangle and calls torch's scaled_dot_product_attention with a mask. The Triton
-kernels in kernels/ compute the same thing without the gather and are checked against this.
+This file is the reference: clear and obvious. It gathers each sequence's K/V into a padded
+rectangle and calls torch's scaled_dot_product_attention with a mask. The Triton kernels in
+kernels/ compute the same thing without the gather and are checked against this, and so is the
+torch backend's fast path (kernels/cpu_attention.py: no padding to the longest sequence).
 A contiguous, per-request cache (lesson 01's baseline) is the special case block_size =
 max_model_len with one block per sequence, so it runs through the same code. A quantized pool
 (kv_cache_dtype "int8" / "fp8", lesson 13) stores rows of head_dim bytes plus an fp32 scale:
@@ -47,6 +48,7 @@ class AttentionMetadata:
     # The torch backend's gather indices depend on the batch, not on the layer: the first layer
     # builds them, the other layers of the step reuse them.
     torch_layout: TorchBatchLayout | None = None
+    varlen_layout: object | None = None     # kernels.cpu_attention.VarlenLayout, the fast path's
     # The Triton backend's decode partials: the ModelRunner's, allocated once per engine.
     decode_scratch: object | None = None    # kernels.paged_attention.DecodeScratch
 
@@ -147,6 +149,12 @@ def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.d
     return backend
 
 
+# The torch backend runs the fast path of kernels/cpu_attention.py, which costs each sequence
+# its own length; True runs `paged_attention` above instead, the padded reference it is checked
+# against (tests/test_cpu_attention.py). Same numbers, to float rounding.
+USE_REFERENCE = False
+
+
 class Attention(torch.nn.Module):
     """One layer's attention: store this step's K/V, then attend over the cache.
 
@@ -173,4 +181,19 @@ class Attention(torch.nn.Module):
             from kernels.write_kv import quantize_kv
             k, v = quantize_kv(k, self.kv_cache_dtype), quantize_kv(v, self.kv_cache_dtype)
         write_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
-        return paged_attention(q, self.k_cache, self.v_cache, md, self.scale, self.kv_cache_dtype)
+        if USE_REFERENCE:
+            return paged_attention(q, self.k_cache, self.v_cache, md, self.scale,
+                                   self.kv_cache_dtype)
+        return _varlen_attention(q, self.k_cache, self.v_cache, md, self.scale, self.kv_cache_dtype)
+
+
+def _varlen_attention(q, k_cache, v_cache, md: AttentionMetadata, scale, kv_cache_dtype):
+    """The fast path (kernels/cpu_attention.py): each sequence pays for its own length only."""
+    from kernels.cpu_attention import VarlenLayout, varlen_attention
+    from kernels.write_kv import dequantize_kv
+    if md.varlen_layout is None or md.varlen_layout.block_size != k_cache.shape[1]:
+        md.varlen_layout = VarlenLayout.build(md.query_start_loc, md.seq_lens, md.block_tables,
+                                              k_cache.shape[1])   # once per step
+    dequantize = (None if kv_cache_dtype == "auto"
+                  else lambda rows: dequantize_kv(rows, kv_cache_dtype, q.dtype))
+    return varlen_attention(q, k_cache, v_cache, md.varlen_layout, scale, dequantize)

@@ -5,6 +5,7 @@
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
     minivllm bench {throughput,decode,prefix,load,spec,tp,compile,guided,quant,lora,ablation} ...
     minivllm bench disagg                  # prefill/decode split vs colocated (bench_disagg.py)
+    minivllm bench cpu                     # the CPU path: fp32/bf16 vs transformers, roofline
     minivllm disagg [MODEL] [--role both|producer|consumer] [--kv-ip IP --kv-port PORT] ...
 
 Engine flags keep vLLM's names, so a vLLM command line works after `s/vllm/minivllm/` for the
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     serve_parser(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
     b = sub.add_parser("bench", help="benchmarks: serve (against a server), "
                                      + ", ".join(BENCHMARKS) + " (offline)")
-    b.add_argument("benchmark", choices=("serve", "disagg") + BENCHMARKS)
+    b.add_argument("benchmark", choices=("serve", "disagg", "cpu") + BENCHMARKS)
     b.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags "
                    "(minivllm bench NAME --help)")
     d = sub.add_parser("disagg", help="prefill and decode roles in two processes "
@@ -175,6 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         serve(args)
+    elif args.benchmark == "cpu":
+        from minivllm import bench_cpu
+        bench_cpu.main(args.rest)
     elif args.benchmark == "disagg":
         from minivllm import bench_disagg
         bench_disagg.main(args.rest)

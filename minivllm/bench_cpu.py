@@ -1,0 +1,164 @@
+"""The CPU path at the machine's limit, in one invocation: throughput against transformers in
+fp32 and bf16, where a step's time goes, and batch-1 decode against the bandwidth roofline.
+
+    minivllm bench cpu                          # 48 held-out requests, fp32 and bf16
+    minivllm bench cpu --num-prompts 16 --dtypes float32 --hf-batch-sizes 8
+
+For each dtype, side by side in the same process:
+  * the held-out mixed workload (prompts 16-192 tokens, outputs 8-160, EOS ignored, seed 1:
+    not the seed the other benchmarks tune on) served by minivllm, by minivllm with the padded
+    reference attention (attention.USE_REFERENCE, the path before kernels/cpu_attention.py),
+    and by transformers' generate at each static batch size given (its best is the baseline);
+  * the end-to-end FLOP rate (2 x params x tokens processed / time) against a measured matmul
+    peak (minivllm/roofline.py);
+  * a torch.profiler breakdown of serving steps: matmul, attention (SDPA, K/V gathers and
+    writes) and everything else, by each op's own CPU time;
+  * batch-1 decode tok/s against its roofline, weight bytes over measured copy bandwidth.
+
+Whether the CPU has bf16 units (avx512_bf16 / amx) is printed: without them bf16 matmuls are
+emulated and slower than fp32, so on such a CPU the engine's "auto" dtype stays fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+import minivllm.attention as attention
+from minivllm.bench import run_hf_static
+from minivllm.roofline import StepCost, measure_peaks
+from minivllm.sampling_params import SamplingParams
+from minivllm.workloads import lognormal_requests, serve
+
+
+def cpu_has_bf16_units() -> bool:
+    """avx512_bf16 or AMX-BF16 in /proc/cpuinfo (Linux); False when it cannot tell."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def held_out_requests(tokenizer, num: int):
+    return lognormal_requests(tokenizer, num, prompt=(4.3, 0.6, 16, 192),
+                              output=(4.0, 0.8, 8, 160), seed=1)
+
+
+def step_breakdown(llm, requests) -> dict[str, float]:
+    """Share of own CPU time per kind of op while serving `requests`."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        serve(llm, requests)
+    kinds = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+    for e in prof.key_averages():
+        name = e.key
+        if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"):
+            kinds["matmul"] += e.self_cpu_time_total
+        elif "scaled_dot_product" in name or name in ("aten::index", "aten::index_copy_",
+                                                        "aten::index_put_"):
+            kinds["attention"] += e.self_cpu_time_total
+        else:
+            kinds["other"] += e.self_cpu_time_total
+    total = sum(kinds.values())
+    return {k: v / total for k, v in kinds.items()}
+
+
+def batch1_decode(llm, prompt: list[int], tokens: int) -> float:
+    """Decode tok/s of one request: the mean of its decode steps' durations."""
+    engine = llm.engine
+    with engine.trace() as steps:
+        llm.generate([prompt],
+                     SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True),
+                     use_tqdm=False)
+    decode = [s.duration for s in steps if not any(x.is_prefill for x in s.scheduled)]
+    return len(decode) / sum(decode)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="minivllm bench cpu", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--num-prompts", type=int, default=48)
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--hf-batch-sizes", default="8,16", help="comma-separated; '' skips")
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--no-reference", action="store_true", help="skip the padded-attention run")
+    args = p.parse_args(argv)
+    from minivllm import LLM
+    print(f"threads={torch.get_num_threads()}  cpu capability="
+          f"{torch.backends.cpu.get_cpu_capability()}  bf16 units: {cpu_has_bf16_units()}")
+    rows = []
+    for dtype in args.dtypes.split(","):
+        llm = LLM(args.model, dtype=dtype, device="cpu", max_model_len=512,
+                  max_num_seqs=args.max_num_seqs)
+        dt = llm.engine.dtype
+        requests = held_out_requests(llm.tokenizer, args.num_prompts)
+        n_out = sum(r.params.max_tokens for r in requests)
+        n_all = n_out + sum(len(r.prompt) for r in requests)
+        peaks = measure_peaks("cpu", dt)
+        cost = StepCost.of(llm.engine.model_config, dt)
+        # Warm up on the whole workload: the CPU matmul libraries set up per new shape (every
+        # batch size), and a run measured right after a short warm-up paid for that: in a
+        # first version the run measured first was 10-30% slower than the same code after it.
+        serve(llm, requests)
+        row = {"dtype": dtype}
+        if not args.no_reference:
+            attention.USE_REFERENCE = True
+            try:
+                row["reference attention"] = serve(llm, requests).output_throughput
+            finally:
+                attention.USE_REFERENCE = False
+        fast = serve(llm, requests)
+        row["minivllm"] = fast.output_throughput
+        flop_rate = 2 * cost.linear_params * n_all / fast.elapsed
+        print(f"\n[{dtype}] {len(requests)} requests, {n_out} output tokens, {n_all} "
+              f"tokens processed; peaks: {peaks.flops / 1e9:.0f} GFLOP/s matmul, "
+              f"{peaks.bandwidth / 1e9:.1f} GB/s copy")
+        print(f"minivllm            : {fast.output_throughput:7.1f} output tok/s "
+              f"({fast.elapsed:.1f} s, {len(fast.steps)} steps); FLOP rate "
+              f"{flop_rate / 1e9:.1f} GFLOP/s = {flop_rate / peaks.flops:.0%} of the matmul peak")
+        if "reference attention" in row:
+            print(f"padded reference    : {row['reference attention']:7.1f} output tok/s "
+                  f"(fast path {fast.output_throughput / row['reference attention']:.2f}x)")
+        shares = step_breakdown(llm, requests[:12])
+        print("step time (profile) : " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
+        tps = batch1_decode(llm, requests[0].prompt, 48)
+        # Batch-1 decode is bound by bytes: its roofline is bandwidth over the bytes of a step
+        # (a bf16 matmul peak measured without bf16 units says nothing about it).
+        roof = peaks.bandwidth / cost.step([1], [len(requests[0].prompt) + 24], sampled=1)[1]
+        row |= {"batch-1 decode": tps, "roofline": roof}
+        print(f"batch-1 decode      : {tps:7.1f} tok/s, roofline {roof:.1f} tok/s "
+              f"({cost.weight_bytes / 1e6:.0f} MB of weights a token): {tps / roof:.0%}")
+        if args.hf_batch_sizes:
+            from transformers import AutoModelForCausalLM
+            hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=dt).eval()
+            pad = llm.tokenizer.pad_token_id or 0
+            run_hf_static(hf, requests[:2], 2, pad)                 # warm-up
+            best = 0.0
+            for bs in map(int, args.hf_batch_sizes.split(",")):
+                t0 = time.perf_counter()
+                useful = run_hf_static(hf, requests, bs, pad)
+                secs = time.perf_counter() - t0
+                print(f"transformers (bs={bs:2d}): {useful / secs:7.1f} output tok/s ({secs:.1f} s)")
+                best = max(best, useful / secs)
+            row["transformers"] = best
+            print(f"minivllm / best transformers: {fast.output_throughput / best:.2f}x")
+            del hf
+        rows.append(row)
+        del llm
+    print("\n| dtype | minivllm tok/s | padded attention | transformers (best) | ratio | "
+          "batch-1 decode | roofline |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        hf, ref = r.get("transformers"), r.get("reference attention")
+        ratio = f"{r['minivllm'] / hf:.2f}x" if hf else "-"
+        print(f"| {r['dtype']} | {r['minivllm']:.1f} | {f'{ref:.1f}' if ref else '-'} | "
+              f"{f'{hf:.1f}' if hf else '-'} | {ratio} | {r['batch-1 decode']:.1f} | "
+              f"{r['roofline']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
