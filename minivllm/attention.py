@@ -149,9 +149,8 @@ def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.d
     return backend
 
 
-# The torch backend runs the fast path of kernels/cpu_attention.py, which costs each sequence
-# its own length; True runs `paged_attention` above instead, the padded reference it is checked
-# against (tests/test_cpu_attention.py). Same numbers, to float rounding.
+# True: the torch backend runs the padded reference above instead of the fast path of
+# kernels/cpu_attention.py (the two are tested against each other: tests/test_cpu_attention.py).
 USE_REFERENCE = False
 
 
@@ -181,10 +180,8 @@ class Attention(torch.nn.Module):
             from kernels.write_kv import quantize_kv
             k, v = quantize_kv(k, self.kv_cache_dtype), quantize_kv(v, self.kv_cache_dtype)
         write_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
-        if USE_REFERENCE:
-            return paged_attention(q, self.k_cache, self.v_cache, md, self.scale,
-                                   self.kv_cache_dtype)
-        return _varlen_attention(q, self.k_cache, self.v_cache, md, self.scale, self.kv_cache_dtype)
+        attend = paged_attention if USE_REFERENCE else _varlen_attention
+        return attend(q, self.k_cache, self.v_cache, md, self.scale, self.kv_cache_dtype)
 
 
 def _varlen_attention(q, k_cache, v_cache, md: AttentionMetadata, scale, kv_cache_dtype):

@@ -105,11 +105,3 @@ class StepRecord:
     @property
     def num_draft_tokens(self) -> int:
         return sum(s.num_draft_tokens for s in self.scheduled)
-
-    @property
-    def num_prefill_seqs(self) -> int:
-        return sum(s.is_prefill for s in self.scheduled)
-
-    @property
-    def num_decode_seqs(self) -> int:
-        return sum(not s.is_prefill for s in self.scheduled)
