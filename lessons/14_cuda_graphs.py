@@ -100,8 +100,12 @@ def _(BATCHES, breakdown, mo, plt):
     |---|---|---|---|---|
     {_rows}
 
-    The number of operations does not depend on the batch: a batch of 32 issues the same
-    ops as a batch of 1, each on a bigger tensor. So the fixed cost per op is paid once per
+    The number of operations hardly depends on the batch: a batch of 16 issues the ops of a
+    batch of 1, each on a bigger tensor. (The small difference is attention: on a CPU the engine
+    groups decode rows by length, one attention call per group, so a batch whose lengths span
+    more than 2x makes a few more calls a layer. A CUDA graph cannot allow even that: on a GPU
+    one paged-attention kernel takes every row, whatever their lengths, so every step of a
+    given batch size launches the same kernels.) So the fixed cost per op is paid once per
     step whatever the batch, and it is the larger share when the batch is small. On this
     CPU the ops run synchronously, so Python's time adds to theirs. On a GPU the ops are
     kernels launched asynchronously: the GPU idles whenever launching (a few microseconds
@@ -259,9 +263,9 @@ def _(answer, check_buckets, mo):
 
 @app.cell
 def _(BATCHES, breakdown, check_buckets, ops_per_step, same_tokens):
-    def test_op_count_does_not_depend_on_batch():
-        counts = set(ops_per_step.values())
-        assert len(counts) == 1 and counts.pop() > 30 * 10   # > 10 ops per layer
+    def test_op_count_hardly_depends_on_batch():
+        counts = sorted(ops_per_step.values())     # > 10 ops per layer, about the same for
+        assert counts[0] > 30 * 10 and counts[-1] <= 1.05 * counts[0]   # every batch size
 
     def test_compiled_tokens_identical():
         assert same_tokens
@@ -294,8 +298,8 @@ def _(BATCHES, breakdown, compile_s, compiled_ms, mo, ops_per_step, same_tokens)
     mo.md(f"""
     ## What we found
 
-    * A decode step of SmolLM2 issues **{ops_per_step[BATCHES[0]]}** operations whatever the
-      batch; at batch {BATCHES[0]} the time outside them was
+    * A decode step of SmolLM2 issues **{ops_per_step[BATCHES[0]]}** operations at batch 1
+      and about as many at every batch size; at batch {BATCHES[0]} the time outside them was
       **{100 * findings['python_share_batch_1']:.0f}%** of the step here, at batch
       {BATCHES[-1]} **{100 * findings['python_share_batch_max']:.0f}%**.
     * `torch.compile` of the norms and MLPs kept the tokens
