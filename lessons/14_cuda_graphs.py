@@ -101,11 +101,11 @@ def _(BATCHES, breakdown, mo, plt):
     {_rows}
 
     The number of operations hardly depends on the batch: a batch of 16 issues the ops of a
-    batch of 1, each on a bigger tensor. (The small difference is attention: on a CPU the engine
-    groups decode rows by length, one attention call per group, so a batch whose lengths span
-    more than 2x makes a few more calls a layer. A CUDA graph cannot allow even that: on a GPU
-    one paged-attention kernel takes every row, whatever their lengths, so every step of a
-    given batch size launches the same kernels.) So the fixed cost per op is paid once per
+    batch of 1, each on a bigger tensor. (The small difference, about one op a layer, is the
+    CPU's attention path, whose calls vary a little with the batch's shape: it groups decode
+    rows by length. A CUDA graph cannot allow even that: on a GPU one paged-attention kernel
+    takes every row whatever its length, so every step of a given batch size launches the
+    same kernels.) So the fixed cost per op is paid once per
     step whatever the batch, and it is the larger share when the batch is small. On this
     CPU the ops run synchronously, so Python's time adds to theirs. On a GPU the ops are
     kernels launched asynchronously: the GPU idles whenever launching (a few microseconds
