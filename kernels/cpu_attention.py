@@ -71,18 +71,20 @@ class VarlenLayout:
 
 
 def varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     layout: VarlenLayout, scale: float, dequantize=None) -> torch.Tensor:
+                     layout: VarlenLayout, scale: float, kv_cache_dtype: str = "auto"
+                     ) -> torch.Tensor:
     """q: [num_tokens, num_heads, head_dim] -> the same shape, attending over the pool
     k_cache/v_cache [num_blocks, block_size, kv_heads, head_dim] as `layout` says.
-    dequantize: rows -> floats, for a quantized pool (only the gathered rows are converted)."""
+    A quantized pool (kv_cache_dtype "int8" / "fp8") converts only the rows it gathers."""
     num_kv_heads, head_dim = k_cache.shape[2], q.shape[2]
     k_rows, v_rows = k_cache.flatten(0, 1), v_cache.flatten(0, 1)     # (slots, Hkv, D)
     out = torch.empty_like(q)
 
     def gather(slots):                                    # (b, L) -> 2 x (b, Hkv, L, D)
         k, v = k_rows[slots], v_rows[slots]
-        if dequantize is not None:
-            k, v = dequantize(k), dequantize(v)
+        if kv_cache_dtype != "auto":
+            from kernels.write_kv import dequantize_kv          # (it imports Triton)
+            k, v = (dequantize_kv(x, kv_cache_dtype, q.dtype) for x in (k, v))
         return k.transpose(1, 2), v.transpose(1, 2)
 
     for rows, slots, mask in layout.decode_groups:

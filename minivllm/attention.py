@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_attention import VarlenLayout, varlen_attention
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -48,7 +50,7 @@ class AttentionMetadata:
     # The torch backend's gather indices depend on the batch, not on the layer: the first layer
     # builds them, the other layers of the step reuse them.
     torch_layout: TorchBatchLayout | None = None
-    varlen_layout: object | None = None     # kernels.cpu_attention.VarlenLayout, the fast path's
+    varlen_layout: VarlenLayout | None = None   # the fast path's (kernels/cpu_attention.py)
     # The Triton backend's decode partials: the ModelRunner's, allocated once per engine.
     decode_scratch: object | None = None    # kernels.paged_attention.DecodeScratch
 
@@ -149,8 +151,8 @@ def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.d
     return backend
 
 
-# True: the torch backend runs the padded reference above instead of the fast path of
-# kernels/cpu_attention.py (the two are tested against each other: tests/test_cpu_attention.py).
+# True: the torch backend runs the padded reference above, not the fast path where each sequence
+# pays its own length (kernels/cpu_attention.py; tests/test_cpu_attention.py compares the two).
 USE_REFERENCE = False
 
 
@@ -185,12 +187,7 @@ class Attention(torch.nn.Module):
 
 
 def _varlen_attention(q, k_cache, v_cache, md: AttentionMetadata, scale, kv_cache_dtype):
-    """The fast path (kernels/cpu_attention.py): each sequence pays for its own length only."""
-    from kernels.cpu_attention import VarlenLayout, varlen_attention
-    from kernels.write_kv import dequantize_kv
     if md.varlen_layout is None or md.varlen_layout.block_size != k_cache.shape[1]:
         md.varlen_layout = VarlenLayout.build(md.query_start_loc, md.seq_lens, md.block_tables,
                                               k_cache.shape[1])   # once per step
-    dequantize = (None if kv_cache_dtype == "auto"
-                  else lambda rows: dequantize_kv(rows, kv_cache_dtype, q.dtype))
-    return varlen_attention(q, k_cache, v_cache, md.varlen_layout, scale, dequantize)
+    return varlen_attention(q, k_cache, v_cache, md.varlen_layout, scale, kv_cache_dtype)

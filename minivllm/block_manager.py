@@ -105,6 +105,10 @@ class BlockManager:
         return hits
     # --8<-- [end:prefix_match]
 
+    def num_cached_tokens(self, seq: Sequence) -> int:
+        """Leading tokens of seq whose K/V the prefix cache holds now (a KV connector asks)."""
+        return len(self._cached_prefix(seq)) * self.block_size
+
     def can_allocate(self, seq: Sequence) -> bool:
         hits = self._cached_prefix(seq)
         new = cdiv(len(seq), self.block_size) - len(hits)

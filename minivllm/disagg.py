@@ -28,10 +28,9 @@ token; greedy outputs are unchanged). A request whose KV could not be sent just 
 on the producer. A bad pairing (same role twice, no peer, different model, weights, dtype or
 block_size) is refused when the engines start, on both sides, naming the difference.
 
-Left out, compared with vLLM: asynchronous layer-by-layer sending during the forward pass
-(save_kv_layer), NIXL/RDMA and Mooncake transports, many producers and consumers behind a
-routing proxy (here one front owns the pair: DisaggLLM, served over HTTP by minivllm serve
---kv-transfer-config), and tensor parallel ranks.
+Left out, compared with vLLM: layer-by-layer sending during the forward (save_kv_layer), NIXL /
+RDMA and Mooncake transports, many producers and consumers behind a routing proxy (one front
+owns the pair here: DisaggLLM, which `minivllm serve --kv-transfer-config` serves), TP ranks.
 """
 
 from __future__ import annotations
@@ -132,9 +131,10 @@ class KVConnector:
             self.pg.send([data], self.peer, 0).wait(wait)
         if kv is not None:
             cached = self.replies.get(timeout=self.timeout)[1]
-            self.cached_tokens += cached
-            self.kv_pg.send([kv[:, :, cached:].contiguous()], self.peer, 1).wait(wait)
-            self.bytes_sent += kv[:, :, cached:].numel() * kv.element_size()
+            kv = kv[:, :, cached:].contiguous()
+            self.kv_pg.send([kv], self.peer, 1).wait(wait)
+            self.cached_tokens, self.bytes_sent = (self.cached_tokens + cached,
+                                                   self.bytes_sent + kv.numel() * kv.element_size())
 
     def _receive_loop(self) -> None:
         if self.kv_device.type == "cuda":
@@ -191,13 +191,12 @@ class KVConnector:
         self.transfer_seconds += time.perf_counter() - t0
 
     def _cached_tokens(self, prompt_token_ids: list[int]) -> int:
-        """Consumer, receiving thread: prompt tokens its prefix cache holds now (a read of the
-        cache's tables; if they are evicted before the request is admitted, it is refused)."""
+        """Consumer, receiving thread: prompt tokens its prefix cache holds now (evicted before
+        admission: refused, see kv_loader). A block evicted mid-read: send the whole prompt."""
         seq = SequenceGroup("probe", None, prompt_token_ids, SamplingParams(), -1).seqs[0]
         try:
-            bm = self.engine.block_manager
-            return len(bm._cached_prefix(seq)) * bm.block_size
-        except KeyError:            # a block evicted between two reads: send the whole prompt
+            return self.engine.block_manager.num_cached_tokens(seq)
+        except KeyError:
             return 0
 
     def kv_loader(self, meta: dict, kv: torch.Tensor):

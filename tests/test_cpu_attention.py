@@ -8,7 +8,7 @@ import minivllm.attention as attention
 from conftest import PROMPTS
 from kernels.cpu_attention import VarlenLayout, varlen_attention
 from kernels.paged_batch import random_paged_batch
-from kernels.write_kv import dequantize_kv, quantize_kv
+from kernels.write_kv import quantize_kv
 from minivllm import SamplingParams
 from minivllm.attention import AttentionMetadata, paged_attention
 
@@ -54,7 +54,7 @@ def test_fast_path_over_a_quantized_pool_matches_the_reference(kind):
     b, md, layout = _batch("mixed_step")
     kq, vq = quantize_kv(b.k_cache, kind), quantize_kv(b.v_cache, kind)
     ref = paged_attention(b.q, kq, vq, md, 0.125, kind)
-    out = varlen_attention(b.q, kq, vq, layout, 0.125, lambda r: dequantize_kv(r, kind))
+    out = varlen_attention(b.q, kq, vq, layout, 0.125, kind)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
