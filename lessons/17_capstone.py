@@ -29,16 +29,19 @@ def _(mo):
     token budget `max_num_batched_tokens`, `block_size` and the KV pool `num_kv_blocks`)
     until the engine meets it under open-loop arrivals.
 
-    **The glossary the whole course uses.** For one request:
+    **The terms, as the whole course uses them** (the site's Glossary page,
+    docs/glossary.md, defines each once, in seconds and in engine steps). For one request:
 
     * **TTFT**, time to first token: from its arrival to its first output token (queueing
-      plus prefill).
+      plus prefill). In steps, `ServeResult.ttft_steps`: the steps it was present for, up
+      to and including the one that sampled its first token.
     * **ITL**, inter-token latency: the gap between two consecutive output tokens of the
-      same request (one step, unless its step was slow or it was preempted).
+      same request (one step, unless it was preempted or left out of a step; a step's
+      seconds grow with its tokens).
     * **E2E**, end-to-end latency: from arrival to its last token.
-    * **Goodput**: requests that met every SLO, as a share of all (or per second); a server
-      that is fast on average but misses the SLO for a third of its requests has a goodput
-      of two thirds, whatever its throughput.
+    * **Goodput**: the requests that met every SLO, here as a share of the workload (per
+      second in vLLM's `bench serve`); a server that is fast on average but misses the SLO
+      for a third of its requests has a goodput of two thirds, whatever its throughput.
     """)
     return
 

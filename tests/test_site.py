@@ -36,7 +36,7 @@ REPO = lesson_runner.REPO
 SITE_DIR = REPO / "build" / "site"
 SCREENSHOTS = Path(os.environ.get("MINIVLLM_SCREENSHOTS", REPO / "build" / "screenshots"))
 LESSONS = lesson_runner.discover_lessons()
-STATIC_PAGES = ["index", "lessons/index", "catalog", "guide", "benchmarks", "api/index"]
+STATIC_PAGES = ["index", "lessons/index", "catalog", "glossary", "guide", "benchmarks", "api/index"]
 BROWSER_PAGES = STATIC_PAGES[:1] + [f"lessons/{p.stem}" for p in LESSONS] + STATIC_PAGES[1:]
 
 

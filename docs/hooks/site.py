@@ -103,11 +103,13 @@ def _measured(entry) -> str:
         if rung not in ladder or "full engine" not in ladder:
             return f"{rung}: (lesson {LADDER} did not record the ablation ladder)"
         on, off = ladder["full engine"], ladder[rung]
-        cost = "; ".join(f"{what} {_show(on[k])} → {_show(off[k])}" for k, what in (
-            ("steps", "steps"), ("tokens_per_step", "tokens/step"), ("tokens_per_s", "tokens/s"),
-            ("prefill_tokens", "prompt tokens computed"), ("largest_step", "largest step")))
+        cost = ", ".join(f"{what} {_show(on[k])} → **{_show(off[k])}**" for k, what in (
+            ("steps", "steps"), ("tokens_per_step", "tokens/step"),
+            ("prefill_tokens", "prompt tokens computed"), ("largest_step", "largest step"))
+            if k != "largest_step" or on[k] != off[k])
         same = "same tokens" if off["same_tokens"] else "**different tokens**"
-        return f"switched off ({rung}, lesson {LADDER}'s ladder): {cost}; {same}"
+        return (f"switched off ({rung}, lesson {LADDER}'s ladder): {cost}; tokens/s "
+                f"{_show(on['tokens_per_s'])} → {_show(off['tokens_per_s'])} (timed); {same}")
     if not (f := entry.get("finding")):
         return ""
     found = _found(f["lesson"])
