@@ -215,58 +215,6 @@ def _(check_config, start, summary):
 
 
 @app.cell
-def _(
-    ITL_SLO_TOKENS,
-    LADDER,
-    SOLUTION,
-    TTFT_SLO,
-    ladder,
-    solution_ok,
-    solved,
-    start,
-    start_ok,
-):
-    findings = {"start_goodput": start["goodput"], "solution_goodput": solved["goodput"],
-                "start_steps": start["steps"], "solution_steps": solved["steps"],
-                "start_preemptions": start["preemptions"], "solution": SOLUTION,
-                "slo": {"ttft_steps": TTFT_SLO, "itl_step_tokens": ITL_SLO_TOKENS},
-                # The ablation ladder, per rung (the Optimization catalog page shows it).
-                "ablation": {_n: {"steps": _r["steps"], "prefill_tokens": _r["prefill_tokens"],
-                                  "tokens_per_step": _r["tokens_per_step"],
-                                  "tokens_per_s": _r["tokens_per_s"],
-                                  "largest_step": _r["largest_step"],
-                                  "max_running": _r["max_running"],
-                                  "same_tokens": _r["tokens"] == ladder["full engine"]["tokens"]}
-                             for _n, _r in ladder.items()},
-                "ablation_settings": LADDER}
-    print("findings:", findings)
-
-    def test_start_misses_the_slo_and_the_solution_meets_it():
-        assert not start_ok and start["goodput"] < 0.5
-        assert solution_ok and solved["goodput"] >= 0.9
-
-    def test_tuning_changes_latency_not_tokens():
-        assert start["tokens"] == solved["tokens"]
-        assert solved["steps"] < start["steps"]
-
-    def test_each_rung_of_the_ladder_changes_the_schedule_not_the_tokens():
-        full, rungs = ladder["full engine"], findings["ablation"]
-        assert all(r["same_tokens"] for r in rungs.values()) and len(full["tokens"]) == 4
-        # Paging: two slabs hold two requests; the same bytes in blocks hold all four.
-        assert rungs["no paging"]["max_running"] == 2 < full["max_running"] == 4
-        assert rungs["no paging"]["steps"] > full["steps"]
-        # Continuous batching: a static batch waits for its slowest request.
-        assert rungs["no continuous batching"]["steps"] > full["steps"]
-        # Prefix caching: without it the shared system prompt is computed for every request.
-        assert rungs["no prefix caching"]["prefill_tokens"] >= (
-            full["prefill_tokens"] + 3 * 32)
-        # Chunked prefill off: a whole prompt in one step, beyond the 48-token budget.
-        assert full["largest_step"] <= 48 < rungs["no chunked prefill"]["largest_step"]
-        assert rungs["no chunked prefill"]["steps"] <= full["steps"]
-    return (findings,)
-
-
-@app.cell
 def _(mo):
     slots_pick = mo.ui.slider(steps=[1, 2, 4, 8, 16], value=16, show_value=True,
                               label="max_num_seqs, the rest of the solution kept")
@@ -358,6 +306,58 @@ def _(ladder, mo):
 
 
 @app.cell
+def _(
+    ITL_SLO_TOKENS,
+    LADDER,
+    SOLUTION,
+    TTFT_SLO,
+    ladder,
+    solution_ok,
+    solved,
+    start,
+    start_ok,
+):
+    findings = {"start_goodput": start["goodput"], "solution_goodput": solved["goodput"],
+                "start_steps": start["steps"], "solution_steps": solved["steps"],
+                "start_preemptions": start["preemptions"], "solution": SOLUTION,
+                "slo": {"ttft_steps": TTFT_SLO, "itl_step_tokens": ITL_SLO_TOKENS},
+                # The ablation ladder, per rung (the Optimization catalog page shows it).
+                "ablation": {_n: {"steps": _r["steps"], "prefill_tokens": _r["prefill_tokens"],
+                                  "tokens_per_step": _r["tokens_per_step"],
+                                  "tokens_per_s": _r["tokens_per_s"],
+                                  "largest_step": _r["largest_step"],
+                                  "max_running": _r["max_running"],
+                                  "same_tokens": _r["tokens"] == ladder["full engine"]["tokens"]}
+                             for _n, _r in ladder.items()},
+                "ablation_settings": LADDER}
+    print("findings:", findings)
+
+    def test_start_misses_the_slo_and_the_solution_meets_it():
+        assert not start_ok and start["goodput"] < 0.5
+        assert solution_ok and solved["goodput"] >= 0.9
+
+    def test_tuning_changes_latency_not_tokens():
+        assert start["tokens"] == solved["tokens"]
+        assert solved["steps"] < start["steps"]
+
+    def test_each_rung_of_the_ladder_changes_the_schedule_not_the_tokens():
+        full, rungs = ladder["full engine"], findings["ablation"]
+        assert all(r["same_tokens"] for r in rungs.values()) and len(full["tokens"]) == 4
+        # Paging: two slabs hold two requests; the same bytes in blocks hold all four.
+        assert rungs["no paging"]["max_running"] == 2 < full["max_running"] == 4
+        assert rungs["no paging"]["steps"] > full["steps"]
+        # Continuous batching: a static batch waits for its slowest request.
+        assert rungs["no continuous batching"]["steps"] > full["steps"]
+        # Prefix caching: without it the shared system prompt is computed for every request.
+        assert rungs["no prefix caching"]["prefill_tokens"] >= (
+            full["prefill_tokens"] + 3 * 32)
+        # Chunked prefill off: a whole prompt in one step, beyond the 48-token budget.
+        assert full["largest_step"] <= 48 < rungs["no chunked prefill"]["largest_step"]
+        assert rungs["no chunked prefill"]["steps"] <= full["steps"]
+    return (findings,)
+
+
+@app.cell
 def _(mo, solved, start):
     mo.md(f"""
     ## What we found
@@ -368,11 +368,16 @@ def _(mo, solved, start):
       {solved['steps']}.
     * Throughput alone would not have said so: goodput counts the requests a user would
       call served.
+    * On the ablation ladder every mechanism of Part I changed the schedule, never the
+      tokens: paging and continuous batching saved steps, prefix caching saved prompt
+      tokens, and chunked prefill saved no steps but kept every step within the budget.
 
     ## Where the code lives
 
     * `minivllm/config.py`: the four knobs and their checks; `minivllm/scheduler.py`: how
-      they shape each step; `minivllm/workloads.py`: `serve`, arrivals by step or time.
+      they shape each step; `minivllm/workloads.py`: `serve`, arrivals by step or time,
+      and the steps of each request's tokens (`ttft_steps`, `token_steps`).
+    * `minivllm/bench_ablation.py`: the ladder's rungs (`RUNGS`) and `ablation_ladder`.
     * Lesson 06 measures TTFT and ITL in seconds over HTTP (`minivllm bench serve`).
     """)
     return

@@ -208,10 +208,10 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
                 if r.follows is not None:       # the chat so far, then this message
                     prev = done[r.follows]
                     prompt = prev.prompt_token_ids + prev.outputs[0].token_ids + list(prompt)
-                engine.add_request(f"{tag}{i}", prompt, r.params)
-                arrival_step[i] = engine.num_steps - start_step
                 arrival_time[i] = (t0 + r.arrival_time if r.arrival_time and r.follows is None
                                    else time.perf_counter())     # due then, or added now
+                arrival_step[i] = engine.num_steps - start_step
+                engine.add_request(f"{tag}{i}", prompt, r.params)
                 pending.remove(i)
             for out in engine.step():
                 i, k = int(out.request_id.removeprefix(tag)), engine.num_steps - start_step
