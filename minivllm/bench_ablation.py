@@ -20,7 +20,8 @@ every machine), output tokens/s (this machine's, noisy when it is shared), and e
 the full engine. Every row must produce the same tokens: a mechanism changes when work is
 done, never what is computed. Part II's mechanisms (speculative decoding, quantization, CUDA
 graphs, tensor parallelism) have their own benchmarks and are not on this ladder yet; vLLM
-has no such ladder (its benchmarks compare whole configurations).
+has no such ladder (its benchmarks compare whole configurations). Lesson 17 runs the ladder at
+a small size and checks its counts; the site's Optimization catalog shows that run.
 """
 
 from __future__ import annotations
