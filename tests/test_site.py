@@ -103,6 +103,19 @@ def test_lesson_page_shows_its_run(built_site, lesson):
         assert printed[0] in text, f"the page lacks the printed line {printed[0]!r}"
 
 
+def test_catalog_shows_the_ladder_and_the_glossary_defines_its_terms(built_site):
+    """The catalog's Part I rows come from lesson 17's ablation ladder, every page carries the
+    glossary's abbreviations (shown on hover), and the GPU column says what it holds."""
+    catalog = (built_site / "catalog.html").read_text(encoding="utf-8")
+    assert catalog.count("lesson 17's ladder") == 4 and "did not record" not in catalog
+    assert "On a GPU" in catalog
+    glossary = (built_site / "glossary.html").read_text(encoding="utf-8")
+    for term in ("TTFT", "ITL", "TPOT", "E2E", "SLO"):
+        assert f">{term}</abbr>" in glossary, term
+    page = (built_site / "lessons" / "17_capstone.html").read_text(encoding="utf-8")
+    assert ">TTFT</abbr>" in page and 'id="findings-of-this-run"' in page
+
+
 def test_site_loads_nothing_from_the_network(built_site):
     """No script, stylesheet, image or font from another host: the site reads offline."""
     pattern = re.compile(
