@@ -29,6 +29,9 @@ def _(mo):
     cache wastes on a realistic mix of requests; and you will have seen on your own machine
     why generating a token is limited by memory traffic, not arithmetic. Every later lesson
     (paging, continuous batching, prefix caching, quantization) attacks one of these numbers.
+
+    *Terms: TTFT, ITL, E2E latency, throughput and goodput are defined once for the course,
+    in seconds and in engine steps, on the Glossary page (docs/glossary.md).*
     """)
     return
 

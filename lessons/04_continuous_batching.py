@@ -30,6 +30,9 @@ def _(mo):
     You will serve the same requests twice on the real engine, once with each policy, draw
     which request held which batch slot at every step, and measure slot utilization and
     throughput.
+
+    *Terms: TTFT, ITL, E2E latency, throughput and goodput are defined once for the course,
+    in seconds and in engine steps, on the Glossary page (docs/glossary.md).*
     """)
     return
 

@@ -39,6 +39,9 @@ def _(mo):
     prompt vLLM's automatic prefix caching will skip, and read the chain of block hashes
     that makes the lookup cheap. You will measure it on the real model with an agent whose
     every turn resends its whole history, and with many users behind one long system prompt.
+
+    *Terms: TTFT, ITL, E2E latency, throughput and goodput are defined once for the course,
+    in seconds and in engine steps, on the Glossary page (docs/glossary.md).*
     """)
     return
 

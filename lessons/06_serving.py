@@ -33,6 +33,9 @@ def _(mo):
     measure what happens if it does), predict from one number, the engine's step time, the
     request rate at which a server saturates, and recognize saturation in a load test: the
     knee after which throughput stops growing and time to first token grows without bound.
+
+    *Terms: TTFT, ITL, E2E latency, throughput and goodput are defined once for the course,
+    in seconds and in engine steps, on the Glossary page (docs/glossary.md).*
     """)
     return
 

@@ -32,6 +32,9 @@ def _(mo):
     share one engine, run the two phases as two engines in two processes with the prompt's
     KV cache sent between them over `torch.distributed`, and compute from bytes alone when
     that transfer is cheap enough to be worth it on NVLink, InfiniBand, PCIe or Ethernet.
+
+    *Terms: TTFT, ITL, E2E latency, throughput and goodput are defined once for the course,
+    in seconds and in engine steps, on the Glossary page (docs/glossary.md).*
     """)
     return
 

@@ -32,6 +32,9 @@ def _(mo):
     time to first token against everyone else's inter-token latency. You will watch the
     real scheduler pack prefill chunks and decodes into the same forward passes, step by
     step, with chunking off and on.
+
+    *Terms: TTFT, ITL, E2E latency, throughput and goodput are defined once for the course,
+    in seconds and in engine steps, on the Glossary page (docs/glossary.md).*
     """)
     return
 

@@ -33,6 +33,9 @@ def _(mo):
     request is evicted and when, and explain why tail latency climbs steeply once the block
     pool is smaller than the working set of the requests it serves. You will shrink the
     pool of the real engine step by step until preemption starts.
+
+    *Terms: TTFT, ITL, E2E latency, throughput and goodput are defined once for the course,
+    in seconds and in engine steps, on the Glossary page (docs/glossary.md).*
     """)
     return
 

@@ -6,16 +6,16 @@ app = marimo.App(width="medium")
 
 @app.cell
 def _():
-    import collections
-
     import marimo as mo
     import matplotlib.pyplot as plt
     import numpy as np
     import torch
 
     from minivllm import LLM
+    from minivllm.bench_ablation import RUNGS, ablation_ladder, ablation_workload
     from minivllm.workloads import Request, lognormal_requests, serve
-    return LLM, Request, collections, lognormal_requests, mo, np, plt, serve, torch
+    return (LLM, RUNGS, Request, ablation_ladder, ablation_workload, lognormal_requests, mo,
+            np, plt, serve, torch)
 
 
 @app.cell
@@ -29,16 +29,19 @@ def _(mo):
     token budget `max_num_batched_tokens`, `block_size` and the KV pool `num_kv_blocks`)
     until the engine meets it under open-loop arrivals.
 
-    **The glossary the whole course uses.** For one request:
+    **The terms, as the whole course uses them** (the site's Glossary page,
+    docs/glossary.md, defines each once, in seconds and in engine steps). For one request:
 
     * **TTFT**, time to first token: from its arrival to its first output token (queueing
-      plus prefill).
+      plus prefill). In steps, `ServeResult.ttft_steps`: the steps it was present for, up
+      to and including the one that sampled its first token.
     * **ITL**, inter-token latency: the gap between two consecutive output tokens of the
-      same request (one step, unless its step was slow or it was preempted).
+      same request (one step, unless it was preempted or left out of a step; a step's
+      seconds grow with its tokens).
     * **E2E**, end-to-end latency: from arrival to its last token.
-    * **Goodput**: requests that met every SLO, as a share of all (or per second); a server
-      that is fast on average but misses the SLO for a third of its requests has a goodput
-      of two thirds, whatever its throughput.
+    * **Goodput**: the requests that met every SLO, here as a share of the workload (per
+      second in vLLM's `bench serve`); a server that is fast on average but misses the SLO
+      for a third of its requests has a goodput of two thirds, whatever its throughput.
     """)
     return
 
@@ -80,27 +83,15 @@ def _(Request, llm, lognormal_requests, mo, np):
 
 
 @app.cell
-def _(ITL_SLO_TOKENS, TTFT_SLO, collections, llm, np, serve, workload):
+def _(ITL_SLO_TOKENS, TTFT_SLO, llm, np, serve, workload):
     def measure(config):
         """Serve the workload with `config` (EngineConfig fields); per request its TTFT and
-        worst ITL in steps, the largest step it waited through, and whether it met the SLO."""
+        worst ITL in steps (serve records the step of each token: ServeResult.ttft_steps,
+        token_steps), the largest step it waited through, and whether it met the SLO."""
         res = serve(llm.reconfigure(**config), workload)
-        need = {f"req-{i}": len(r.prompt) for i, r in enumerate(workload)}
-        computed, made = collections.Counter(), collections.Counter()
-        token_steps = collections.defaultdict(list)       # request -> steps that gave a token
         step_tokens = [s.num_batched_tokens for s in res.steps]
-        for i, s in enumerate(res.steps, 1):
-            for rid in s.preempted:                        # recompute: its K/V is gone
-                computed[rid] = 0
-            for x in s.scheduled:
-                computed[x.request_id] += x.num_tokens
-                if computed[x.request_id] >= need[x.request_id] + made[x.request_id]:
-                    made[x.request_id] += 1
-                    token_steps[x.request_id].append(i)
         rows = []
-        for i, r in enumerate(workload):
-            steps = token_steps[f"req-{i}"]
-            ttft = max(1, steps[0] - r.arrival_step)
+        for ttft, steps in zip(res.ttft_steps, res.token_steps):
             itl = max(np.diff(steps), default=1)
             worst = max((step_tokens[j - 1] for j in steps[1:]), default=0)
             rows.append({"ttft_steps": ttft, "itl_steps": int(itl), "worst_step": worst,
@@ -224,32 +215,6 @@ def _(check_config, start, summary):
 
 
 @app.cell
-def _(
-    ITL_SLO_TOKENS,
-    SOLUTION,
-    TTFT_SLO,
-    solution_ok,
-    solved,
-    start,
-    start_ok,
-):
-    findings = {"start_goodput": start["goodput"], "solution_goodput": solved["goodput"],
-                "start_steps": start["steps"], "solution_steps": solved["steps"],
-                "start_preemptions": start["preemptions"], "solution": SOLUTION,
-                "slo": {"ttft_steps": TTFT_SLO, "itl_step_tokens": ITL_SLO_TOKENS}}
-    print("findings:", findings)
-
-    def test_start_misses_the_slo_and_the_solution_meets_it():
-        assert not start_ok and start["goodput"] < 0.5
-        assert solution_ok and solved["goodput"] >= 0.9
-
-    def test_tuning_changes_latency_not_tokens():
-        assert start["tokens"] == solved["tokens"]
-        assert solved["steps"] < start["steps"]
-    return (findings,)
-
-
-@app.cell
 def _(mo):
     slots_pick = mo.ui.slider(steps=[1, 2, 4, 8, 16], value=16, show_value=True,
                               label="max_num_seqs, the rest of the solution kept")
@@ -274,6 +239,125 @@ def _(SOLUTION, measure, mo, slots_pick, solved, summary):
 
 
 @app.cell
+def _(mo):
+    mo.md(r"""
+    ## The ablation ladder: what each Part I mechanism buys
+
+    The series ranks serving optimizations by what they do for throughput. Here the ranking
+    is tested on this engine instead of asserted: one small workload (4 requests behind a
+    shared 32-token system prompt, greedy, all arriving at once) is served by the full
+    engine, then once with each mechanism switched off, over the same weights and the same
+    bytes of KV memory (two slabs of `max_model_len` = 128 tokens). Each rung must produce
+    the same tokens: a mechanism changes when work is done, never what is computed. The
+    counts are the same on every machine; the tokens/s are this machine's.
+    (`uv run minivllm bench ablation` runs it at a larger size; the Optimization catalog
+    page shows this table beside the series' ranking.)
+    """)
+    return
+
+
+@app.cell
+def _(RUNGS, ablation_ladder, ablation_workload, llm, plt):
+    # The settings each rung changes (minivllm/bench_ablation.py): paging off is one slab
+    # of max_model_len per request; chunked prefill off needs a budget of a whole prompt.
+    ladder_requests = ablation_workload(llm.tokenizer, 4, system_tokens=32,
+                                        prompt=(3.0, 0.5, 8, 40), output=(2.3, 0.4, 4, 12))
+    LADDER = dict(max_model_len=128, slabs=2, max_num_seqs=4, budget=48)
+    ladder = ablation_ladder(llm, ladder_requests, **LADDER)   # settings put back after
+    _full = ladder["full engine"]
+    print(f"{'rung':<24}{'steps':>6}{'prompt tok':>11}{'at once':>8}{'largest':>8}"
+          f"{'tok/step':>9}{'tok/s':>7}  same tokens   settings")
+    for _name, _r in ladder.items():
+        print(f"{_name:<24}{_r['steps']:6d}{_r['prefill_tokens']:11d}{_r['max_running']:8d}"
+              f"{_r['largest_step']:8d}{_r['tokens_per_step']:9.2f}{_r['tokens_per_s']:7.1f}"
+              f"  {str(_r['tokens'] == _full['tokens']):<12}  {RUNGS[_name] or '-'}")
+    _fig, (_a, _b) = plt.subplots(1, 2, figsize=(10, 2.8))
+    _names = list(ladder)
+    _colors = ["tab:green"] + ["tab:gray"] * (len(_names) - 1)
+    _a.barh(_names, [ladder[n]["steps"] for n in _names], color=_colors)
+    _a.set_xlabel("engine steps for the same tokens")
+    _a.invert_yaxis()
+    _b.barh(_names, [ladder[n]["prefill_tokens"] for n in _names], color=_colors)
+    _b.set_xlabel("prompt tokens computed")
+    _b.invert_yaxis()
+    _b.set_yticklabels([])
+    _fig.suptitle("the same workload with one mechanism switched off per row", fontsize=10)
+    _fig.tight_layout()
+    _fig
+    return LADDER, ladder
+
+
+@app.cell
+def _(ladder, mo):
+    _f, _p, _c, _k, _x = (ladder[n] for n in ladder)
+    mo.md(f"""
+    Read the rows against the full engine ({_f['steps']} steps, {_f['prefill_tokens']}
+    prompt tokens computed): without **paging** the same memory holds
+    {_p['max_running']} requests instead of {_f['max_running']}, and the shared prompt is
+    computed again for each ({_p['steps']} steps); without **continuous batching** a new
+    batch waits for the slowest of the last ({_c['steps']} steps); without **prefix
+    caching** the system prompt is computed
+    once for every request ({_x['prefill_tokens']} prompt tokens). Switching **chunked prefill**
+    off costs no steps here: it lets a whole prompt into one step
+    ({_k['largest_step']} tokens against a budget of 48), and everyone decoding waits through
+    it: its price is inter-token latency (lesson 10), which throughput does not show.
+    """)
+    return
+
+
+@app.cell
+def _(
+    ITL_SLO_TOKENS,
+    LADDER,
+    SOLUTION,
+    TTFT_SLO,
+    ladder,
+    solution_ok,
+    solved,
+    start,
+    start_ok,
+):
+    findings = {"start_goodput": start["goodput"], "solution_goodput": solved["goodput"],
+                "start_steps": start["steps"], "solution_steps": solved["steps"],
+                "start_preemptions": start["preemptions"], "solution": SOLUTION,
+                "slo": {"ttft_steps": TTFT_SLO, "itl_step_tokens": ITL_SLO_TOKENS},
+                # The ablation ladder, per rung (the Optimization catalog page shows it).
+                "ablation": {_n: {"steps": _r["steps"], "prefill_tokens": _r["prefill_tokens"],
+                                  "tokens_per_step": _r["tokens_per_step"],
+                                  "tokens_per_s": _r["tokens_per_s"],
+                                  "largest_step": _r["largest_step"],
+                                  "max_running": _r["max_running"],
+                                  "same_tokens": _r["tokens"] == ladder["full engine"]["tokens"]}
+                             for _n, _r in ladder.items()},
+                "ablation_settings": LADDER}
+    print("findings:", findings)
+
+    def test_start_misses_the_slo_and_the_solution_meets_it():
+        assert not start_ok and start["goodput"] < 0.5
+        assert solution_ok and solved["goodput"] >= 0.9
+
+    def test_tuning_changes_latency_not_tokens():
+        assert start["tokens"] == solved["tokens"]
+        assert solved["steps"] < start["steps"]
+
+    def test_each_rung_of_the_ladder_changes_the_schedule_not_the_tokens():
+        full, rungs = ladder["full engine"], findings["ablation"]
+        assert all(r["same_tokens"] for r in rungs.values()) and len(full["tokens"]) == 4
+        # Paging: two slabs hold two requests; the same bytes in blocks hold all four.
+        assert rungs["no paging"]["max_running"] == 2 < full["max_running"] == 4
+        assert rungs["no paging"]["steps"] > full["steps"]
+        # Continuous batching: a static batch waits for its slowest request.
+        assert rungs["no continuous batching"]["steps"] > full["steps"]
+        # Prefix caching: without it the shared system prompt is computed for every request.
+        assert rungs["no prefix caching"]["prefill_tokens"] >= (
+            full["prefill_tokens"] + 3 * 32)
+        # Chunked prefill off: a whole prompt in one step, beyond the 48-token budget.
+        assert full["largest_step"] <= 48 < rungs["no chunked prefill"]["largest_step"]
+        assert rungs["no chunked prefill"]["steps"] <= full["steps"]
+    return (findings,)
+
+
+@app.cell
 def _(mo, solved, start):
     mo.md(f"""
     ## What we found
@@ -284,11 +368,16 @@ def _(mo, solved, start):
       {solved['steps']}.
     * Throughput alone would not have said so: goodput counts the requests a user would
       call served.
+    * On the ablation ladder every mechanism of Part I changed the schedule, never the
+      tokens: paging and continuous batching saved steps, prefix caching saved prompt
+      tokens, and chunked prefill saved no steps but kept every step within the budget.
 
     ## Where the code lives
 
     * `minivllm/config.py`: the four knobs and their checks; `minivllm/scheduler.py`: how
-      they shape each step; `minivllm/workloads.py`: `serve`, arrivals by step or time.
+      they shape each step; `minivllm/workloads.py`: `serve`, arrivals by step or time,
+      and the steps of each request's tokens (`ttft_steps`, `token_steps`).
+    * `minivllm/bench_ablation.py`: the ladder's rungs (`RUNGS`) and `ablation_ladder`.
     * Lesson 06 measures TTFT and ITL in seconds over HTTP (`minivllm bench serve`).
     """)
     return

@@ -20,7 +20,8 @@ every machine), output tokens/s (this machine's, noisy when it is shared), and e
 the full engine. Every row must produce the same tokens: a mechanism changes when work is
 done, never what is computed. Part II's mechanisms (speculative decoding, quantization, CUDA
 graphs, tensor parallelism) have their own benchmarks and are not on this ladder yet; vLLM
-has no such ladder (its benchmarks compare whole configurations).
+has no such ladder (its benchmarks compare whole configurations). Lesson 17 runs the ladder at
+a small size and checks its counts; the site's Optimization catalog shows that run.
 """
 
 from __future__ import annotations
@@ -34,19 +35,21 @@ RUNGS = {                       # name -> the engine settings that switch one me
 }
 
 
-def ablation_workload(tokenizer, num_requests: int, system_tokens: int = 64, seed: int = 0):
-    """Log-normal requests (prompts 16-200, outputs 4-64 tokens) behind one system prompt."""
+def ablation_workload(tokenizer, num_requests: int, system_tokens: int = 64, seed: int = 0,
+                      prompt=(4.0, 0.7, 16, 200), output=(3.0, 0.6, 4, 64)):
+    """Log-normal requests (by default prompts 16-200, outputs 4-64 tokens; lognormal_requests'
+    (mu, sigma, min, max)) behind one system prompt."""
     from minivllm.workloads import Request, lognormal_requests, tool_catalog_prompt
     system = tool_catalog_prompt(tokenizer, "AblationBot", system_tokens)
     return [Request(system + r.prompt, r.params) for r in lognormal_requests(
-        tokenizer, num_requests, prompt=(4.0, 0.7, 16, 200), output=(3.0, 0.6, 4, 64),
-        seed=seed)]
+        tokenizer, num_requests, prompt=prompt, output=output, seed=seed)]
 
 
 def ablation_ladder(llm, requests, *, max_model_len: int = 512, slabs: int = 8,
                     max_num_seqs: int = 16, budget: int = 256) -> dict[str, dict]:
     """Serve `requests` once per rung; returns {rung: counts, seconds and tokens}. The KV
-    budget is `slabs` slabs of max_model_len for every rung (paged: the same bytes in blocks)."""
+    budget is `slabs` slabs of max_model_len for every rung (paged: the same bytes in blocks).
+    The engine's settings are put back afterwards."""
     from minivllm.kv_cache import kv_bytes_per_token
     from minivllm.workloads import serve
     engine = llm.engine
@@ -55,7 +58,7 @@ def ablation_ladder(llm, requests, *, max_model_len: int = 512, slabs: int = 8,
                 kv_cache_memory=kv_bytes, num_kv_blocks=None, scheduling="continuous",
                 enable_chunked_prefill=True, max_num_batched_tokens=budget,
                 enable_prefix_caching=True)
-    rows = {}
+    rows, before = {}, {k: getattr(engine.config, k) for k in base}
     for name, off in RUNGS.items():
         settings = base | off
         if not settings["enable_chunked_prefill"]:
@@ -67,7 +70,9 @@ def ablation_ladder(llm, requests, *, max_model_len: int = 512, slabs: int = 8,
                       "tokens_per_step": res.num_output_tokens / len(res.steps),
                       "tokens_per_s": res.output_throughput, "seconds": res.elapsed,
                       "max_running": max(s.stats.num_running for s in res.steps),
+                      "largest_step": max(s.num_batched_tokens for s in res.steps),
                       "tokens": [o.outputs[0].token_ids for o in res.outputs]}
+    llm.reconfigure(**before)
     return rows
 
 

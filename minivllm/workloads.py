@@ -138,6 +138,10 @@ class ServeResult:
     steps: list[StepRecord]
     elapsed: float                                   # seconds, first step to last
     finish_step: list[int] = field(default_factory=list)   # step each request finished in
+    # Steps are counted from 1; a request added when the engine had run k steps arrived at k.
+    arrival_step: list[int] = field(default_factory=list)  # step count when it was added
+    token_steps: list[list[int]] = field(default_factory=list)  # step of each output token
+    arrival_time: list[float] = field(default_factory=list)     # perf_counter when it arrived
 
     @property
     def num_output_tokens(self) -> int:
@@ -150,7 +154,16 @@ class ServeResult:
 
     @property
     def ttfts(self) -> list[float]:
-        return [o.metrics.ttft for o in self.outputs]
+        """Time to first token, seconds, from each request's arrival (docs/glossary.md): with
+        arrival times, the moment it was due, though the engine took it at the next step."""
+        return [None if o.metrics.first_token_time is None else o.metrics.first_token_time - t
+                for o, t in zip(self.outputs, self.arrival_time)]
+
+    @property
+    def ttft_steps(self) -> list[int]:
+        """Time to first token in engine steps: the steps a request lived through, up to and
+        including the one that produced its first token (1: the first step it was in)."""
+        return [t[0] - a if t else None for t, a in zip(self.token_steps, self.arrival_step)]
 
     @property
     def kv_utilization(self) -> float:
@@ -170,6 +183,8 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
     engine = getattr(llm, "engine", llm)
     done: dict[int, RequestOutput] = {}
     finish_step: dict[int, int] = {}
+    arrival_step, arrival_time = [0] * len(requests), [0.0] * len(requests)
+    token_steps: list[list[int]] = [[] for _ in requests]
     pending = list(range(len(requests)))
     start_step, t0 = engine.num_steps, time.perf_counter()
 
@@ -193,13 +208,20 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
                 if r.follows is not None:       # the chat so far, then this message
                     prev = done[r.follows]
                     prompt = prev.prompt_token_ids + prev.outputs[0].token_ids + list(prompt)
+                arrival_time[i] = (t0 + r.arrival_time if r.arrival_time and r.follows is None
+                                   else time.perf_counter())     # due then, or added now
+                arrival_step[i] = engine.num_steps - start_step
                 engine.add_request(f"{tag}{i}", prompt, r.params)
                 pending.remove(i)
             for out in engine.step():
+                i, k = int(out.request_id.removeprefix(tag)), engine.num_steps - start_step
+                new_tokens = len(out.outputs[0].token_ids) - len(token_steps[i])
+                token_steps[i] += [k] * new_tokens
                 if out.finished:
-                    i = int(out.request_id.removeprefix(tag))
-                    done[i], finish_step[i] = out, engine.num_steps - start_step
+                    done[i], finish_step[i] = out, k
     return ServeResult(outputs=[done[i] for i in range(len(requests))], steps=steps,
                        elapsed=time.perf_counter() - t0,
-                       finish_step=[finish_step[i] for i in range(len(requests))])
+                       finish_step=[finish_step[i] for i in range(len(requests))],
+                       arrival_step=arrival_step, token_steps=token_steps,
+                       arrival_time=arrival_time)
 # --8<-- [end:serve]

@@ -71,3 +71,24 @@ def test_catalog_findings_are_recorded_by_their_lessons(entry, lesson_run):
     found = lesson_run(f["lesson"]).findings.get("findings", {})
     missing = [n for n in f["names"] if n not in found]
     assert not missing, f"lesson {f['lesson']}'s findings dict lacks {missing} (docs/course.yml)"
+
+
+@pytest.mark.parametrize("entry", [r for r in course.COURSE["ranking"] if r.get("rung")],
+                         ids=lambda r: r["technique"])
+def test_catalog_rungs_are_on_the_ablation_ladder(entry, lesson_run):
+    """A ranking entry's `rung` is a row of the ablation ladder that lesson 17 records."""
+    from minivllm.bench_ablation import RUNGS
+    assert entry["rung"] in RUNGS, f"docs/course.yml: {entry['rung']!r} is not in {list(RUNGS)}"
+    ladder = lesson_run("17").findings.get("findings", {}).get("ablation", {})
+    assert entry["rung"] in ladder and "full engine" in ladder, sorted(ladder)
+
+
+def test_gpu_column_holds_only_recorded_runs():
+    """The GPU column is filled from a run recorded in docs/benchmarks.md, or says none is."""
+    gpu = course.COURSE["gpu"]
+    assert bool(gpu["device"]) == bool(gpu["source"]) == bool(gpu["findings"]), gpu
+    if gpu["source"]:
+        assert gpu["source"] in (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+        assert set(gpu["findings"]) <= set(course.LESSONS)
+    assert course.gpu_column()[0] == (f"On a GPU ({gpu['device']})" if gpu["device"]
+                                      else "On a GPU")

@@ -32,10 +32,28 @@ def test_step_records_say_what_each_step_did(smol):
     assert step2.num_prefill_tokens == 8 + 5 and step2.num_decode_tokens == 0
     assert run.steps[3].num_decode_tokens == 2 and run.steps[3].num_prefill_tokens == 0
     assert max(run.finish_step) == len(run.steps)
+    # Steps counted from 1 (docs/glossary.md): req-0's first token came with its last chunk
+    # (step 3), req-1 arrived after 2 steps and was prefilled whole in step 3.
+    assert run.arrival_step == [0, 2] and run.ttft_steps == [3, 1]
+    assert run.token_steps == [[3, 4, 5, 6, 7, 8]] * 2 and run.finish_step == [8, 8]
     assert [s.step for s in run.steps] == list(range(len(run.steps)))
     assert run.steps[-1].finished and run.steps[-1].stats.num_running == 0
     assert llm.engine.last_scheduler_output.num_batched_tokens == run.steps[-1].num_batched_tokens
     assert pool_is_full(llm.engine)
+
+
+def test_latency_counts_from_when_a_request_arrived(smol):
+    """An idle engine skips to the next arrival, so a request's TTFT in steps counts from the
+    step it arrived at (`arrival_step`), not from the step number it asked for; in seconds,
+    from when it was due, which is never after the engine took it."""
+    llm = smol(max_model_len=256)
+    ids = llm.tokenizer.encode("Name a colour:")
+    short = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    run = serve(llm, [Request(ids, short), Request(ids, short, arrival_step=20),
+                      Request(ids, short, arrival_time=0.05)])
+    assert run.arrival_step[1] < 20 and run.ttft_steps[1] == 1
+    assert all(t >= o.metrics.ttft > 0 for t, o in zip(run.ttfts, run.outputs))
+    assert [len(t) for t in run.token_steps] == [2, 2, 2]
 
 
 def test_parallel_sampling_is_one_group_forked_after_prefill(smol):

@@ -36,7 +36,7 @@ REPO = lesson_runner.REPO
 SITE_DIR = REPO / "build" / "site"
 SCREENSHOTS = Path(os.environ.get("MINIVLLM_SCREENSHOTS", REPO / "build" / "screenshots"))
 LESSONS = lesson_runner.discover_lessons()
-STATIC_PAGES = ["index", "lessons/index", "catalog", "guide", "benchmarks", "api/index"]
+STATIC_PAGES = ["index", "lessons/index", "catalog", "glossary", "guide", "benchmarks", "api/index"]
 BROWSER_PAGES = STATIC_PAGES[:1] + [f"lessons/{p.stem}" for p in LESSONS] + STATIC_PAGES[1:]
 
 
@@ -101,6 +101,19 @@ def test_lesson_page_shows_its_run(built_site, lesson):
 
         text = html_lib.unescape(re.sub(r"<[^>]+>", "", html))
         assert printed[0] in text, f"the page lacks the printed line {printed[0]!r}"
+
+
+def test_catalog_shows_the_ladder_and_the_glossary_defines_its_terms(built_site):
+    """The catalog's Part I rows come from lesson 17's ablation ladder, every page carries the
+    glossary's abbreviations (shown on hover), and the GPU column says what it holds."""
+    catalog = (built_site / "catalog.html").read_text(encoding="utf-8")
+    assert catalog.count("lesson 17's ladder") == 4 and "did not record" not in catalog
+    assert "On a GPU" in catalog
+    glossary = (built_site / "glossary.html").read_text(encoding="utf-8")
+    for term in ("TTFT", "ITL", "TPOT", "E2E", "SLO"):
+        assert f">{term}</abbr>" in glossary, term
+    page = (built_site / "lessons" / "17_capstone.html").read_text(encoding="utf-8")
+    assert ">TTFT</abbr>" in page and 'id="findings-of-this-run"' in page
 
 
 def test_site_loads_nothing_from_the_network(built_site):

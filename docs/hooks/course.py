@@ -33,19 +33,28 @@ def lessons_table(link=None) -> str:
     return "\n".join(rows)
 
 
-def ranking_table(link=None, measured=None) -> str:
-    """The optimizations by throughput impact; `measured(entry)` adds the mechanism and what
-    the lessons recorded (the Optimization catalog page)."""
-    extra = " Mechanism | Measured here |" if measured else ""
-    rows = ["| Rank | Technique | What it buys | Lesson |" + extra,
-            "|---|---|---|---|" + ("---|---|" if measured else "")]
+def ranking_table(link=None, columns=None) -> str:
+    """The optimizations by throughput impact; `columns` ({header: cell(entry)}) adds the
+    mechanism and those columns (the Optimization catalog page: what was measured)."""
+    heads = ["Mechanism", *columns] if columns else []
+    rows = ["| Rank | Technique | What it buys | Lesson |" + "".join(f" {h} |" for h in heads),
+            "|---|---|---|---|" + "---|" * len(heads)]
     for rank, r in enumerate(COURSE["ranking"], start=1):
         lesson = LESSONS[r["lesson"]]
         num = (f"[{r['lesson']}]({url})" if link and (url := link(lesson))
                else r["lesson"] + ("" if lesson["status"] == "written" else " (coming)"))
+        cells = [r["mechanism"], *(cell(r) for cell in columns.values())] if columns else []
         rows.append(f"| {rank} | {r['technique']} | {r['buys']} | {num} |"
-                    + (f" {r['mechanism']} | {measured(r)} |" if measured else ""))
+                    + "".join(f" {c} |" for c in cells))
     return "\n".join(rows)
+
+
+def gpu_column() -> tuple[str, dict]:
+    """The GPU column's header (with the device) and the findings recorded on it, by lesson,
+    from course.yml's `gpu` section (empty until a GPU run is recorded in benchmarks.md)."""
+    gpu = COURSE.get("gpu") or {}
+    device = gpu.get("device")
+    return (f"On a GPU ({device})" if device else "On a GPU"), (gpu.get("findings") or {})
 
 
 def modules_table(exists, link=None, lesson_link=None) -> str:

@@ -68,7 +68,8 @@ def on_files(files: Files, config, **kwargs) -> Files:
         log.info(run.summary() if run else f"{path.name}: prose and code only")
         for problem in page.problems:  # a lesson that fails must not publish quietly
             log.warning(f"lesson {path.name}: {problem} (see build/lessons/{path.stem}/run.log)")
-        files.append(File.generated(config, f"lessons/{path.stem}.md", content=page.markdown))
+        files.append(File.generated(config, f"lessons/{path.stem}.md",
+                                    content=page.markdown + "\n" + _findings_table(num, run)))
         for url, src in page.figures.items():
             files.append(File.generated(config, f"lessons/{url}", abs_src_path=str(src)))
     for m in MODULES:
@@ -78,23 +79,84 @@ def on_files(files: Files, config, **kwargs) -> Files:
     return files
 
 
+def _show(v) -> str:
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_show(x)}" for k, x in v.items())
+    if isinstance(v, list):
+        return " vs ".join(_show(x) for x in v)
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _found(lesson: str) -> dict:
+    run = RUNS.get(lesson)
+    return run.findings.get("findings", {}) if run and run.ok else {}
+
+
+LADDER = "17"  # the lesson whose findings hold the ablation ladder (its `ablation` entry)
+
+
 def _measured(entry) -> str:
-    """The values the ranking entry's `finding` names, from its lesson's recorded `findings`."""
+    """What the lessons recorded for a ranking entry: what switching its mechanism off cost on
+    the ablation ladder (`rung`), else the values its `finding` names."""
+    if rung := entry.get("rung"):
+        ladder = _found(LADDER).get("ablation", {})
+        if rung not in ladder or "full engine" not in ladder:
+            return f"{rung}: (lesson {LADDER} did not record the ablation ladder)"
+        on, off = ladder["full engine"], ladder[rung]
+        cost = ", ".join(f"{what} {_show(on[k])} → **{_show(off[k])}**" for k, what in (
+            ("steps", "steps"), ("tokens_per_step", "tokens/step"),
+            ("prefill_tokens", "prompt tokens computed"), ("largest_step", "largest step"))
+            if k != "largest_step" or on[k] != off[k])
+        same = "same tokens" if off["same_tokens"] else "**different tokens**"
+        return (f"switched off ({rung}, lesson {LADDER}'s ladder): {cost}; tokens/s "
+                f"{_show(on['tokens_per_s'])} → {_show(off['tokens_per_s'])} (timed); {same}")
     if not (f := entry.get("finding")):
         return ""
-    run = RUNS.get(f["lesson"])
-    found = run.findings.get("findings", {}) if run and run.ok else {}
+    found = _found(f["lesson"])
     if not all(name in found for name in f["names"]):
         return f"{f['means']}: (lesson {f['lesson']} did not record it)"
+    return f"{f['means']}: **{' vs '.join(_show(found[n]) for n in f['names'])}**"
 
-    def show(v) -> str:
-        if isinstance(v, dict):
-            return ", ".join(f"{k} {show(x)}" for k, x in v.items())
-        if isinstance(v, list):
-            return " vs ".join(show(x) for x in v)
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
 
-    return f"{f['means']}: **{' vs '.join(show(found[n]) for n in f['names'])}**"
+def _gpu(entry) -> str:
+    """The GPU column: the entry's finding as recorded on a GPU (course.yml `gpu`), if it was."""
+    f = entry.get("finding") or {"lesson": LADDER, "names": ["ablation"]}
+    found = course.gpu_column()[1].get(f["lesson"], {})
+    if not all(name in found for name in f["names"]):
+        return "no GPU run recorded yet"
+    return " vs ".join(_show(found[n]) for n in f["names"])
+
+
+def _ablation_table() -> str:
+    """The whole ladder, one row per rung, from lesson 17's findings."""
+    ladder = _found(LADDER).get("ablation")
+    if not ladder:
+        return f"*(lesson {LADDER} did not record the ablation ladder when this site was built)*"
+    full = ladder["full engine"]
+    rows = ["| Rung | Steps | Steps / full | Tokens per step | Tokens/s | Prompt tokens computed"
+            " | Largest step (tokens) | Running at once | Same tokens |", "|---" * 9 + "|"]
+    rows += [f"| {name} | {r['steps']} | {r['steps'] / full['steps']:.2f} | "
+             f"{r['tokens_per_step']:.2f} | {r['tokens_per_s']:.1f} | {r['prefill_tokens']} | "
+             f"{r['largest_step']} | {r['max_running']} | {r['same_tokens']} |"
+             for name, r in ladder.items()]
+    return "\n".join(rows)
+
+
+def _findings_table(num: str, run) -> str:
+    """A lesson's recorded findings, with the GPU column (filled once a GPU run is recorded)."""
+    found = run.findings.get("findings", {}) if run and run.ok else {}
+    if not found:
+        return ""
+    header, gpu = course.gpu_column()
+    gpu = gpu.get(num, {})
+    rows = ["## Findings of this run", "",
+            f"| Finding | This run ({run.findings.get('device', 'this machine')}) | {header} |",
+            "|---|---|---|"]
+    for k, v in found.items():
+        shown = _show(v) if len(_show(v)) <= 160 else "(printed above)"
+        rows.append(f"| `{k}` | {shown.replace('|', '/')} | "
+                    f"{_show(gpu[k]) if k in gpu else 'no GPU run recorded yet'} |")
+    return "\n".join(rows)
 
 
 def _summary(module: str) -> str:
@@ -112,7 +174,9 @@ def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
     api_link = lambda p: rel(f"api/{p.removesuffix('.py').replace('/', '.')}.md")  # noqa: E731
     for marker, table in (
         ("course:lessons", lambda: course.lessons_table(lesson_link)),
-        ("course:ranking-measured", lambda: course.ranking_table(lesson_link, _measured)),
+        ("course:ranking-measured", lambda: course.ranking_table(lesson_link, {
+            "Measured here": _measured, course.gpu_column()[0]: _gpu})),
+        ("course:ablation", _ablation_table),
         ("course:ranking", lambda: course.ranking_table(lesson_link)),
         ("engine:modules", lambda: course.modules_table(lambda p: (REPO / p).is_file(),
                                                          api_link, lesson_link)),
