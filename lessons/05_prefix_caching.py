@@ -102,8 +102,6 @@ def _(BLOCK_SIZE, llm):
          '{"id": "H-OSL-12", "price": 119}]}', "Book the Fjord Inn for Ana Costa."),
         ('{"booking": "FJ-55821", "hotel": "H-OSL-77", "nights": 4, "total": 552}',
          "How much is the whole trip in US dollars?"),
-        ('{"amount": 694.0, "source": "EUR", "target": "USD", "result": 752.9}',
-         "Thanks. Anything I should pack?"),
     ]
 
     def common_prefix(a, b):
@@ -121,12 +119,12 @@ def _(BLOCK_SIZE, llm):
         shared = seen_before(prompt, earlier)
         return BLOCK_SIZE * min(shared // BLOCK_SIZE, (len(prompt) - 1) // BLOCK_SIZE)
 
-    def conversation(caching, num_turns, params):
+    def conversation(caching, params):
         """Play the agent's conversation with prefix caching on or off; a row per turn.
         `earlier` collects the token lists whose K/V the engine has computed."""
         engine = llm.reconfigure(enable_prefix_caching=caching).engine
         history, earlier, rows = chat("system", SYSTEM_AGENT), [], []
-        for tool_result, user_text in TURNS[:num_turns]:
+        for tool_result, user_text in TURNS:
             if tool_result is not None:
                 history = history + chat("tool", tool_result)
             prompt = history + chat("user", user_text) + ASSISTANT
@@ -142,14 +140,13 @@ def _(BLOCK_SIZE, llm):
             history = prompt + answer + ([] if answer[-1] == IM_END else [IM_END]) + NEWLINE
         return rows
 
-    return (ASSISTANT, SYSTEM_AGENT, TURNS, chat, common_prefix, conversation, predicted_hit)
+    return ASSISTANT, SYSTEM_AGENT, chat, common_prefix, conversation, predicted_hit
 
 
 @app.cell
-def _(BIG, SamplingParams, TURNS, conversation, llm, mo):
+def _(BIG, SamplingParams, conversation, llm, mo):
     _params = SamplingParams(temperature=0, max_tokens=24 if BIG else 12)
-    conv_cached = conversation(True, len(TURNS) if BIG else 5, _params)
-    conv_uncached = conversation(False, len(TURNS) if BIG else 5, _params)
+    conv_cached, conv_uncached = conversation(True, _params), conversation(False, _params)
     turn_hit_rate = [r["hit_tokens"] / r["prompt_tokens"] for r in conv_cached]
     print("turn  prompt  hit (predicted)  hit rate  TTFT cached / uncached")
     for _i, (_a, _b) in enumerate(zip(conv_cached, conv_uncached)):
@@ -185,12 +182,12 @@ def _(mo):
     same K/V there, whatever follows. The same numbers, not close ones.
 
     Here it is in the real cache. With prefix caching **off** (each request computes
-    everything itself) we send two prompts: tokens 0-63 (blocks 0-3) the same system text,
-    tokens 64-79 (block 4) different words, tokens 80-111 (blocks 5-6) the same words again
-    at the same positions. While both decode, we read their block tables
-    (`engine.requests[id].seqs[0].block_table`) and compare their blocks in
-    `engine.runner.kv_cache` (`[layers, 2, num_blocks, block_size, kv_heads, head_dim]`), one
-    block and one layer at a time.
+    everything itself) we send two prompts: blocks 0-3 (tokens 0-63) the same system text,
+    block 4 different words, blocks 5-6 the same words again at the same positions. While
+    both decode, we read their block tables (`engine.requests[id].seqs[0].block_table`) and
+    compare their blocks in `engine.runner.kv_cache`
+    (`[layers, 2, num_blocks, block_size, kv_heads, head_dim]`), block by block and layer by
+    layer.
     """)
     return
 
@@ -225,14 +222,13 @@ def _(BLOCK_SIZE, LogNorm, SYSTEM_AGENT, SamplingParams, chat, llm, np, plt, tor
         for _i in range(_num_blocks)], dim=1).cpu()
     kv_block_equal = [bool(torch.equal(_kv[:, :, _ta[_i]], _kv[:, :, _tb[_i]]))
                       for _i in range(_num_blocks)]
-    kv_physical_blocks = (list(_ta[:_num_blocks]), list(_tb[:_num_blocks]))
     for _rid in kv_prompts:
         _engine.abort_request(_rid)
     print("block:              ", " ".join(f"{_i:>5d}" for _i in range(_num_blocks)))
     print("bit-identical K/V:  ", " ".join(f"{str(_e):>5}" for _e in kv_block_equal))
     print("identical at layer 0:", " ".join(f"{str(bool(_d == 0)):>5}"
                                            for _d in kv_diff[0]))
-    print(f"physical blocks: a {kv_physical_blocks[0]}, b {kv_physical_blocks[1]}")
+    print(f"physical blocks: a {list(_ta[:_num_blocks])}, b {list(_tb[:_num_blocks])}")
     _d = kv_diff.numpy()
     _fig, _ax = plt.subplots(figsize=(8, 4.2))
     _shown = np.where(_d == 0, np.nan, _d)          # exact zeros stay white
@@ -283,9 +279,8 @@ def _(mo):
       output token, so it is always computed.
 
     A finished request's blocks keep their names at the back of the free list, so they are
-    reused (and forgotten) last: LRU. Each entry also stores its tokens and parent and checks
-    them on a hit, so a hash collision costs a miss, never a wrong answer. Back to the agent,
-    now with caching on:
+    reused (and forgotten) last: LRU. Each entry also stores its tokens and parent, checked on
+    a hit, so a hash collision costs a miss, never a wrong answer. Back to the agent:
     """)
     return
 
@@ -325,9 +320,8 @@ def _(conv_cached, conv_uncached, mo, np, plt, turn_hit_rate):
     _match = all(r["hit_tokens"] == r["predicted_hit_tokens"] for r in conv_cached)
     print(f"prompt tokens computed over {len(_turns)} turns: {conv_computed_uncached} without "
           f"caching, {conv_computed_cached} with; turns 2-{len(_turns)}: median "
-          f"{conv_work_ratio:.1f}x fewer, TTFT median {conv_ttft_ratio:.1f}x lower "
-          f"({1000 * np.median(_ttft_u[1:]):.0f} -> {1000 * np.median(_ttft_c[1:]):.0f} ms); "
-          f"identical answers: {conv_outputs_identical}")
+          f"{conv_work_ratio:.1f}x fewer, TTFT median {conv_ttft_ratio:.1f}x lower; identical "
+          f"answers: {conv_outputs_identical}")
     mo.vstack([_fig, mo.md(f"""
     After the cold first turn almost the whole prompt is found in the cache, and the share
     grows with the history. The engine computed **{conv_computed_cached}** prompt tokens
@@ -385,22 +379,19 @@ def _(ASSISTANT, BIG, BLOCK_SIZE, SamplingParams, chat, common_prefix, llm, mo, 
     docs_prefix = chat("system", SYSTEM_DOCS)
     docs_prompts = [docs_prefix + chat("user", _q) + ASSISTANT for _q in QUESTIONS]
     _params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-
-    def serve_docs(caching):
-        """First question alone, then the rest together: the outputs, the first question's
-        hit tokens and the later questions' hit tokens."""
-        engine = llm.reconfigure(enable_prefix_caching=caching).engine
-        before = engine.stats().prefix_cache_hit_tokens
-        first = llm.generate([docs_prompts[0]], _params, use_tqdm=False)
-        after_first = engine.stats().prefix_cache_hit_tokens
-        rest = llm.generate(docs_prompts[1:], _params, use_tqdm=False)
-        return (first + rest, after_first - before,
-                engine.stats().prefix_cache_hit_tokens - after_first)
-
-    _cached, _first_hits, docs_hit_tokens = serve_docs(True)
-    _uncached, _, _ = serve_docs(False)
-    _answers = [list(o.outputs[0].token_ids) for o in _cached]
-    docs_outputs_identical = _answers == [list(o.outputs[0].token_ids) for o in _uncached]
+    # With caching, the first question runs alone and fills the cache, then the others arrive
+    # together. Without, only those later questions run (the first costs the same either way).
+    _engine = llm.reconfigure(enable_prefix_caching=True).engine
+    _hits = [_engine.stats().prefix_cache_hit_tokens]
+    llm.generate(docs_prompts[:1], _params, use_tqdm=False)
+    _hits.append(_engine.stats().prefix_cache_hit_tokens)
+    _cached = llm.generate(docs_prompts[1:], _params, use_tqdm=False)
+    _first_hits = _hits[1] - _hits[0]
+    docs_hit_tokens = _engine.stats().prefix_cache_hit_tokens - _hits[1]
+    _uncached = llm.reconfigure(enable_prefix_caching=False).generate(docs_prompts[1:], _params,
+                                                                      use_tqdm=False)
+    docs_outputs_identical = ([o.outputs[0].token_ids for o in _cached]
+                              == [o.outputs[0].token_ids for o in _uncached])
     # By hand: a later question finds what the first one computed (the other later questions
     # were prefilled in the same steps as it, too late to help).
     docs_predicted_hits = sum(predicted_hit(_p, [docs_prompts[0]]) for _p in docs_prompts[1:])
@@ -410,7 +401,7 @@ def _(ASSISTANT, BIG, BLOCK_SIZE, SamplingParams, chat, common_prefix, llm, mo, 
     _per_question, _with = docs_hit_tokens // _later, _total - _first_hits - docs_hit_tokens
     # What a token-level index (a radix tree) would reuse: every token all questions share.
     _shared = min(common_prefix(docs_prompts[0], _p) for _p in docs_prompts[1:])
-    _ttft = [sum(o.metrics.ttft for o in _outs[1:]) / _later for _outs in (_uncached, _cached)]
+    _ttft = [sum(o.metrics.ttft for o in _outs) / _later for _outs in (_uncached, _cached)]
     print(f"{len(docs_prompts)} questions behind a {docs_prefix_len}-token system prompt; "
           f"the first found {_first_hits} tokens cached; the later ones {docs_hit_tokens} "
           f"(predicted {docs_predicted_hits}): {docs_prefix_skip:.1%} of their system-prompt "
@@ -528,8 +519,8 @@ def _(docs_prefix_len, mo):
     The documentation bot's system message ({docs_prefix_len} tokens) is in the cache from its
     first question, with `block_size = 16`. A client keeps only its **first 203 tokens** and
     appends **30 tokens** of its own. How many of these 233 prompt tokens does the engine find
-    cached? The next cell serves the first question again with caching on, then sends exactly
-    this request, so the checker compares you with the real thing.
+    cached? The next cell prefills the first question again with caching on, then sends
+    exactly this request, so the checker compares you with the real thing.
     """)
     hits_answer = mo.ui.number(start=0, stop=10_000, value=0, label="tokens found cached")
     hits_answer
@@ -548,7 +539,8 @@ def _(SamplingParams, docs_prefix, docs_prompts, llm, predicted_hit):
 
     # With caching on, prefill the first question (its full blocks get names), then the
     # exercise's prompt, and count the hits between the two.
-    _engine, _one = llm.reconfigure(enable_prefix_caching=True).engine, SamplingParams(max_tokens=1)
+    _engine = llm.reconfigure(enable_prefix_caching=True).engine
+    _one = SamplingParams(temperature=0, max_tokens=1)
     llm.generate([docs_prompts[0]], _one, use_tqdm=False)
     _before = _engine.stats().prefix_cache_hit_tokens
     llm.generate([exercise_prompt], _one, use_tqdm=False)
@@ -642,10 +634,9 @@ def _(check_hits_answer, conv_cached, conv_computed_cached, conv_computed_uncach
 
     * A shared prefix's K/V is bit-identical in every layer of two requests; the same tokens
       after a difference match only in layer 0. Reuse holds for whole prefixes: the chain.
-    * Over the agent's conversation the hit rate per turn went
-      {", ".join(f"{_r:.0%}" for _r in turn_hit_rate)}: {conv_computed_cached} prompt tokens
-      computed instead of {conv_computed_uncached} ({conv_work_ratio:.1f}x fewer per turn
-      with history, TTFT {conv_ttft_ratio:.1f}x lower on this machine), same answers.
+    * The agent's hit rate per turn went {", ".join(f"{_r:.0%}" for _r in turn_hit_rate)}:
+      {conv_computed_cached} prompt tokens computed instead of {conv_computed_uncached}
+      (TTFT {conv_ttft_ratio:.1f}x lower on this machine), same answers.
     * Behind one system prompt, **{docs_prefix_skip:.0%}** of the later requests'
       system-prompt tokens were never computed; every hit count matched the prediction.
 
@@ -654,9 +645,8 @@ def _(check_hits_answer, conv_cached, conv_computed_cached, conv_computed_uncach
     * `minivllm/prefix_cache.py`: `hash_block_tokens` (a block's name), `PrefixCache`
       (name -> block, verified by tokens and parent; eviction of a block and its descendants).
     * `minivllm/block_manager.py`: `_cached_prefix` (the walk at admission, one token short),
-      `allocate` (hits join the block table, their tokens count as computed),
-      `cache_computed_blocks` (naming blocks after each step), `_release` (named blocks go to
-      the back of the free list: LRU).
+      `allocate` (hits join the block table as computed), `cache_computed_blocks` (naming
+      blocks after each step), `_release` (named blocks go to the back of the free list: LRU).
     * `minivllm/engine.py`: `LLMEngine.step` calls `cache_computed_blocks` after the model ran;
       `stats()` reports `prefix_cache_queried_tokens` and `prefix_cache_hit_tokens`.
     * `minivllm/config.py`: `enable_prefix_caching` (on by default, as in vLLM).
