@@ -381,13 +381,11 @@ def _(ASSISTANT, BIG, BLOCK_SIZE, SamplingParams, chat, common_prefix, llm, mo, 
     _params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     # With caching, the first question runs alone and fills the cache, then the others arrive
     # together. Without, only those later questions run (the first costs the same either way).
-    _engine = llm.reconfigure(enable_prefix_caching=True).engine
-    _hits = [_engine.stats().prefix_cache_hit_tokens]
+    _engine = llm.reconfigure(enable_prefix_caching=True).engine   # an empty prefix cache
     llm.generate(docs_prompts[:1], _params, use_tqdm=False)
-    _hits.append(_engine.stats().prefix_cache_hit_tokens)
+    _first_hits = _engine.stats().prefix_cache_hit_tokens
     _cached = llm.generate(docs_prompts[1:], _params, use_tqdm=False)
-    _first_hits = _hits[1] - _hits[0]
-    docs_hit_tokens = _engine.stats().prefix_cache_hit_tokens - _hits[1]
+    docs_hit_tokens = _engine.stats().prefix_cache_hit_tokens - _first_hits
     _uncached = llm.reconfigure(enable_prefix_caching=False).generate(docs_prompts[1:], _params,
                                                                       use_tqdm=False)
     docs_outputs_identical = ([o.outputs[0].token_ids for o in _cached]
