@@ -163,7 +163,7 @@ def _(
     saturation_blocks,
 ):
     for _mode in ("recompute", "swap"):     # warm-up: first-step allocations, lazy imports
-        run_set(requests[:2], _mode, 64)
+        run_set([(_p, 2) for _p, _ in requests[:2]], _mode, 64)
 
     @functools.cache
     def run(mode, pool):
