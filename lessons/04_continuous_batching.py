@@ -87,7 +87,7 @@ def _(MAX_NUM_SEQS, PAGED, llm, mo, serve, spread_requests, torch):
     # changes. EOS is ignored, so each request produces exactly its length and the schedule
     # is the same on every machine.
     NUM_REQUESTS = 24 if torch.cuda.is_available() else 12
-    MEAN_OUT = 16 if torch.cuda.is_available() else 12
+    MEAN_OUT = 16 if torch.cuda.is_available() else 6
 
     def make_requests(spread, n=NUM_REQUESTS, mean_out=MEAN_OUT):
         """Short prompts (8 to 32 tokens), output lengths with `spread`."""

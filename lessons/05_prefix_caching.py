@@ -16,17 +16,7 @@ def _():
     from minivllm.block_manager import BlockManager
     from minivllm.sequence import SequenceGroup
 
-    return (
-        BlockManager,
-        LLM,
-        LogNorm,
-        SamplingParams,
-        SequenceGroup,
-        mo,
-        np,
-        plt,
-        torch,
-    )
+    return (BlockManager, LLM, LogNorm, SamplingParams, SequenceGroup, mo, np, plt, torch)
 
 
 @app.cell
@@ -115,27 +105,29 @@ def _(BLOCK_SIZE, llm):
          '{"id": "H-OSL-12", "price": 119}]}', "Book the Fjord Inn for Ana Costa."),
         ('{"booking": "FJ-55821", "hotel": "H-OSL-77", "nights": 4, "total": 552}',
          "How much is the whole trip in US dollars?"),
-        ('{"amount": 694.0, "source": "EUR", "target": "USD", "result": 752.9}',
-         "Thanks. Anything I should pack?"),
     ]
 
     def common_prefix(a, b):
         """How many leading tokens two token lists share."""
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
+    def seen_before(prompt, earlier):
+        """The longest prefix `prompt` shares with a token list computed earlier."""
+        return max((common_prefix(prompt, e) for e in earlier), default=0)
+
     def predicted_hit(prompt, earlier):
-        """Tokens of `prompt` that prefix caching should skip, by hand: the longest prefix it
-        shares with a sequence computed earlier, cut down to whole blocks, and never the
-        prompt's last token (its logits are needed, so it is always computed)."""
-        shared = max((common_prefix(prompt, e) for e in earlier), default=0)
+        """Tokens of `prompt` that prefix caching should skip, by hand: what it shares with an
+        earlier sequence, cut down to whole blocks, and never the prompt's last token (its
+        logits are needed, so it is always computed)."""
+        shared = seen_before(prompt, earlier)
         return BLOCK_SIZE * min(shared // BLOCK_SIZE, (len(prompt) - 1) // BLOCK_SIZE)
 
-    def conversation(caching, num_turns, params):
+    def conversation(caching, params):
         """Play the agent's conversation with prefix caching on or off; a row per turn.
         `earlier` collects the token lists whose K/V the engine has computed."""
         engine = llm.reconfigure(enable_prefix_caching=caching).engine
         history, earlier, rows = chat("system", SYSTEM_AGENT), [], []
-        for tool_result, user_text in TURNS[:num_turns]:
+        for tool_result, user_text in TURNS:
             if tool_result is not None:
                 history = history + chat("tool", tool_result)
             prompt = history + chat("user", user_text) + ASSISTANT
@@ -145,29 +137,19 @@ def _(BLOCK_SIZE, llm):
             rows.append({"prompt_tokens": len(prompt),
                          "hit_tokens": engine.stats().prefix_cache_hit_tokens - hits_before,
                          "predicted_hit_tokens": predicted_hit(prompt, earlier),
-                         "seen_before": max((common_prefix(prompt, e) for e in earlier),
-                                            default=0),
+                         "seen_before": seen_before(prompt, earlier),
                          "ttft_s": out.metrics.ttft, "answer": answer})
             earlier.append(prompt + answer[:-1])   # all but the last sampled token have K/V
             history = prompt + answer + ([] if answer[-1] == IM_END else [IM_END]) + NEWLINE
         return rows
 
-    return (
-        ASSISTANT,
-        SYSTEM_AGENT,
-        TURNS,
-        chat,
-        common_prefix,
-        conversation,
-        predicted_hit,
-    )
+    return ASSISTANT, SYSTEM_AGENT, chat, common_prefix, conversation, predicted_hit
 
 
 @app.cell
-def _(BIG, SamplingParams, TURNS, conversation, llm):
+def _(BIG, SamplingParams, conversation, llm, mo):
     _params = SamplingParams(temperature=0, max_tokens=24 if BIG else 12)
-    conv_cached = conversation(True, len(TURNS) if BIG else 5, _params)
-    conv_uncached = conversation(False, len(TURNS) if BIG else 5, _params)
+    conv_cached, conv_uncached = conversation(True, _params), conversation(False, _params)
     turn_hit_rate = [r["hit_tokens"] / r["prompt_tokens"] for r in conv_cached]
     print("turn  prompt  hit (predicted)  hit rate  TTFT cached / uncached")
     for _i, (_a, _b) in enumerate(zip(conv_cached, conv_uncached)):
@@ -175,38 +157,21 @@ def _(BIG, SamplingParams, TURNS, conversation, llm):
               f"({_a['predicted_hit_tokens']:4d})    {turn_hit_rate[_i]:7.1%}   "
               f"{1000 * _a['ttft_s']:6.0f} ms / {1000 * _b['ttft_s']:6.0f} ms")
     print("last answer:", repr(llm.tokenizer.decode(conv_cached[-1]["answer"])))
-    return conv_cached, conv_uncached, turn_hit_rate
-
-
-@app.cell
-def _(conv_uncached, mo, np, plt):
-    _turns = np.arange(1, len(conv_uncached) + 1)
-    _old = np.array([r["seen_before"] for r in conv_uncached])
-    _new = np.array([r["prompt_tokens"] for r in conv_uncached]) - _old
-    _share = _old.sum() / (_old.sum() + _new.sum())
-    _fig, _ax = plt.subplots(figsize=(8, 3.2))
-    _ax.bar(_turns, _old, color="tab:red", alpha=0.7,
-            label="computed again: sent in an earlier turn")
-    _ax.bar(_turns, _new, bottom=_old, color="tab:blue", alpha=0.8, label="new this turn")
-    _ax.set(xlabel="turn", ylabel="prompt tokens prefilled",
-            title=f"Without prefix caching: {_share:.0%} of the prefill redoes earlier work")
-    _ax2 = _ax.twinx()
-    _ax2.plot(_turns, [1000 * r["ttft_s"] for r in conv_uncached], "ko-", label="TTFT")
-    _ax2.set_ylabel("time to first token (ms)")
-    _ax2.set_ylim(bottom=0)
-    _ax.legend(loc="upper left", fontsize=8)
-    _fig.tight_layout()
-    print(f"without caching the engine prefilled {_old.sum() + _new.sum()} prompt tokens; "
-          f"{_old.sum()} ({_share:.0%}) had been sent in an earlier turn")
-    mo.vstack([_fig, mo.md(f"""
-    The red part of each bar is work the engine already did one turn earlier, and it grows
-    every turn: **{_share:.0%}** of all prefill tokens were recomputed. The time to first token
-    grows with it, from {1000 * conv_uncached[0]['ttft_s']:.0f} ms on turn 1 to
-    {1000 * conv_uncached[-1]['ttft_s']:.0f} ms on turn {len(conv_uncached)}, although each new
-    message is a dozen words. Real agents run for dozens of turns over tens of thousands of
+    # Without caching: how much of the prefill an earlier turn had already sent.
+    _old = sum(r["seen_before"] for r in conv_uncached)
+    _all = sum(r["prompt_tokens"] for r in conv_uncached)
+    print(f"without caching the engine prefilled {_all} prompt tokens; {_old} "
+          f"({_old / _all:.0%}) had been sent in an earlier turn")
+    mo.md(f"""
+    Without caching, **{_old / _all:.0%}** of the {_all} prompt tokens the engine prefilled
+    had been sent, and computed, in an earlier turn (the red bars in the figure further down).
+    The time to first token grows with the history, from
+    {1000 * conv_uncached[0]['ttft_s']:.0f} ms on turn 1 to
+    {1000 * conv_uncached[-1]['ttft_s']:.0f} ms on turn {len(conv_uncached)}, although each
+    new message is a dozen words. Real agents run dozens of turns over tens of thousands of
     tokens: quadratic work for linear information.
-    """)])
-    return
+    """)
+    return conv_cached, conv_uncached, turn_hit_rate
 
 
 @app.cell
@@ -220,18 +185,18 @@ def _(mo):
     same K/V there, whatever follows. The same numbers, not close ones.
 
     Here it is in the real cache. With prefix caching **off** (each request computes
-    everything itself) we send two prompts: tokens 0-63 (blocks 0-3) the same system text,
-    tokens 64-79 (block 4) different words, tokens 80-111 (blocks 5-6) the same words again
-    at the same positions. While both decode, we read their block tables
-    (`engine.requests[id].seqs[0].block_table`) and compare their blocks in
-    `engine.runner.kv_cache` (`[layers, 2, num_blocks, block_size, kv_heads, head_dim]`), one
-    block and one layer at a time.
+    everything itself) we send two prompts: blocks 0-3 (tokens 0-63) the same system text,
+    block 4 different words, blocks 5-6 the same words again at the same positions. While
+    both decode, we read their block tables (`engine.requests[id].seqs[0].block_table`) and
+    compare their blocks in `engine.runner.kv_cache`
+    (`[layers, 2, num_blocks, block_size, kv_heads, head_dim]`), block by block and layer by
+    layer.
     """)
     return
 
 
 @app.cell
-def _(BLOCK_SIZE, SYSTEM_AGENT, SamplingParams, chat, llm, torch):
+def _(BLOCK_SIZE, LogNorm, SYSTEM_AGENT, SamplingParams, chat, llm, np, plt, torch):
     _tok = llm.tokenizer
     _shared = chat("system", SYSTEM_AGENT)[:4 * BLOCK_SIZE]
     _own_a = _tok.encode(" Which flights leave Lisbon for Oslo on the morning of 14 March, "
@@ -260,19 +225,13 @@ def _(BLOCK_SIZE, SYSTEM_AGENT, SamplingParams, chat, llm, torch):
         for _i in range(_num_blocks)], dim=1).cpu()
     kv_block_equal = [bool(torch.equal(_kv[:, :, _ta[_i]], _kv[:, :, _tb[_i]]))
                       for _i in range(_num_blocks)]
-    kv_physical_blocks = (list(_ta[:_num_blocks]), list(_tb[:_num_blocks]))
     for _rid in kv_prompts:
         _engine.abort_request(_rid)
     print("block:              ", " ".join(f"{_i:>5d}" for _i in range(_num_blocks)))
     print("bit-identical K/V:  ", " ".join(f"{str(_e):>5}" for _e in kv_block_equal))
     print("identical at layer 0:", " ".join(f"{str(bool(_d == 0)):>5}"
                                            for _d in kv_diff[0]))
-    print(f"physical blocks: a {kv_physical_blocks[0]}, b {kv_physical_blocks[1]}")
-    return kv_block_equal, kv_diff
-
-
-@app.cell
-def _(LogNorm, kv_block_equal, kv_diff, np, plt):
+    print(f"physical blocks: a {list(_ta[:_num_blocks])}, b {list(_tb[:_num_blocks])}")
     _d = kv_diff.numpy()
     _fig, _ax = plt.subplots(figsize=(8, 4.2))
     _shown = np.where(_d == 0, np.nan, _d)          # exact zeros stay white
@@ -281,9 +240,8 @@ def _(LogNorm, kv_block_equal, kv_diff, np, plt):
     for _b in range(_d.shape[1]):
         _ax.text(_b, -0.9, "equal" if kv_block_equal[_b] else "differ", ha="center",
                  fontsize=8, color="tab:green" if kv_block_equal[_b] else "tab:red")
-    _ax.set_xticks(range(_d.shape[1]),
-                   ["0\nshared", "1\nshared", "2\nshared", "3\nshared", "4\nown",
-                    "5\nrepeated", "6\nrepeated"][:_d.shape[1]])
+    _ax.set_xticks(range(7), [f"{_i}\n{_w}" for _i, _w in
+                              enumerate(["shared"] * 4 + ["own"] + ["repeated"] * 2)])
     _ax.set_xlabel("block (16 tokens)")
     _ax.set_ylabel("layer")
     _ax.set_ylim(_d.shape[0] - 0.5, -1.5)
@@ -291,7 +249,7 @@ def _(LogNorm, kv_block_equal, kv_diff, np, plt):
     _ax.set_title("Two requests, K/V compared in the real cache", fontsize=10)
     _fig.tight_layout()
     _fig
-    return
+    return kv_block_equal, kv_diff
 
 
 @app.cell
@@ -324,9 +282,8 @@ def _(mo):
       output token, so it is always computed.
 
     A finished request's blocks keep their names at the back of the free list, so they are
-    reused (and forgotten) last: LRU. Each entry also stores its tokens and parent and checks
-    them on a hit, so a hash collision costs a miss, never a wrong answer. Back to the agent,
-    now with caching on:
+    reused (and forgotten) last: LRU. Each entry also stores its tokens and parent, checked on
+    a hit, so a hash collision costs a miss, never a wrong answer. Back to the agent:
     """)
     return
 
@@ -347,8 +304,12 @@ def _(conv_cached, conv_uncached, mo, np, plt, turn_hit_rate):
     # beside it, since a shared machine can slow one run several-fold.
     conv_work_ratio = float(np.median(_prompt_u[1:] / _computed[1:]))
     conv_ttft_ratio = float(np.median(_ttft_u[1:] / _ttft_c[1:]))
+    _old = np.array([r["seen_before"] for r in conv_uncached])   # sent in an earlier turn
     _fig, (_a, _b) = plt.subplots(1, 2, figsize=(10, 3.4))
-    _a.bar(_turns - 0.2, _prompt, 0.4, color="tab:gray", label="without caching")
+    _a.bar(_turns - 0.2, _old, 0.4, color="tab:red", alpha=0.7,
+           label="without caching: sent in an earlier turn")
+    _a.bar(_turns - 0.2, _prompt_u - _old, 0.4, bottom=_old, color="tab:gray",
+           label="without caching: new this turn")
     _a.bar(_turns + 0.2, _computed, 0.4, color="tab:blue", label="with caching")
     for _t, _r in zip(_turns, turn_hit_rate):
         _a.text(_t + 0.2, _prompt[_t - 1] * 0.05 + 5, f"{_r:.0%}\nhit", ha="center", fontsize=7)
@@ -362,31 +323,22 @@ def _(conv_cached, conv_uncached, mo, np, plt, turn_hit_rate):
     _match = all(r["hit_tokens"] == r["predicted_hit_tokens"] for r in conv_cached)
     print(f"prompt tokens computed over {len(_turns)} turns: {conv_computed_uncached} without "
           f"caching, {conv_computed_cached} with; turns 2-{len(_turns)}: median "
-          f"{conv_work_ratio:.1f}x fewer, TTFT median {conv_ttft_ratio:.1f}x lower "
-          f"({1000 * np.median(_ttft_u[1:]):.0f} -> {1000 * np.median(_ttft_c[1:]):.0f} ms); "
-          f"identical answers: {conv_outputs_identical}")
+          f"{conv_work_ratio:.1f}x fewer, TTFT median {conv_ttft_ratio:.1f}x lower; identical "
+          f"answers: {conv_outputs_identical}")
     mo.vstack([_fig, mo.md(f"""
-    Hit rate per turn: **{", ".join(f"{_r:.0%}" for _r in turn_hit_rate)}**. The first turn is
-    cold; then almost the whole prompt is found in the cache, and the share grows because the
-    history grows while each turn's new text does not. The engine computed
-    **{conv_computed_cached}** prompt tokens instead of **{conv_computed_uncached}**: a turn with
-    a history computed **{conv_work_ratio:.1f}x** fewer and reached its first token
-    **{conv_ttft_ratio:.1f}x** sooner on this machine (medians over turns 2 on). The answers
-    were {"identical, token for token" if conv_outputs_identical else "NOT identical"}: reusing
-    K/V changes the cost, not the result.
-
-    Every hit count {"matched" if _match else "did NOT all match"} the prediction made by hand
-    (the `predicted` column): the previous turn's prompt and answer, minus the last sampled
-    token (never fed back, so it has no K/V), rounded down to whole blocks. For turn 2:
-    {conv_cached[1]['predicted_hit_tokens']} of {conv_cached[1]['prompt_tokens']} tokens.
+    After the cold first turn almost the whole prompt is found in the cache, and the share
+    grows with the history. The engine computed **{conv_computed_cached}** prompt tokens
+    instead of **{conv_computed_uncached}**: a turn with a history computed
+    **{conv_work_ratio:.1f}x** fewer and reached its first token **{conv_ttft_ratio:.1f}x**
+    sooner on this machine (medians over turns 2 on). The answers were
+    {"identical, token for token" if conv_outputs_identical else "NOT identical"}: reused K/V
+    changes the cost, not the result. Every hit count
+    {"matched" if _match else "did NOT all match"} the hand prediction (`predicted` above):
+    the previous turn's prompt and answer minus the last sampled token (never fed back, so it
+    has no K/V), rounded down to whole blocks.
     """)])
-    return (
-        conv_computed_cached,
-        conv_computed_uncached,
-        conv_outputs_identical,
-        conv_ttft_ratio,
-        conv_work_ratio,
-    )
+    return (conv_computed_cached, conv_computed_uncached, conv_outputs_identical, conv_ttft_ratio,
+            conv_work_ratio)
 
 
 @app.cell
@@ -394,15 +346,15 @@ def _(mo):
     mo.md(r"""
     ## Many users, one system prompt
 
-    The other common shape: one long system prompt in front of every user's question. A
-    documentation bot answers different questions: the first runs alone and fills the cache,
-    the others then arrive together, with prefix caching on and then off.
+    The other common shape: one long system prompt, or a reference document, in front of
+    every user's question. A documentation bot's first question runs alone and fills the
+    cache; the others then arrive together. The same questions run with caching on and off.
     """)
     return
 
 
 @app.cell
-def _(ASSISTANT, BIG, SamplingParams, chat, llm, predicted_hit):
+def _(ASSISTANT, BIG, BLOCK_SIZE, SamplingParams, chat, common_prefix, llm, mo, predicted_hit):
     SYSTEM_DOCS = (
         "You answer questions about minivllm, a small LLM serving engine. Use only the "
         "reference below; if the answer is not there, say you do not know.\n"
@@ -430,130 +382,49 @@ def _(ASSISTANT, BIG, SamplingParams, chat, llm, predicted_hit):
     docs_prefix = chat("system", SYSTEM_DOCS)
     docs_prompts = [docs_prefix + chat("user", _q) + ASSISTANT for _q in QUESTIONS]
     _params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-
-    def serve_docs(caching):
-        """First question alone, then the rest together: the outputs, the first question's
-        hit tokens and the later questions' hit tokens."""
-        engine = llm.reconfigure(enable_prefix_caching=caching).engine
-        before = engine.stats().prefix_cache_hit_tokens
-        first = llm.generate([docs_prompts[0]], _params, use_tqdm=False)
-        after_first = engine.stats().prefix_cache_hit_tokens
-        rest = llm.generate(docs_prompts[1:], _params, use_tqdm=False)
-        return (first + rest, after_first - before,
-                engine.stats().prefix_cache_hit_tokens - after_first)
-
-    _cached, _first_hits, docs_hit_tokens = serve_docs(True)
-    # The prefix cache as the questions left it, drawn below (reconfigure builds a new one).
-    docs_prefix_cache = llm.engine.block_manager.prefix_cache
-    _uncached, _, _ = serve_docs(False)
-    _answers = [list(o.outputs[0].token_ids) for o in _cached]
-    docs_outputs_identical = _answers == [list(o.outputs[0].token_ids) for o in _uncached]
-    # By hand: each later question finds what was computed before it, the first question with
-    # its answer (not the other later questions: they were prefilled in the same steps).
-    docs_predicted_hits = sum(predicted_hit(_p, [docs_prompts[0] + _answers[0][:-1]])
-                              for _p in docs_prompts[1:])
-    docs_computed_seqs = [_p + _a[:-1] for _p, _a in zip(docs_prompts, _answers)]
+    # With caching, the first question runs alone and fills the cache, then the others arrive
+    # together. Without, only those later questions run (the first costs the same either way).
+    _engine = llm.reconfigure(enable_prefix_caching=True).engine   # an empty prefix cache
+    llm.generate(docs_prompts[:1], _params, use_tqdm=False)
+    _first_hits = _engine.stats().prefix_cache_hit_tokens
+    _cached = llm.generate(docs_prompts[1:], _params, use_tqdm=False)
+    docs_hit_tokens = _engine.stats().prefix_cache_hit_tokens - _first_hits
+    _uncached = llm.reconfigure(enable_prefix_caching=False).generate(docs_prompts[1:], _params,
+                                                                      use_tqdm=False)
+    docs_outputs_identical = ([o.outputs[0].token_ids for o in _cached]
+                              == [o.outputs[0].token_ids for o in _uncached])
+    # By hand: a later question finds what the first one computed (the other later questions
+    # were prefilled in the same steps as it, too late to help).
+    docs_predicted_hits = sum(predicted_hit(_p, [docs_prompts[0]]) for _p in docs_prompts[1:])
     docs_prefix_len, _later = len(docs_prefix), len(docs_prompts) - 1
     docs_prefix_skip = docs_hit_tokens / (_later * docs_prefix_len)
     _total = sum(len(_p) for _p in docs_prompts)
-    _ttft = [sum(o.metrics.ttft for o in _outs[1:]) / _later for _outs in (_uncached, _cached)]
+    _per_question, _with = docs_hit_tokens // _later, _total - _first_hits - docs_hit_tokens
+    # What a token-level index (a radix tree) would reuse: every token all questions share.
+    _shared = min(common_prefix(docs_prompts[0], _p) for _p in docs_prompts[1:])
+    _ttft = [sum(o.metrics.ttft for o in _outs) / _later for _outs in (_uncached, _cached)]
     print(f"{len(docs_prompts)} questions behind a {docs_prefix_len}-token system prompt; "
-          f"the first found {_first_hits} tokens cached")
-    print(f"later questions: {docs_hit_tokens} hit tokens (predicted {docs_predicted_hits}), "
-          f"{docs_prefix_skip:.1%} of their system-prompt tokens skipped")
-    print(f"prompt tokens computed: {_total} without caching, "
-          f"{_total - _first_hits - docs_hit_tokens} with; mean TTFT of the later questions: "
-          f"{1000 * _ttft[0]:.0f} ms without, {1000 * _ttft[1]:.0f} ms with; identical "
-          f"answers: {docs_outputs_identical}")
-    return (
-        docs_computed_seqs,
-        docs_hit_tokens,
-        docs_outputs_identical,
-        docs_predicted_hits,
-        docs_prefix,
-        docs_prefix_cache,
-        docs_prefix_len,
-        docs_prefix_skip,
-        docs_prompts,
-    )
-
-
-@app.cell
-def _(
-    BLOCK_SIZE,
-    common_prefix,
-    docs_computed_seqs,
-    docs_prefix,
-    docs_prefix_cache,
-    docs_prefix_len,
-    llm,
-    mo,
-    plt,
-):
-    _pc = docs_prefix_cache
-    _root = next(b for b, k in _pc.key_of_block.items()
-                 if k.parent_block is None and list(k.token_ids) == docs_prefix[:BLOCK_SIZE])
-    _trunk = [_root]                      # the blocks every question passed through
-    while len(_pc.children.get(_trunk[-1], ())) == 1:
-        _trunk.append(next(iter(_pc.children[_trunk[-1]])))
-    _branches = []                        # then each question's own chain of blocks
-    for _b in sorted(_pc.children.get(_trunk[-1], ())):
-        _branches.append([_b])
-        while _pc.children.get(_branches[-1][-1]):
-            _branches[-1].append(min(_pc.children[_branches[-1][-1]]))
-    _shown = _trunk if len(_trunk) <= 5 else [*_trunk[:2], None, *_trunk[-2:]]
-    _fig, _ax = plt.subplots(figsize=(10, 1.4 + 0.75 * len(_branches)))
-
-    def _box(x, y, block, frm, color):
-        """A physical block with the last 4 hex digits of its name, its first words below,
-        and an arrow from its parent (the block its name was chained to)."""
-        if frm is not None:
-            _ax.annotate("", xy=(x - 0.4, y), xytext=(frm[0] + 0.4, frm[1]),
-                         arrowprops=dict(arrowstyle="->", lw=0.8, color="0.3"))
-        if block is None:
-            _ax.text(x, y, f"… {len(_trunk) - 4} more\nblocks …", ha="center", va="center",
-                     fontsize=7)
-            return
-        _ax.text(x, y, f"#{block}\n{_pc.hash_of_block[block] & 0xFFFF:04x}", ha="center",
-                 va="center", fontsize=6.5, color="white",
-                 bbox=dict(boxstyle="round", fc=color, alpha=0.85))
-        _words = llm.tokenizer.decode(list(_pc.key_of_block[block].token_ids))
-        _words = _words.replace("\n", "⏎").strip()      # the end of a question's own block
-        _ax.text(x, y - 0.38, _words[:12] + "…" if color == "tab:orange" else "…" + _words[-12:],
-                 ha="center", va="top", fontsize=5.5)
-
-    for _x, _b in enumerate(_shown):
-        _box(_x, 0, _b, (_x - 1, 0) if _x else None, "tab:orange")
-    for _y, _chain in enumerate(_branches, start=1):
-        for _x, _b in enumerate(_chain, start=len(_shown)):
-            _box(_x, -_y, _b, (_x - 1, 0 if _x == len(_shown) else -_y), "tab:blue")
-    _ax.set_xlim(-0.6, len(_shown) + max(map(len, _branches), default=0) - 0.4)
-    _ax.set_ylim(-len(_branches) - 0.8, 0.5)
-    _ax.axis("off")
-    _ax.set_title(f"The block manager's named blocks after the documentation bot's questions "
-                  f"(live state; {len(_pc)} named blocks in the cache)\nname = hash(parent's "
-                  "name, the block's 16 tokens) · orange: passed through by every question · "
-                  "blue: one question's own blocks", fontsize=9)
-    _fig.tight_layout()
-    chain_shared_tokens = len(_trunk) * BLOCK_SIZE
-    # What a token-level structure (a radix tree) would share: the tokens all questions share.
-    radix_shared_tokens = min(common_prefix(docs_computed_seqs[0], _s)
-                              for _s in docs_computed_seqs[1:])
-    print(f"hash chain: {len(_trunk)} blocks ({chain_shared_tokens} tokens) shared by every "
-          f"question; {radix_shared_tokens} tokens shared in all; the system prompt itself "
-          f"is {docs_prefix_len} tokens")
-    mo.vstack([_fig, mo.md(f"""
-    The orange trunk is the **{len(_trunk)} blocks = {chain_shared_tokens} tokens** every
-    question found through the chain of names; each blue branch is one question's own words
-    and answer. The questions share **{radix_shared_tokens}** tokens in all (the system prompt,
-    {docs_prefix_len} tokens, and the opening of a user message), but the last few sit in a
-    block that also holds each question's own words: its name differs, so it is computed
-    every time. SGLang's RadixAttention keeps a radix tree over tokens instead and reuses
-    every shared token, at the price of a tree walk per lookup; vLLM's flat dictionary costs
-    one hash per block and reuses the block that paging already manages, leaving at most
-    `block_size - 1` tokens per request on the table.
-    """)])
-    return
+          f"the first found {_first_hits} tokens cached; the later ones {docs_hit_tokens} "
+          f"(predicted {docs_predicted_hits}): {docs_prefix_skip:.1%} of their system-prompt "
+          f"tokens skipped; {_shared} tokens shared by all questions")
+    print(f"prompt tokens computed: {_total} without caching, {_with} with; mean TTFT of the "
+          f"later questions: {1000 * _ttft[0]:.0f} ms without, {1000 * _ttft[1]:.0f} ms with; "
+          f"identical answers: {docs_outputs_identical}")
+    mo.md(f"""
+    Each later question found **{_per_question}** tokens ({_per_question // BLOCK_SIZE}
+    blocks, as predicted) in the cache: **{docs_prefix_skip:.0%}** of the system prompt was
+    not computed again, the prompts cost {_with} tokens of prefill instead of {_total}, and a
+    later question's first token came after {1000 * _ttft[1]:.0f} ms instead of
+    {1000 * _ttft[0]:.0f} ms on this machine (a mean, and noisy), with
+    {"identical" if docs_outputs_identical else "NOT identical"} answers. The questions share
+    **{_shared}** tokens (the system prompt and the opening of a user message), but the last
+    {_shared - _per_question} sit in a block that also holds each question's own words, so
+    its name differs. SGLang's RadixAttention indexes tokens in a radix tree and reuses every
+    shared token, at the price of a tree walk per lookup; vLLM's chain of block names costs
+    one hash per block and leaves at most `block_size - 1` tokens per request on the table.
+    """)
+    return (docs_hit_tokens, docs_outputs_identical, docs_predicted_hits, docs_prefix,
+            docs_prefix_len, docs_prefix_skip, docs_prompts)
 
 
 @app.cell
@@ -649,8 +520,8 @@ def _(docs_prefix_len, mo):
     The documentation bot's system message ({docs_prefix_len} tokens) is in the cache from its
     first question, with `block_size = 16`. A client keeps only its **first 203 tokens** and
     appends **30 tokens** of its own. How many of these 233 prompt tokens does the engine find
-    cached? The next cell serves the first question again with caching on, then sends exactly
-    this request, so the checker compares you with the real thing.
+    cached? The next cell prefills the first question again with caching on, then sends
+    exactly this request, so the checker compares you with the real thing.
     """)
     hits_answer = mo.ui.number(start=0, stop=10_000, value=0, label="tokens found cached")
     hits_answer
@@ -667,18 +538,15 @@ def _(SamplingParams, docs_prefix, docs_prompts, llm, predicted_hit):
     exercise_prompt = docs_prefix[:203] + _own
     assert len(exercise_prompt) == 233
 
-    # With caching on, serve the first question (its blocks are now cached), then admit the
-    # exercise's prompt (one step), read how many of its tokens were hits, and abort it.
+    # With caching on, prefill the first question (its full blocks get names), then the
+    # exercise's prompt, and count the hits between the two.
     _engine = llm.reconfigure(enable_prefix_caching=True).engine
-    _out = llm.generate([docs_prompts[0]], SamplingParams(temperature=0, max_tokens=8,
-                                                          ignore_eos=True), use_tqdm=False)[0]
+    _one = SamplingParams(temperature=0, max_tokens=1)
+    llm.generate([docs_prompts[0]], _one, use_tqdm=False)
     _before = _engine.stats().prefix_cache_hit_tokens
-    _engine.add_request("exercise", exercise_prompt, SamplingParams(temperature=0, max_tokens=4))
-    _engine.step()
+    llm.generate([exercise_prompt], _one, use_tqdm=False)
     exercise_hits = _engine.stats().prefix_cache_hit_tokens - _before
-    _engine.abort_request("exercise")
-    exercise_by_hand = predicted_hit(exercise_prompt,
-                                     [docs_prompts[0] + list(_out.outputs[0].token_ids)[:-1]])
+    exercise_by_hand = predicted_hit(exercise_prompt, [docs_prompts[0]])
     print(f"exercise: the engine found {exercise_hits} of {len(exercise_prompt)} tokens "
           f"cached; by hand {exercise_by_hand}")
     return exercise_by_hand, exercise_hits
@@ -714,26 +582,10 @@ def _(exercise_hits, hits_answer, mo):
 
 
 @app.cell
-def _(
-    check_hits_answer,
-    conv_cached,
-    conv_computed_cached,
-    conv_computed_uncached,
-    conv_outputs_identical,
-    conv_ttft_ratio,
-    conv_work_ratio,
-    docs_hit_tokens,
-    docs_outputs_identical,
-    docs_predicted_hits,
-    docs_prefix_skip,
-    exercise_by_hand,
-    exercise_hits,
-    hits_for,
-    kv_block_equal,
-    kv_diff,
-    mo,
-    turn_hit_rate,
-):
+def _(check_hits_answer, conv_cached, conv_computed_cached, conv_computed_uncached,
+      conv_outputs_identical, conv_ttft_ratio, conv_work_ratio, docs_hit_tokens,
+      docs_outputs_identical, docs_predicted_hits, docs_prefix_skip, exercise_by_hand,
+      exercise_hits, hits_for, kv_block_equal, kv_diff, mo, turn_hit_rate):
     def test_shared_prefix_kv_is_bit_identical():
         assert kv_block_equal[:4] == [True] * 4          # the 4 shared blocks, all layers
         assert not any(kv_block_equal[4:])
@@ -783,10 +635,9 @@ def _(
 
     * A shared prefix's K/V is bit-identical in every layer of two requests; the same tokens
       after a difference match only in layer 0. Reuse holds for whole prefixes: the chain.
-    * Over the agent's conversation the hit rate per turn went
-      {", ".join(f"{_r:.0%}" for _r in turn_hit_rate)}: {conv_computed_cached} prompt tokens
-      computed instead of {conv_computed_uncached} (median {conv_work_ratio:.1f}x fewer per
-      turn with history; TTFT {conv_ttft_ratio:.1f}x lower on this machine), same answers.
+    * The agent's hit rate per turn went {", ".join(f"{_r:.0%}" for _r in turn_hit_rate)}:
+      {conv_computed_cached} prompt tokens computed instead of {conv_computed_uncached}
+      (TTFT {conv_ttft_ratio:.1f}x lower on this machine), same answers.
     * Behind one system prompt, **{docs_prefix_skip:.0%}** of the later requests'
       system-prompt tokens were never computed; every hit count matched the prediction.
 
@@ -795,17 +646,15 @@ def _(
     * `minivllm/prefix_cache.py`: `hash_block_tokens` (a block's name), `PrefixCache`
       (name -> block, verified by tokens and parent; eviction of a block and its descendants).
     * `minivllm/block_manager.py`: `_cached_prefix` (the walk at admission, one token short),
-      `allocate` (hits join the block table, their tokens count as computed),
-      `cache_computed_blocks` (naming blocks after each step), `_release` (named blocks go to
-      the back of the free list: LRU).
+      `allocate` (hits join the block table as computed), `cache_computed_blocks` (naming
+      blocks after each step), `_release` (named blocks go to the back of the free list: LRU).
     * `minivllm/engine.py`: `LLMEngine.step` calls `cache_computed_blocks` after the model ran;
       `stats()` reports `prefix_cache_queried_tokens` and `prefix_cache_hit_tokens`.
     * `minivllm/config.py`: `enable_prefix_caching` (on by default, as in vLLM).
     * `minivllm bench prefix`: the same two workloads at a larger size, with and without
       caching, side by side.
 
-    The site's Optimization catalog ranks prefix caching among the course's other
-    optimizations, with the numbers each lesson recorded.
+    The site's Optimization catalog ranks prefix caching beside the other lessons' findings.
     """)
     return
 
