@@ -96,7 +96,7 @@ def _(D, H, mo, time, torch):
             times.append(time.perf_counter() - t0)
         return 1e3 * min(times)
 
-    _script = mo.app_meta().mode == "script"
+    _script = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
     _dev = "cuda" if torch.cuda.is_available() else "cpu"
     lengths = [256, 512, 1024, 2048] if (_script and _dev == "cpu") else [512, 1024, 2048, 4096,
                                                                           8192]
