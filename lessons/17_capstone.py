@@ -238,7 +238,11 @@ def _(
                 "start_preemptions": start["preemptions"], "solution": SOLUTION,
                 "slo": {"ttft_steps": TTFT_SLO, "itl_step_tokens": ITL_SLO_TOKENS}}
     print("findings:", findings)
+    return (findings,)
 
+
+@app.cell
+def _(solution_ok, solved, start, start_ok):
     def test_start_misses_the_slo_and_the_solution_meets_it():
         assert not start_ok and start["goodput"] < 0.5
         assert solution_ok and solved["goodput"] >= 0.9
@@ -246,7 +250,7 @@ def _(
     def test_tuning_changes_latency_not_tokens():
         assert start["tokens"] == solved["tokens"]
         assert solved["steps"] < start["steps"]
-    return (findings,)
+    return
 
 
 @app.cell

@@ -1,15 +1,15 @@
 """The markdown of a lesson's page, from its recorded run (build/lessons/NN_name/run.ipynb).
 
-Prose cells stay markdown (headings reach the table of contents and search), then every cell's
-code, what it printed, what it displayed (figures as PNG files next to the page), and the
-findings checks it defines. Nothing on the page loads from the network.
+Prose cells and what cells displayed as markdown stay markdown (headings reach the table of
+contents and search); then every cell's code, what it printed, what it displayed (figures as
+PNG files next to the page), and the findings checks it defines. Nothing loads from the network.
 
-Why not a maintained renderer: mkdocs-jupyter (nbconvert's HTML) was tried on run.ipynb; it
+Why not a maintained renderer: mkdocs-jupyter (nbconvert's HTML) was tried on the notebook; it
 brings ~60 packages (ipykernel, jupyter_client, ...), loads MathJax and mermaid from cdnjs
 unless vendored, and renders a notebook as one HTML block outside Material's code blocks, dark
 mode and search. Custom, because no tool does it: marimo's displayed HTML uses custom elements
-(`<marimo-callout-output>`, `<marimo-mime-renderer>`, `<marimo-ui-element>`, `<marimo-tex>`)
-that need marimo's front end; `static_html` turns them into plain HTML.
+(`<marimo-callout-output>`, `<marimo-mime-renderer>`, `<marimo-slider>`, ...) that need marimo's
+front end, from a CDN; `static_html` turns them into plain HTML, widgets into their values.
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ import html
 import json
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lesson_runner import LessonRun
-
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+from lesson_runner import LessonRun, export
 
 
 @dataclass
@@ -41,9 +38,8 @@ def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, sour
     """Markdown for the page of `lesson`; with run=None, prose and code only (quick mode)."""
     cells = run.notebook["cells"] if run is not None else []
     if not cells:  # no run, or it died before recording: the cells, from marimo's export
-        cells = json.loads(subprocess.run(
-            [sys.executable, "-m", "marimo", "export", "ipynb", "--sort", "top-down",
-             str(lesson)], capture_output=True, text=True, check=True).stdout)["cells"]
+        cells = json.loads(subprocess.run(export(lesson), capture_output=True, text=True,
+                                          check=True).stdout)["cells"]
     figures: dict[str, Path] = {}
 
     def figure(m: re.Match[str]) -> str:
@@ -51,42 +47,36 @@ def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, sour
         return f"{figure_prefix}/{m.group(1)}"
 
     src = lambda c: "".join(c.get("source", ""))  # noqa: E731
-    text = lambda lines: ANSI.sub("", "".join(lines)).rstrip("\n")  # noqa: E731
     first = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"), None)
     heading = re.match(r"\s*#\s+(.+)", src(cells[first])) if first is not None else None
     num, _, rest = lesson.stem.partition("_")
     title = heading.group(1).strip() if heading else f"{num} · {rest.replace('_', ' ')}"
     parts = [] if heading else [f"# {title}"]
-    order = [first, *range(first), *range(first + 1, len(cells))] if first else range(len(cells))
     tests = run.tests if run else []
     problems = [f"findings test {t['name']} failed" for t in tests if not t["ok"]]
-    for n, i in enumerate(order):
+    for n, i in enumerate([first, *range(first), *range(first + 1, len(cells))] if first
+                          else range(len(cells))):
         cell, chunk = cells[i], []
         outputs = cell.get("outputs", [])
         if cell["cell_type"] == "markdown":
             chunk.append(src(cell))
-        else:
-            code = _code_to_show(src(cell), any(o["output_type"] == "display_data"
-                                                for o in outputs))
-            chunk += [_fence(code, "python")] if code.strip() else []
+        elif code := _code_to_show(src(cell), any("data" in o for o in outputs)):
+            chunk.append(_fence(code, "python"))
         for o in outputs:
-            data, meta = o.get("data", {}), o.get("metadata", {})
-            if o["output_type"] == "stream" and text(o["text"]).strip():
-                chunk.append(_fence(text(o["text"]), "text", 'title="printed"'))
+            data = o.get("data", {})
+            if o.get("name") == "stdout" and o["text"].strip():
+                chunk.append(_fence(o["text"].rstrip("\n"), "text", 'title="printed"'))
             elif o["output_type"] == "error":
                 problems.append(f"cell {i} raised {o['ename']}")
                 chunk.append('!!! failure "This cell raised an exception when the page was '
-                             'built"\n\n' + _indent(_fence(text("\n".join(o["traceback"])))))
-            elif "widget" in meta:
-                chunk.append(f'!!! example "Interactive: {meta["widget"]}"\n\n    A '
-                             f"{meta['widget']}, shown at its initial value `{meta['value']}`. "
-                             "It is live in `marimo edit`; the outputs below are computed at "
-                             "this value.")
-            elif "text/html" in data:
-                body = re.sub(r"lesson-figure:([\w.-]+)", figure, static_html("".join(
-                    data["text/html"])))
-                body = re.sub(r"\n\s*\n", "\n", body)
-                chunk.append(f'<div class="lesson-output">\n{body}\n</div>')
+                             'built"\n\n' + _indent(_fence("\n".join(o["traceback"]))))
+            elif body := data.get("text/markdown") or data.get("text/html"):
+                widget = body.startswith(("&lt;marimo-", "<marimo-ui")) and "callout" not in body[:30]
+                body = static_html(html.unescape(body) if body.startswith("&lt;marimo-") else body)
+                body = re.sub(r"lesson-figure:([\w.-]+)", figure, body if "text/markdown" in data else
+                              re.sub(r"\n\s*\n", "\n", f'<div class="lesson-output">\n{body}\n</div>'))
+                chunk.append(('!!! example "Interactive: live in `marimo edit`; the outputs '
+                              'below are computed at this value"\n\n' + _indent(body)) if widget else body)
         defined = [t for t in tests if re.search(rf"\bdef {t['name']}\(", src(cell))]
         if defined and cell["cell_type"] == "code":
             ok = all(t["ok"] for t in defined)
@@ -95,14 +85,14 @@ def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, sour
                 else "A findings check failed") + '"\n\n' + "\n".join(
                 f"    - `{t['name']}` {'passed' if t['ok'] else 'FAILED'}" + (
                     "" if t["ok"] or not t.get("error") else
-                    "\n\n" + _indent(_fence(text(t["error"])), 8)) for t in defined))
+                    "\n\n" + _indent(_fence(t["error"]), 8)) for t in defined))
         if n == 0:
             chunk.append(_banner(source_path, run, note))
         parts.append("\n\n".join(chunk))
     if run is not None and run.error and run.error_cell is None and not run.failed_tests:
         problems.append(run.error.splitlines()[0])
         parts.append('!!! failure "The lesson did not run cleanly when this page was built"'
-                     "\n\n" + _indent(_fence(text(run.error))))
+                     "\n\n" + _indent(_fence(run.error)))
     md = "\n\n".join(p for p in parts if p).strip() + "\n"
     return RenderedPage(markdown=md, title=title, figures=figures, problems=problems)
 
@@ -138,8 +128,6 @@ def _fence(text: str, lang: str = "text", attrs: str = "") -> str:
 
 def _indent(text: str, n: int = 4) -> str:
     return "\n".join(" " * n + line if line.strip() else "" for line in text.splitlines())
-
-
 _ELEMENT = re.compile(r"<(marimo-[\w-]+)\b([^>]*)>(.*?)</\1>", re.S)
 _ATTR = re.compile(r"""([\w-]+)=(?:'([^']*)'|"([^"]*)")""")
 _KIND = {"warn": "warning", "success": "success", "info": "info", "danger": "danger"}
