@@ -240,9 +240,7 @@ def test_harness_records_prose_prints_figures_widgets_and_findings(demo):
     figures = run.figures()
     assert [f.name for f in figures] == ["cell03-1.png", "cell04-1.png"]
     assert all(f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
-    widget = _outputs(run, "mo.ui.slider")[0]
-    assert widget["metadata"] == {"widget": True}
-    assert "<b>block size</b> = <code>16</code>" in widget["data"]["text/markdown"]
+    assert "marimo-slider data-initial-value=&#x27;16&#x27;" in str(_outputs(run, "mo.ui.slider"))
     assert [(t["name"], t["ok"]) for t in run.tests] == [("test_tokens", True), ("test_headless", True)]
     assert run.findings == {"findings": {"tokens": 21}}
     assert findings_tests_in_source(path) == ["test_tokens", "test_headless"]
@@ -291,7 +289,7 @@ def test_page_renders_a_recorded_run(demo):
         path, run, figure_prefix="figures/99_demo", source_path="lessons/99_demo.py"
     )
     md = page.markdown
-    assert page.title == "99 · Harness demo" and md.startswith("# 99 · Harness demo")
+    assert md.startswith("# 99 · Harness demo")
     assert "uv run marimo edit lessons/99_demo.py" in md
     assert "```text title=\"printed\"\ntokens: 21, headless: True" in md
     assert '<img class="lesson-figure" alt="Figure" src="figures/99_demo/cell03-1.png"' in md
@@ -309,9 +307,9 @@ def test_page_renders_a_recorded_run(demo):
 
 def test_a_widget_in_a_layout_shows_its_label_and_value_not_its_index():
     import marimo as mo
-    stepped = lesson_runner.static_html(mo.ui.slider(steps=[4, 8, 16, 32], value=16,
+    stepped = lesson_page.static_html(mo.ui.slider(steps=[4, 8, 16, 32], value=16,
                                                     label="block_size").text)
     assert "<b>block_size</b> = <code>16</code>" in stepped        # the value, not index 2
-    choice = lesson_runner.static_html(mo.ui.dropdown({"a": 1, "b": 2}, value="b",
+    choice = lesson_page.static_html(mo.ui.dropdown({"a": 1, "b": 2}, value="b",
                                                      label="mode").text)
     assert "<b>mode</b> = <code>&quot;b&quot;</code>" in choice

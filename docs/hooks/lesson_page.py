@@ -28,7 +28,6 @@ from lesson_runner import LessonRun, export
 @dataclass
 class RenderedPage:
     markdown: str
-    title: str
     figures: dict[str, Path]  # page-relative URL -> file on disk
     problems: list[str]  # what a strict build should complain about
 
@@ -40,29 +39,21 @@ def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, sour
     if not cells:  # no run, or it died before recording: the cells, from marimo's export
         cells = json.loads(subprocess.run(export(lesson), capture_output=True, text=True,
                                           check=True).stdout)["cells"]
-    figures: dict[str, Path] = {}
+    figures, tests, parts = {}, run.tests if run else [], []
+    problems = [f"findings test {t['name']} failed" for t in tests if not t["ok"]]
 
     def figure(m: re.Match[str]) -> str:
         figures[f"{figure_prefix}/{m.group(1)}"] = Path(run.out_dir) / m.group(1)
         return f"{figure_prefix}/{m.group(1)}"
 
-    src = lambda c: "".join(c.get("source", ""))  # noqa: E731
-    first = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"), None)
-    heading = re.match(r"\s*#\s+(.+)", src(cells[first])) if first is not None else None
-    num, _, rest = lesson.stem.partition("_")
-    title = heading.group(1).strip() if heading else f"{num} · {rest.replace('_', ' ')}"
-    parts = [] if heading else [f"# {title}"]
-    tests = run.tests if run else []
-    problems = [f"findings test {t['name']} failed" for t in tests if not t["ok"]]
-    for n, i in enumerate([first, *range(first), *range(first + 1, len(cells))] if first
-                          else range(len(cells))):
-        cell, chunk = cells[i], []
-        outputs = cell.get("outputs", [])
+    first = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown")  # the title
+    for i in [first, *range(first), *range(first + 1, len(cells))]:
+        cell, chunk, src = cells[i], [], "".join(cells[i]["source"])
         if cell["cell_type"] == "markdown":
-            chunk.append(src(cell))
-        elif code := _code_to_show(src(cell), any("data" in o for o in outputs)):
+            chunk.append(src)
+        elif code := _code_to_show(src, any("data" in o for o in cell.get("outputs", []))):
             chunk.append(_fence(code, "python"))
-        for o in outputs:
+        for o in cell.get("outputs", []):
             data = o.get("data", {})
             if o.get("name") == "stdout" and o["text"].strip():
                 chunk.append(_fence(o["text"].rstrip("\n"), "text", 'title="printed"'))
@@ -77,24 +68,21 @@ def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, sour
                               re.sub(r"\n\s*\n", "\n", f'<div class="lesson-output">\n{body}\n</div>'))
                 chunk.append(('!!! example "Interactive: live in `marimo edit`; the outputs '
                               'below are computed at this value"\n\n' + _indent(body)) if widget else body)
-        defined = [t for t in tests if re.search(rf"\bdef {t['name']}\(", src(cell))]
-        if defined and cell["cell_type"] == "code":
+        if cell["cell_type"] == "code" and (defined := [t for t in tests if re.search(
+                rf"^def {t['name']}\(", src, re.M)]):
             ok = all(t["ok"] for t in defined)
             chunk.append(f'!!! {"success" if ok else "failure"} "' + (
-                "Findings checked when this page was built" if ok
-                else "A findings check failed") + '"\n\n' + "\n".join(
-                f"    - `{t['name']}` {'passed' if t['ok'] else 'FAILED'}" + (
-                    "" if t["ok"] or not t.get("error") else
-                    "\n\n" + _indent(_fence(t["error"]), 8)) for t in defined))
-        if n == 0:
-            chunk.append(_banner(source_path, run, note))
-        parts.append("\n\n".join(chunk))
+                "Findings checked when this page was built" if ok else "A findings check failed")
+                + '"\n\n' + "\n".join(f"    - `{t['name']}` {'passed' if t['ok'] else 'FAILED'}"
+                                       + ("" if t["ok"] else "\n\n" + _indent(_fence(t["error"]), 8))
+                                       for t in defined))
+        parts.append("\n\n".join(chunk + ([_banner(source_path, run, note)] if i == first else [])))
     if run is not None and run.error and run.error_cell is None and not run.failed_tests:
         problems.append(run.error.splitlines()[0])
         parts.append('!!! failure "The lesson did not run cleanly when this page was built"'
                      "\n\n" + _indent(_fence(run.error)))
     md = "\n\n".join(p for p in parts if p).strip() + "\n"
-    return RenderedPage(markdown=md, title=title, figures=figures, problems=problems)
+    return RenderedPage(markdown=md, figures=figures, problems=problems)
 
 
 def _code_to_show(code: str, has_output: bool) -> str:
@@ -128,6 +116,8 @@ def _fence(text: str, lang: str = "text", attrs: str = "") -> str:
 
 def _indent(text: str, n: int = 4) -> str:
     return "\n".join(" " * n + line if line.strip() else "" for line in text.splitlines())
+
+
 _ELEMENT = re.compile(r"<(marimo-[\w-]+)\b([^>]*)>(.*?)</\1>", re.S)
 _ATTR = re.compile(r"""([\w-]+)=(?:'([^']*)'|"([^"]*)")""")
 _KIND = {"warn": "warning", "success": "success", "info": "info", "danger": "danger"}
@@ -160,10 +150,8 @@ def static_html(text: str) -> str:
                     return f'<img class="lesson-figure" alt="Figure" src="{data[kind]}"{size}>'
                 data = data.get("text/html") or data.get("text/plain", "")
             return static_html(str(data))
-        if tag == "marimo-tex":
-            for x, y in (("||[", "\\["), ("||]", "\\]"), ("||(", "\\("), ("||)", "\\)")):
-                inner = inner.replace(x, y)
-            return f'<span class="arithmatex">{inner}</span>'
+        if tag == "marimo-tex":  # ||( x ||) -> \( x \), as pymdownx.arithmatex writes it
+            return '<span class="arithmatex">' + re.sub(r"[|][|]([][()])", r"\\\1", inner) + "</span>"
         if tag == "marimo-ui-element":
             return static_html(inner)
         value, steps = a.get("data-initial-value"), a.get("data-steps")
