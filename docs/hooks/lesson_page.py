@@ -15,6 +15,7 @@ front end, from a CDN; `static_html` turns them into plain HTML, widgets into th
 from __future__ import annotations
 
 import ast
+import contextlib
 import html
 import json
 import re
@@ -87,14 +88,11 @@ def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, sour
 
 def _code_to_show(code: str, has_output: bool) -> str:
     """The cell's code, less a final `mo.md(...)` whose text shows rendered right below."""
-    try:
+    with contextlib.suppress(SyntaxError, IndexError):
         last = ast.parse(code).body[-1]
-    except (SyntaxError, IndexError):
-        return code
-    is_md = isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) \
-        and ast.unparse(last.value.func) == "mo.md"
-    return "\n".join(code.splitlines()[: last.lineno - 1]).rstrip() if is_md and has_output \
-        else code
+        if has_output and isinstance(last, ast.Expr) and ast.unparse(getattr(last.value, "func", last)) == "mo.md":
+            return "\n".join(code.splitlines()[: last.lineno - 1]).rstrip()
+    return code
 
 
 def _banner(source_path: str, run: LessonRun | None, note: str | None) -> str:
@@ -120,7 +118,6 @@ def _indent(text: str, n: int = 4) -> str:
 
 _ELEMENT = re.compile(r"<(marimo-[\w-]+)\b([^>]*)>(.*?)</\1>", re.S)
 _ATTR = re.compile(r"""([\w-]+)=(?:'([^']*)'|"([^"]*)")""")
-_KIND = {"warn": "warning", "success": "success", "info": "info", "danger": "danger"}
 
 
 def _json(value: str):
@@ -131,14 +128,14 @@ def _json(value: str):
 
 
 def static_html(text: str) -> str:
-    """marimo's custom elements as plain HTML (innermost first: callouts nest markdown)."""
+    """marimo's custom elements as plain HTML (what they wrap, recursively: callouts nest markdown)."""
 
     def element(m: re.Match[str]) -> str:
         tag, inner = m.group(1), m.group(3)
         a = {g.group(1): _json(html.unescape(g.group(2) if g.group(2) is not None
                                              else g.group(3))) for g in _ATTR.finditer(m.group(2))}
         if tag == "marimo-callout-output":
-            kind = _KIND.get(str(a.get("data-kind")), "note")
+            kind = str(a.get("data-kind")).replace("warn", "warning")  # neutral: Material's note
             return f'<div class="admonition {kind}">{static_html(str(a.get("data-html")))}</div>'
         if tag == "marimo-mime-renderer":
             data = a.get("data-data")
@@ -164,7 +161,4 @@ def static_html(text: str) -> str:
         return (f'<span class="lesson-widget" title="live in marimo edit">{tag[7:]} '
                 f"<b>{html.escape(label)}</b>{shown}</span>")
 
-    previous = None
-    while previous != text:
-        previous, text = text, _ELEMENT.sub(element, text)
-    return text
+    return _ELEMENT.sub(element, text)

@@ -189,6 +189,7 @@ def _record(lesson: Path, out: Path) -> dict:
             "ok": error is None and not failed, "error_cell": error_cell, "error": error or (
                 "findings tests failed: " + ", ".join(failed) if failed else None)}
 
+
 if __name__ == "__main__":
     runs = [run_lesson(p, force="--force" in sys.argv) for p in
             [Path(a) for a in sys.argv[1:] if a != "--force"] or discover_lessons()]
