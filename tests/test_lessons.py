@@ -14,8 +14,11 @@ A cell of tests holds nothing but `test_*` functions: marimo then runs it with p
 it runs (its reactive tests), in the editor and in the lesson's single headless run
 (docs/hooks/lesson_runner.py, `marimo export ipynb --include-outputs`), the same run the site's
 page is made from, so the model is not run twice. Here each check is a pytest item
-(`test_lesson_finding[01_kv_cache::test_paged_wastes_less_than_static]`) reading that result. A test elsewhere in tests/ can instead use the
-`lesson_run("01_kv_cache")` fixture and assert on `run.findings` or `run.stdout`.
+(`test_lesson_finding[01_kv_cache::test_paged_wastes_less_than_static]`) reading that result.
+A lesson's last cell prints its numbers as `print("findings:", findings)` (a dict of plain
+values); the run reads that line back as `run.findings["findings"]`, which the site's
+Optimization catalog shows. A test elsewhere in tests/ can use the `lesson_run("01_kv_cache")`
+fixture and assert on `run.findings` or `run.stdout`.
 
 The second half of this file tests the harness itself on tiny notebooks written to a temporary
 folder: that a failing cell, a hang and a failed finding are each reported, and that a page
