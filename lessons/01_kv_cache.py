@@ -269,7 +269,7 @@ def _(mo):
 
 @app.cell
 def _(Request, SamplingParams, llm, mo, serve):
-    _script = mo.app_meta().mode == "script"
+    _script = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
     batch_sizes = [1, 2, 4, 8, 16, 32] if _script else [1, 2, 4, 8, 16, 32, 64]
     # Paged now (lesson 02), so that 64 requests fit; the weights stay loaded.
     llm.reconfigure(kv_layout="paged", kv_cache_memory=None, max_num_seqs=64)

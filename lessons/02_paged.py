@@ -677,33 +677,6 @@ def _(
     }
     print("findings:", findings)
 
-    def test_slab_waste_is_max_model_len_against_mean_length():
-        # The engine's measured waste against 1 - mean held / max_model_len from the lengths.
-        assert abs(predicted_static_waste - (1 - static_utilization)) < 0.02
-
-    def test_paged_uses_more_of_its_memory_than_slabs():
-        assert paged_utilization > static_utilization
-        assert paged_utilization >= 0.95, f"paged utilization {paged_utilization:.1%}"
-
-    def test_paged_runs_more_requests_in_the_same_budget():
-        assert paged_concurrency > static_concurrency
-
-    def test_parallel_samples_share_the_full_prompt_blocks():
-        # 40 tokens = 2 full blocks + 8 tokens: all 3 shared after the fork, then the partly
-        # filled one is copied by 3 of the 4 samples; the 2 full ones stay shared.
-        assert parallel_shared_after_fork == -(-PROMPT_LEN // BLOCK_SIZE) == 3
-        assert parallel_shared_blocks == PROMPT_LEN // BLOCK_SIZE == 2
-        assert parallel_cow_events == 4 - 1
-        assert aligned_cow_events == 0
-        assert parallel_blocks_used < parallel_blocks_unshared
-
-    def test_exercise_checker():
-        assert exercise_blocks == exercise_by_hand == 23
-        assert check_blocks_answer(23).startswith("Correct")
-        for wrong in (27, 21, 17, 20, 14, 5):
-            assert not check_blocks_answer(wrong).startswith("Correct")
-        assert "copy-on-write" in check_blocks_answer(21)
-
     mo.md(f"""
     ## What we found
 
@@ -735,6 +708,54 @@ def _(
       reference counts.
     """)
     return (findings,)
+
+
+@app.cell
+def _(
+    BLOCK_SIZE,
+    PROMPT_LEN,
+    aligned_cow_events,
+    check_blocks_answer,
+    exercise_blocks,
+    exercise_by_hand,
+    paged_concurrency,
+    paged_utilization,
+    parallel_blocks_unshared,
+    parallel_blocks_used,
+    parallel_cow_events,
+    parallel_shared_after_fork,
+    parallel_shared_blocks,
+    predicted_static_waste,
+    static_concurrency,
+    static_utilization,
+):
+    def test_slab_waste_is_max_model_len_against_mean_length():
+        # The engine's measured waste against 1 - mean held / max_model_len from the lengths.
+        assert abs(predicted_static_waste - (1 - static_utilization)) < 0.02
+
+    def test_paged_uses_more_of_its_memory_than_slabs():
+        assert paged_utilization > static_utilization
+        assert paged_utilization >= 0.95, f"paged utilization {paged_utilization:.1%}"
+
+    def test_paged_runs_more_requests_in_the_same_budget():
+        assert paged_concurrency > static_concurrency
+
+    def test_parallel_samples_share_the_full_prompt_blocks():
+        # 40 tokens = 2 full blocks + 8 tokens: all 3 shared after the fork, then the partly
+        # filled one is copied by 3 of the 4 samples; the 2 full ones stay shared.
+        assert parallel_shared_after_fork == -(-PROMPT_LEN // BLOCK_SIZE) == 3
+        assert parallel_shared_blocks == PROMPT_LEN // BLOCK_SIZE == 2
+        assert parallel_cow_events == 4 - 1
+        assert aligned_cow_events == 0
+        assert parallel_blocks_used < parallel_blocks_unshared
+
+    def test_exercise_checker():
+        assert exercise_blocks == exercise_by_hand == 23
+        assert check_blocks_answer(23).startswith("Correct")
+        for wrong in (27, 21, 17, 20, 14, 5):
+            assert not check_blocks_answer(wrong).startswith("Correct")
+        assert "copy-on-write" in check_blocks_answer(21)
+    return
 
 
 if __name__ == "__main__":

@@ -350,8 +350,8 @@ def _(MAX_NUM_SEQS, compare, draw_gantt, mo, plt, spread):
 def _(DEFAULT_SPREAD, compare, mo, plt):
     # A few spreads, measured in every mode (the headless run and the docs page show these);
     # more when a person is at the notebook.
-    SWEEP = ((0.0, 0.5, DEFAULT_SPREAD) if mo.app_meta().mode == "script"
-             else (0.0, 0.5, DEFAULT_SPREAD, 1.5))
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    SWEEP = (0.0, 0.5, DEFAULT_SPREAD) if _headless else (0.0, 0.5, DEFAULT_SPREAD, 1.5)
     sweep = {_x: compare(_x) for _x in SWEEP}
     _fig, (_a, _b) = plt.subplots(1, 2, figsize=(9, 3))
     _a.plot(SWEEP, [sweep[_x][0]["steps"] for _x in SWEEP], "o-", color="tab:red",

@@ -583,9 +583,9 @@ def _(exercise_hits, hits_answer, mo):
 
 @app.cell
 def _(check_hits_answer, conv_cached, conv_computed_cached, conv_computed_uncached,
-      conv_outputs_identical, conv_ttft_ratio, conv_work_ratio, docs_hit_tokens,
-      docs_outputs_identical, docs_predicted_hits, docs_prefix_skip, exercise_by_hand,
-      exercise_hits, hits_for, kv_block_equal, kv_diff, mo, turn_hit_rate):
+      conv_outputs_identical, conv_work_ratio, docs_hit_tokens, docs_outputs_identical,
+      docs_predicted_hits, docs_prefix_skip, exercise_by_hand, exercise_hits, hits_for,
+      kv_block_equal, kv_diff, turn_hit_rate):
     def test_shared_prefix_kv_is_bit_identical():
         assert kv_block_equal[:4] == [True] * 4          # the 4 shared blocks, all layers
         assert not any(kv_block_equal[4:])
@@ -621,7 +621,12 @@ def _(check_hits_answer, conv_cached, conv_computed_cached, conv_computed_uncach
         assert "round down" in check_hits_answer(203).lower()
         assert "rounds up" in check_hits_answer(208)
         assert "freed blocks keep their names" in check_hits_answer(0)
+    return
 
+
+@app.cell
+def _(conv_computed_cached, conv_computed_uncached, conv_ttft_ratio, conv_work_ratio,
+      docs_prefix_skip, mo, turn_hit_rate):
     findings = {
         "turn_hit_rate": [round(_r, 4) for _r in turn_hit_rate],
         "conversation_prompt_tokens_computed": (conv_computed_uncached, conv_computed_cached),

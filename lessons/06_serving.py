@@ -209,7 +209,8 @@ def _(
     summarize,
     time,
 ):
-    NUM_REQUESTS = 12 if mo.app_meta().mode == "script" else 24
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    NUM_REQUESTS = 12 if _headless else 24
 
     def load_test(rate, seed=0):
         """Serve NUM_REQUESTS streamed requests arriving at `rate`/s; sample the queue."""

@@ -507,6 +507,7 @@ def _(capacity, decode_rows, live, mo, smol_bytes):
                 "mha_blocks": live["MHA"]["blocks"], "gqa_blocks": live["GQA"]["blocks"],
                 "mqa_blocks": live["MQA"]["blocks"],
                 "decode_ms": {n: ms for n, _, ms in decode_rows}}
+    print("findings:", findings)
     mo.md(f"""
     ## What we found
 

@@ -360,8 +360,8 @@ def _(budget, draw_steps, mo, plt, run_budget):
 @app.cell
 def _(BUDGET, MAX_MODEL_LEN, mo, np, plt, run_budget, with_chunks, without):
     # A few budgets measured in every mode (the docs page and the headless run show these).
-    SWEEP = ((64, BUDGET, 256) if mo.app_meta().mode == "script"
-             else (64, BUDGET, 256, 512, MAX_MODEL_LEN))
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    SWEEP = (64, BUDGET, 256) if _headless else (64, BUDGET, 256, 512, MAX_MODEL_LEN)
     sweep = {_b: run_budget(_b) for _b in SWEEP}
     _fig, (_a, _b, _c) = plt.subplots(1, 3, figsize=(13, 3.4))
     _xs = [*SWEEP, MAX_MODEL_LEN] if MAX_MODEL_LEN not in SWEEP else list(SWEEP)

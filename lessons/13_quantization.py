@@ -205,8 +205,9 @@ def _(
 ):
     # The table: each format over the same weights. Perplexity on the repo's fixed text set
     # (public-domain prose and code), fewer tokens in a headless run.
-    PPL_TOKENS = 256 if mo.app_meta().mode == "script" else 1024
-    GEN_TOKENS = 12 if mo.app_meta().mode == "script" else 24
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    PPL_TOKENS = 256 if _headless else 1024
+    GEN_TOKENS = 12 if _headless else 24
     AGREE_PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
                      "Once upon a time, in a small village by the sea,", "1, 1, 2, 3, 5, 8,"]
     FORMATS = {"fp32": {}, "int8": {"quantization": "int8"},

@@ -306,17 +306,7 @@ def _(ladder, mo):
 
 
 @app.cell
-def _(
-    ITL_SLO_TOKENS,
-    LADDER,
-    SOLUTION,
-    TTFT_SLO,
-    ladder,
-    solution_ok,
-    solved,
-    start,
-    start_ok,
-):
+def _(ITL_SLO_TOKENS, LADDER, SOLUTION, TTFT_SLO, ladder, solved, start):
     findings = {"start_goodput": start["goodput"], "solution_goodput": solved["goodput"],
                 "start_steps": start["steps"], "solution_steps": solved["steps"],
                 "start_preemptions": start["preemptions"], "solution": SOLUTION,
@@ -331,7 +321,11 @@ def _(
                              for _n, _r in ladder.items()},
                 "ablation_settings": LADDER}
     print("findings:", findings)
+    return (findings,)
 
+
+@app.cell
+def _(findings, ladder, solution_ok, solved, start, start_ok):
     def test_start_misses_the_slo_and_the_solution_meets_it():
         assert not start_ok and start["goodput"] < 0.5
         assert solution_ok and solved["goodput"] >= 0.9
@@ -354,7 +348,7 @@ def _(
         # Chunked prefill off: a whole prompt in one step, beyond the 48-token budget.
         assert full["largest_step"] <= 48 < rungs["no chunked prefill"]["largest_step"]
         assert rungs["no chunked prefill"]["steps"] <= full["steps"]
-    return (findings,)
+    return
 
 
 @app.cell

@@ -30,6 +30,9 @@ BUDGETS = {
     # A lesson is prose, code and figures; the longest (05, prefix caching: ~830 after its
     # catalog left for the site's Optimization catalog page) stays well under 1,000.
     "lessons": ((), None, 1000),
+    # The course machinery: 567 lines (406 of code) when this was set; issue 18 asks for about
+    # 400. Lower it as the hooks shrink (docs/hooks/*.py say what is custom and why).
+    "docs/hooks": ((), 600, 400),
 }
 
 

@@ -179,8 +179,8 @@ def lesson_run():
     """lesson_run("01_kv_cache") -> LessonRun: the lesson's single headless run.
 
     .ok, .error, .stdout, .notebook (run.ipynb as JSON), .tests (the notebook's own test_*
-    results) and .findings (the notebook's plain-valued globals, e.g. run.findings["waste_pct"])
-    are there to assert on.
+    results) and .findings (the dict the lesson printed as `findings: {...}`, e.g.
+    run.findings["findings"]["waste_pct"]) are there to assert on.
     """
     runs: dict[str, lesson_runner.LessonRun] = {}
 

@@ -1,37 +1,34 @@
 """The markdown of a lesson's page, from its recorded run (build/lessons/NN_name/run.ipynb).
 
-Prose cells stay markdown (headings reach the table of contents and search), then every cell's
-code, what it printed, what it displayed (figures as PNG files next to the page), and the
-findings checks it defines. Nothing on the page loads from the network.
+Prose cells and what cells displayed as markdown stay markdown (headings reach the table of
+contents and search); then every cell's code, what it printed, what it displayed (figures as
+PNG files next to the page), and the findings checks it defines. Nothing loads from the network.
 
-Why not a maintained renderer: mkdocs-jupyter (nbconvert's HTML) was tried on run.ipynb; it
+Why not a maintained renderer: mkdocs-jupyter (nbconvert's HTML) was tried on the notebook; it
 brings ~60 packages (ipykernel, jupyter_client, ...), loads MathJax and mermaid from cdnjs
 unless vendored, and renders a notebook as one HTML block outside Material's code blocks, dark
 mode and search. Custom, because no tool does it: marimo's displayed HTML uses custom elements
-(`<marimo-callout-output>`, `<marimo-mime-renderer>`, `<marimo-ui-element>`, `<marimo-tex>`)
-that need marimo's front end; `static_html` turns them into plain HTML.
+(`<marimo-callout-output>`, `<marimo-mime-renderer>`, `<marimo-slider>`, ...) that need marimo's
+front end, from a CDN; `static_html` turns them into plain HTML, widgets into their values.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import html
 import json
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lesson_runner import LessonRun
-
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+from lesson_runner import LessonRun, export
 
 
 @dataclass
 class RenderedPage:
     markdown: str
-    title: str
     figures: dict[str, Path]  # page-relative URL -> file on disk
     problems: list[str]  # what a strict build should complain about
 
@@ -41,82 +38,61 @@ def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, sour
     """Markdown for the page of `lesson`; with run=None, prose and code only (quick mode)."""
     cells = run.notebook["cells"] if run is not None else []
     if not cells:  # no run, or it died before recording: the cells, from marimo's export
-        cells = json.loads(subprocess.run(
-            [sys.executable, "-m", "marimo", "export", "ipynb", "--sort", "top-down",
-             str(lesson)], capture_output=True, text=True, check=True).stdout)["cells"]
-    figures: dict[str, Path] = {}
+        cells = json.loads(subprocess.run(export(lesson), capture_output=True, text=True,
+                                          check=True).stdout)["cells"]
+    figures, tests, parts = {}, run.tests if run else [], []
+    problems = [f"findings test {t['name']} failed" for t in tests if not t["ok"]]
 
     def figure(m: re.Match[str]) -> str:
         figures[f"{figure_prefix}/{m.group(1)}"] = Path(run.out_dir) / m.group(1)
         return f"{figure_prefix}/{m.group(1)}"
 
-    src = lambda c: "".join(c.get("source", ""))  # noqa: E731
-    text = lambda lines: ANSI.sub("", "".join(lines)).rstrip("\n")  # noqa: E731
-    first = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"), None)
-    heading = re.match(r"\s*#\s+(.+)", src(cells[first])) if first is not None else None
-    num, _, rest = lesson.stem.partition("_")
-    title = heading.group(1).strip() if heading else f"{num} · {rest.replace('_', ' ')}"
-    parts = [] if heading else [f"# {title}"]
-    order = [first, *range(first), *range(first + 1, len(cells))] if first else range(len(cells))
-    tests = run.tests if run else []
-    problems = [f"findings test {t['name']} failed" for t in tests if not t["ok"]]
-    for n, i in enumerate(order):
-        cell, chunk = cells[i], []
-        outputs = cell.get("outputs", [])
+    first = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown")  # the title
+    for i in [first, *range(first), *range(first + 1, len(cells))]:
+        cell, chunk, src = cells[i], [], "".join(cells[i]["source"])
         if cell["cell_type"] == "markdown":
-            chunk.append(src(cell))
-        else:
-            code = _code_to_show(src(cell), any(o["output_type"] == "display_data"
-                                                for o in outputs))
-            chunk += [_fence(code, "python")] if code.strip() else []
-        for o in outputs:
-            data, meta = o.get("data", {}), o.get("metadata", {})
-            if o["output_type"] == "stream" and text(o["text"]).strip():
-                chunk.append(_fence(text(o["text"]), "text", 'title="printed"'))
+            chunk.append(src)
+        elif code := _code_to_show(src, any("data" in o for o in cell.get("outputs", []))):
+            chunk.append(_fence(code, "python"))
+        for o in cell.get("outputs", []):
+            data = o.get("data", {})
+            if o.get("name") == "stdout" and o["text"].strip():
+                chunk.append(_fence(o["text"].rstrip("\n"), "text", 'title="printed"'))
             elif o["output_type"] == "error":
                 problems.append(f"cell {i} raised {o['ename']}")
                 chunk.append('!!! failure "This cell raised an exception when the page was '
-                             'built"\n\n' + _indent(_fence(text("\n".join(o["traceback"])))))
-            elif "widget" in meta:
-                chunk.append(f'!!! example "Interactive: {meta["widget"]}"\n\n    A '
-                             f"{meta['widget']}, shown at its initial value `{meta['value']}`. "
-                             "It is live in `marimo edit`; the outputs below are computed at "
-                             "this value.")
-            elif "text/html" in data:
-                body = re.sub(r"lesson-figure:([\w.-]+)", figure, static_html("".join(
-                    data["text/html"])))
-                body = re.sub(r"\n\s*\n", "\n", body)
-                chunk.append(f'<div class="lesson-output">\n{body}\n</div>')
-        defined = [t for t in tests if re.search(rf"\bdef {t['name']}\(", src(cell))]
-        if defined and cell["cell_type"] == "code":
+                             'built"\n\n' + _indent(_fence("\n".join(o["traceback"]))))
+            elif body := data.get("text/markdown") or data.get("text/html"):
+                widget = body.startswith(("&lt;marimo-", "<marimo-ui")) and "callout" not in body[:30]
+                body = static_html(html.unescape(body) if body.startswith("&lt;marimo-") else body)
+                body = re.sub(r"lesson-figure:([\w.-]+)", figure, body if "text/markdown" in data else
+                              re.sub(r"\n\s*\n", "\n", f'<div class="lesson-output">\n{body}\n</div>'))
+                chunk.append(('!!! example "Interactive: live in `marimo edit`; the outputs '
+                              'below are computed at this value"\n\n' + _indent(body)) if widget else body)
+        if cell["cell_type"] == "code" and (defined := [t for t in tests if re.search(
+                rf"^def {t['name']}\(", src, re.M)]):
             ok = all(t["ok"] for t in defined)
             chunk.append(f'!!! {"success" if ok else "failure"} "' + (
-                "Findings checked when this page was built" if ok
-                else "A findings check failed") + '"\n\n' + "\n".join(
-                f"    - `{t['name']}` {'passed' if t['ok'] else 'FAILED'}" + (
-                    "" if t["ok"] or not t.get("error") else
-                    "\n\n" + _indent(_fence(text(t["error"])), 8)) for t in defined))
-        if n == 0:
-            chunk.append(_banner(source_path, run, note))
-        parts.append("\n\n".join(chunk))
+                "Findings checked when this page was built" if ok else "A findings check failed")
+                + '"\n\n' + "\n".join(f"    - `{t['name']}` {'passed' if t['ok'] else 'FAILED'}"
+                                       + ("" if t["ok"] else "\n\n" + _indent(_fence(t["error"]), 8))
+                                       for t in defined))
+        parts.append("\n\n".join(chunk + ([_banner(source_path, run, note)] if i == first else [])))
     if run is not None and run.error and run.error_cell is None and not run.failed_tests:
         problems.append(run.error.splitlines()[0])
         parts.append('!!! failure "The lesson did not run cleanly when this page was built"'
-                     "\n\n" + _indent(_fence(text(run.error))))
+                     "\n\n" + _indent(_fence(run.error)))
     md = "\n\n".join(p for p in parts if p).strip() + "\n"
-    return RenderedPage(markdown=md, title=title, figures=figures, problems=problems)
+    return RenderedPage(markdown=md, figures=figures, problems=problems)
 
 
 def _code_to_show(code: str, has_output: bool) -> str:
     """The cell's code, less a final `mo.md(...)` whose text shows rendered right below."""
-    try:
+    with contextlib.suppress(SyntaxError, IndexError):
         last = ast.parse(code).body[-1]
-    except (SyntaxError, IndexError):
-        return code
-    is_md = isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) \
-        and ast.unparse(last.value.func) == "mo.md"
-    return "\n".join(code.splitlines()[: last.lineno - 1]).rstrip() if is_md and has_output \
-        else code
+        if has_output and isinstance(last, ast.Expr) and ast.unparse(getattr(last.value, "func", last)) == "mo.md":
+            return "\n".join(code.splitlines()[: last.lineno - 1]).rstrip()
+    return code
 
 
 def _banner(source_path: str, run: LessonRun | None, note: str | None) -> str:
@@ -142,7 +118,6 @@ def _indent(text: str, n: int = 4) -> str:
 
 _ELEMENT = re.compile(r"<(marimo-[\w-]+)\b([^>]*)>(.*?)</\1>", re.S)
 _ATTR = re.compile(r"""([\w-]+)=(?:'([^']*)'|"([^"]*)")""")
-_KIND = {"warn": "warning", "success": "success", "info": "info", "danger": "danger"}
 
 
 def _json(value: str):
@@ -153,14 +128,14 @@ def _json(value: str):
 
 
 def static_html(text: str) -> str:
-    """marimo's custom elements as plain HTML (innermost first: callouts nest markdown)."""
+    """marimo's custom elements as plain HTML (what they wrap, recursively: callouts nest markdown)."""
 
     def element(m: re.Match[str]) -> str:
         tag, inner = m.group(1), m.group(3)
         a = {g.group(1): _json(html.unescape(g.group(2) if g.group(2) is not None
                                              else g.group(3))) for g in _ATTR.finditer(m.group(2))}
         if tag == "marimo-callout-output":
-            kind = _KIND.get(str(a.get("data-kind")), "note")
+            kind = str(a.get("data-kind")).replace("warn", "warning")  # neutral: Material's note
             return f'<div class="admonition {kind}">{static_html(str(a.get("data-html")))}</div>'
         if tag == "marimo-mime-renderer":
             data = a.get("data-data")
@@ -172,10 +147,8 @@ def static_html(text: str) -> str:
                     return f'<img class="lesson-figure" alt="Figure" src="{data[kind]}"{size}>'
                 data = data.get("text/html") or data.get("text/plain", "")
             return static_html(str(data))
-        if tag == "marimo-tex":
-            for x, y in (("||[", "\\["), ("||]", "\\]"), ("||(", "\\("), ("||)", "\\)")):
-                inner = inner.replace(x, y)
-            return f'<span class="arithmatex">{inner}</span>'
+        if tag == "marimo-tex":  # ||( x ||) -> \( x \), as pymdownx.arithmatex writes it
+            return '<span class="arithmatex">' + re.sub(r"[|][|]([][()])", r"\\\1", inner) + "</span>"
         if tag == "marimo-ui-element":
             return static_html(inner)
         value, steps = a.get("data-initial-value"), a.get("data-steps")
@@ -188,7 +161,4 @@ def static_html(text: str) -> str:
         return (f'<span class="lesson-widget" title="live in marimo edit">{tag[7:]} '
                 f"<b>{html.escape(label)}</b>{shown}</span>")
 
-    previous = None
-    while previous != text:
-        previous, text = text, _ELEMENT.sub(element, text)
-    return text
+    return _ELEMENT.sub(element, text)
