@@ -127,21 +127,6 @@ def _gpu(entry) -> str:
     return " vs ".join(_show(found[n]) for n in f["names"])
 
 
-def _ablation_table() -> str:
-    """The whole ladder, one row per rung, from lesson 17's findings."""
-    ladder = _found(LADDER).get("ablation")
-    if not ladder:
-        return f"*(lesson {LADDER} did not record the ablation ladder when this site was built)*"
-    full = ladder["full engine"]
-    rows = ["| Rung | Steps | Steps / full | Tokens per step | Tokens/s | Prompt tokens computed"
-            " | Largest step (tokens) | Running at once | Same tokens |", "|---" * 9 + "|"]
-    rows += [f"| {name} | {r['steps']} | {r['steps'] / full['steps']:.2f} | "
-             f"{r['tokens_per_step']:.2f} | {r['tokens_per_s']:.1f} | {r['prefill_tokens']} | "
-             f"{r['largest_step']} | {r['max_running']} | {r['same_tokens']} |"
-             for name, r in ladder.items()]
-    return "\n".join(rows)
-
-
 def _findings_table(num: str, run) -> str:
     """A lesson's recorded findings, with the GPU column (filled once a GPU run is recorded)."""
     found = run.findings.get("findings", {}) if run and run.ok else {}
@@ -176,7 +161,6 @@ def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
         ("course:lessons", lambda: course.lessons_table(lesson_link)),
         ("course:ranking-measured", lambda: course.ranking_table(lesson_link, {
             "Measured here": _measured, course.gpu_column()[0]: _gpu})),
-        ("course:ablation", _ablation_table),
         ("course:ranking", lambda: course.ranking_table(lesson_link)),
         ("engine:modules", lambda: course.modules_table(lambda p: (REPO / p).is_file(),
                                                          api_link, lesson_link)),
