@@ -67,8 +67,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.config = config
-        self.cos = self.sin = None           # (P, D) tables, made by build()
+        self.config, self.cos, self.sin = config, None, None   # (P, D) tables, made by build()
 
     def build(self, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
         inv_freq = rope_inv_freq(self.config).to(device)
@@ -89,11 +88,11 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, 
 
 
 def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """layer(x), for a plain nn.Linear on a CPU as (W x^T)^T: MKL then streams W rather than repack
-    it each call, most of the time at 2-8 rows (4 sequences decoding: 0.73x the step's CPU time)."""
-    if type(layer) is not nn.Linear or x.device.type != "cpu":     # LoRA, quantized, TP; CUDA
-        return layer(x)
-    # W x^T is (out, T); copied to (T, out) rows, as the next ops want (a strided view: 1.5x slower)
+    """layer(x); a plain fp32 nn.Linear on a CPU as (W x^T)^T: MKL then streams W instead of
+    repacking it each call, most of the time at 2-8 rows (batch 4: 0.68x a decode step's CPU).
+    Copied back to rows at any batch: the next GEMM ran 1.5x slower on the strided result."""
+    if type(layer) is not nn.Linear or x.device.type != "cpu" or x.dtype != torch.float32:
+        return layer(x)                  # LoRA, quantized, TP; CUDA; bf16 (slower this way here)
     y = F.linear(layer.weight, x).T.clone(memory_format=torch.contiguous_format)   # (T, out)
     return y if layer.bias is None else y + layer.bias
 
