@@ -96,7 +96,6 @@ class ModelRunner:
         # The Triton decode kernel's partial results: one fixed buffer for the engine's largest
         # decode batch (max_num_seqs sequences of max_model_len tokens), before the KV pool
         # takes what memory is left.
-        self.decode_scratch = None
         if self.attention_backend == "triton":
             from minivllm.triton_attention import DecodeScratch
             self.decode_scratch = DecodeScratch.allocate(

@@ -10,9 +10,9 @@ is per-token and does not care. That is what lets one forward pass mix prefills 
 Parameter names match Hugging Face's, so checkpoints load by name.
 Follows: Llama (Touvron et al. 2023), RoPE (Su et al. 2021), GQA (Ainslie et al. 2023).
 
-Left out, compared with vLLM's model files: fused QKV and gate/up projections, tensor-parallel
-linear layers, custom fused kernels (RMSNorm + residual, SiLU-and-mul, rotary), and the other
-architectures (MoE, sliding-window, multi-modal).
+Left out, compared with vLLM's model files: fused QKV and gate/up projections (no faster on a
+2-core CPU, batch 1 to 16), tensor-parallel linear layers, custom fused kernels (RMSNorm +
+residual, SiLU-and-mul, rotary), and the other architectures (MoE, sliding-window, multi-modal).
 """
 
 from __future__ import annotations
@@ -34,10 +34,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()                        # the variance in fp32, as every reference does
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        y = x.float()                        # the variance in fp32, as every reference does
+        return self.weight * (y * (y.pow(2).mean(-1, keepdim=True) + self.eps).rsqrt()).to(x.dtype)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -69,20 +67,14 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.config = config
-        self.cos: torch.Tensor | None = None
-        self.sin: torch.Tensor | None = None
+        self.config, self.cos, self.sin = config, None, None   # (P, D) tables, made by build()
 
     def build(self, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
         inv_freq = rope_inv_freq(self.config).to(device)
         freqs = torch.arange(max_positions, device=device).float()[:, None] * inv_freq[None]
-        emb = torch.cat([freqs, freqs], dim=-1)                         # (P, D)
-        self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
-
-    @staticmethod
-    def rotate_half(x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([-x2, x1], dim=-1)
+        # sin's first half negated: x.roll(D/2) * sin is then HF's rotate_half(x) * sin, 1 op not 3
+        self.cos = torch.cat([freqs, freqs], dim=-1).cos().to(dtype)   # (P, D)
+        self.sin = torch.cat([-freqs.sin(), freqs.sin()], dim=-1).to(dtype)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's cos/sin rows, looked up once and shared by every layer: (T, 1, D)."""
@@ -91,9 +83,18 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]):
     """Rotate each (x_i, x_{i+D/2}) pair of q and k by its token's position angle."""
-    cos, sin = cos_sin
-    return (q * cos + RotaryEmbedding.rotate_half(q) * sin,
-            k * cos + RotaryEmbedding.rotate_half(k) * sin)
+    cos, sin, half = *cos_sin, q.shape[-1] // 2
+    return q * cos + q.roll(half, -1) * sin, k * cos + k.roll(half, -1) * sin
+
+
+def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """layer(x); a plain fp32 nn.Linear on a CPU as (W x^T)^T: MKL then streams W instead of
+    repacking it each call, most of the time at 2-8 rows (batch 4: 0.68x a decode step's CPU).
+    Copied back to rows at any batch: the next GEMM ran 1.5x slower on the strided result."""
+    if type(layer) is not nn.Linear or x.device.type != "cpu" or x.dtype != torch.float32:
+        return layer(x)                  # LoRA, quantized, TP; CUDA; bf16 (slower this way here)
+    y = F.linear(layer.weight, x).T.clone(memory_format=torch.contiguous_format)   # (T, out)
+    return y if layer.bias is None else y + layer.bias
 
 
 class LlamaAttention(nn.Module):
@@ -115,14 +116,14 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x, md: AttentionMetadata, cos_sin):
         T = x.shape[0]
-        q = self.q_proj(x).view(T, self.nh, self.hd)                    # (T, nh, hd)
-        k = self.k_proj(x).view(T, self.nkv, self.hd)                   # (T, nkv, hd)
-        v = self.v_proj(x).view(T, self.nkv, self.hd)                   # (T, nkv, hd)
+        q = linear(self.q_proj, x).view(T, self.nh, self.hd)            # (T, nh, hd)
+        k = linear(self.k_proj, x).view(T, self.nkv, self.hd)           # (T, nkv, hd)
+        v = linear(self.v_proj, x).view(T, self.nkv, self.hd)           # (T, nkv, hd)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, cos_sin)
         o = self.attn(q, k, v, md)                                      # (T, nh, hd)
-        return self.o_proj(o.reshape(T, self.nh * self.hd))
+        return linear(self.o_proj, o.reshape(T, self.nh * self.hd))
 
 
 class LlamaMLP(nn.Module):
@@ -134,7 +135,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return linear(self.down_proj, F.silu(linear(self.gate_proj, x)) * linear(self.up_proj, x))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -184,7 +185,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # Only the rows that will be sampled reach here: a 500-token prefill needs 1 row of
         # logits, not 500 x vocab (49,152 floats each for SmolLM2).
-        return self.lm_head(hidden).float()
+        return linear(self.lm_head, hidden).float()
 # --8<-- [end:causal_lm]
 
     def attention_layers(self) -> list[Attention]:

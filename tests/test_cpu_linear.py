@@ -1,0 +1,36 @@
+"""models/llama.py's `linear`: a plain fp32 nn.Linear on a CPU computed as (W x^T)^T, copied back
+to rows (faster at 2-8 rows with MKL); everything else runs its own forward."""
+
+import minivllm  # noqa: F401, I001  (Triton's interpreter switch first, as everywhere)
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.models.llama import linear
+
+
+def test_linear_matches_f_linear_and_returns_rows():
+    torch.manual_seed(0)
+    layer = nn.Linear(576, 1536, bias=True)
+    for rows in (1, 4, 16):
+        x = torch.randn(rows, 576)
+        y = linear(layer, x)
+        assert y.shape == (rows, 1536) and y.is_contiguous()      # views downstream need rows
+        torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    x = torch.randn(1, 576)                                      # one row: the same bits
+    assert torch.equal(linear(layer, x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_other_layers_and_dtypes_run_their_own_forward():
+    calls = []
+
+    class Wrapped(nn.Linear):                  # what LoRA / quantization / TP layers look like
+        def forward(self, x):
+            calls.append(x.shape[0])
+            return super().forward(x)
+
+    assert linear(Wrapped(8, 4), torch.randn(3, 8)).shape == (3, 4) and calls == [3]
+    bf16 = nn.Linear(64, 32, bias=False).to(torch.bfloat16)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    assert torch.equal(linear(bf16, x), bf16(x))                # bf16 keeps F.linear
