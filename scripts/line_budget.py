@@ -30,9 +30,11 @@ BUDGETS = {
     # A lesson is prose, code and figures; the longest (05, prefix caching: ~830 after its
     # catalog left for the site's Optimization catalog page) stays well under 1,000.
     "lessons": ((), None, 1000),
-    # The course machinery: 567 lines (406 of code) when this was set; issue 18 asks for about
-    # 400. Lower it as the hooks shrink (docs/hooks/*.py say what is custom and why).
-    "docs/hooks": ((), 600, 400),
+    # The course machinery: 567 lines (406 of code) on marimo's exporter, then 623 with the
+    # catalog's ablation rungs, the GPU column and each page's findings table (issue 20); issue
+    # 18 asks for about 400. A ratchet: lower it as the hooks shrink (docs/hooks/*.py say what
+    # is custom and why).
+    "docs/hooks": ((), 625, 400),
 }
 
 

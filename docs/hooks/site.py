@@ -93,6 +93,8 @@ def _found(lesson: str) -> dict:
 
 
 LADDER = "17"  # the lesson whose findings hold the ablation ladder (its `ablation` entry)
+RUNG_COUNTS = (("steps", "steps"), ("tokens_per_step", "tokens/step"),
+               ("prefill_tokens", "prompt tokens computed"), ("largest_step", "largest step"))
 
 
 def _measured(entry) -> str:
@@ -103,13 +105,10 @@ def _measured(entry) -> str:
         if rung not in ladder or "full engine" not in ladder:
             return f"{rung}: (lesson {LADDER} did not record the ablation ladder)"
         on, off = ladder["full engine"], ladder[rung]
-        cost = ", ".join(f"{what} {_show(on[k])} → **{_show(off[k])}**" for k, what in (
-            ("steps", "steps"), ("tokens_per_step", "tokens/step"),
-            ("prefill_tokens", "prompt tokens computed"), ("largest_step", "largest step"))
-            if k != "largest_step" or on[k] != off[k])
-        same = "same tokens" if off["same_tokens"] else "**different tokens**"
-        return (f"switched off ({rung}, lesson {LADDER}'s ladder): {cost}; tokens/s "
-                f"{_show(on['tokens_per_s'])} → {_show(off['tokens_per_s'])} (timed); {same}")
+        return f"switched off ({rung}, lesson {LADDER}'s ladder): " + ", ".join(
+            f"{what} {_show(on[k])} → **{_show(off[k])}**" for k, what in RUNG_COUNTS
+            if k == "steps" or on[k] != off[k]) + (
+            "" if off["same_tokens"] else "; **other tokens**")
     if not (f := entry.get("finding")):
         return ""
     found = _found(f["lesson"])
