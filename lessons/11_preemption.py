@@ -180,7 +180,7 @@ def _(
     # A sweep from well below that peak to just above it, every 4 blocks headless (enough to
     # place the knee; CI runs every lesson), every 2 at the notebook; never below what the
     # largest request needs alone (the engine refuses one that could never fit).
-    _every = 4 if mo.app_meta().mode == "script" else 2
+    _every = 4 if mo.app_meta().mode == "script" or "headless" in mo.cli_args() else 2
     POOLS = sorted({max(largest_request_blocks + 1, _p)
                     for _p in range(peak_demand - 14, peak_demand + 3, _every)} | {UNCONSTRAINED})
     mo.md(f"""

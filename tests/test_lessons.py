@@ -83,6 +83,12 @@ def test_lesson_files_are_numbered_marimo_notebooks():
             f"__main__ guard that calls app.run())"
         )
     assert [p.name for p in LESSONS] == [f.name for f in files]
+    # The exporter runs a lesson in edit mode with `-- --headless`: a lesson that picks its
+    # CPU-sized settings by script mode alone would run its notebook-sized ones in CI.
+    for f in files:
+        for line in f.read_text(encoding="utf-8").splitlines():
+            assert 'mode == "script"' not in line or '"headless" in mo.cli_args()' in line, (
+                f"lessons/{f.name}: {line.strip()!r} also needs `or \"headless\" in mo.cli_args()`")
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=IDS)
