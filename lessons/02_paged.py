@@ -641,13 +641,10 @@ def _(blocks_answer, check_blocks_answer, mo):
 
 @app.cell
 def _(
-    BLOCK_SIZE,
     PROMPT_LEN,
     aligned_cow_events,
     block_costs,
-    check_blocks_answer,
     exercise_blocks,
-    exercise_by_hand,
     mo,
     paged_concurrency,
     paged_utilization,

@@ -522,20 +522,13 @@ def _(check_merge, torch):
 @app.cell
 def _(
     D,
-    EQ_T,
     H,
-    break_errors,
-    checker_verdicts,
     kernel_errors,
     naive_attention,
     naive_rows,
     on_gpu,
     torch,
     traffic_ratio_4k,
-    traffic_slopes,
-    walk_error,
-    walk_states,
-    walk_s,
 ):
     from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -69,7 +69,7 @@ def on_files(files: Files, config, **kwargs) -> Files:
         for problem in page.problems:  # a lesson that fails must not publish quietly
             log.warning(f"lesson {path.name}: {problem} (see build/lessons/{path.stem}/run.log)")
         files.append(File.generated(config, f"lessons/{path.stem}.md",
-                                    content=page.markdown + "\n" + _findings_table(num, run)))
+                                    content=page.markdown + "\n" + _findings_table(num)))
         for url, src in page.figures.items():
             files.append(File.generated(config, f"lessons/{url}", abs_src_path=str(src)))
     for m in MODULES:
@@ -126,18 +126,17 @@ def _gpu(entry) -> str:
     return " vs ".join(_show(found[n]) for n in f["names"])
 
 
-def _findings_table(num: str, run) -> str:
+def _findings_table(num: str) -> str:
     """A lesson's recorded findings, with the GPU column (filled once a GPU run is recorded)."""
-    found = run.findings.get("findings", {}) if run and run.ok else {}
-    if not found:
+    if not (found := _found(num)):
         return ""
     header, gpu = course.gpu_column()
     gpu = gpu.get(num, {})
     rows = ["## Findings of this run", "",
-            f"| Finding | This run ({run.findings.get('device', 'this machine')}) | {header} |",
+            f"| Finding | This run (the machine that built this site) | {header} |",
             "|---|---|---|"]
     for k, v in found.items():
-        shown = _show(v) if len(_show(v)) <= 160 else "(printed above)"
+        shown = text if len(text := _show(v)) <= 160 else "(printed above)"
         rows.append(f"| `{k}` | {shown.replace('|', '/')} | "
                     f"{_show(gpu[k]) if k in gpu else 'no GPU run recorded yet'} |")
     return "\n".join(rows)
