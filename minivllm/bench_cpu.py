@@ -3,12 +3,15 @@ fp32 and bf16, where a step's time goes, and batch-1 decode against the bandwidt
 
     minivllm bench cpu                          # 48 held-out requests, fp32 and bf16
     minivllm bench cpu --num-prompts 16 --dtypes float32 --hf-batch-sizes 8
+    minivllm bench cpu --max-num-seqs 16        # the engine capped at transformers' batch
 
 For each dtype, side by side in the same process:
   * the held-out mixed workload (prompts 16-192 tokens, outputs 8-160, EOS ignored, seed 1:
     not the seed the other benchmarks tune on) served by minivllm, by minivllm with the padded
     reference attention (attention.USE_REFERENCE, the path before kernels/cpu_attention.py),
-    and by transformers' generate at each static batch size given (its best is the baseline);
+    and by transformers' generate at each static batch size given (its best is the baseline;
+    the default sizes include 48, the whole workload in one batch). minivllm runs with the
+    engine's defaults, as a new user would: up to 64 sequences a step;
   * the end-to-end FLOP rate (2 x params x tokens processed / time) against a measured matmul
     peak (minivllm/roofline.py);
   * a torch.profiler breakdown of serving steps: matmul, attention (SDPA, K/V gathers and
@@ -67,6 +70,23 @@ def step_breakdown(llm, requests) -> dict[str, float]:
     return {k: v / total for k, v in kinds.items()}
 
 
+def read_bandwidth(threads: int, mib: int = 256) -> float:
+    """Bytes/s of summing `mib` MiB of fp32 on `threads` threads: what a GEMV can stream."""
+    x, before = torch.ones(mib * 2**18), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x.sum()
+        return max(x.numel() * 4 / _timed(x.sum) for _ in range(3))
+    finally:
+        torch.set_num_threads(before)
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 def batch1_decode(llm, prompt: list[int], tokens: int) -> float:
     """Decode tok/s of one request: the mean of its decode steps' durations."""
     engine = llm.engine
@@ -83,9 +103,11 @@ def main(argv=None) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--num-prompts", type=int, default=48)
     p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--hf-batch-sizes", default="8,16", help="comma-separated; '' skips")
-    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--hf-batch-sizes", default="16,48", help="comma-separated; '' skips")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="default: the engine's (64)")
     p.add_argument("--no-reference", action="store_true", help="skip the padded-attention run")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="cap every request's output (a quick run; default: the workload's 8-160)")
     args = p.parse_args(argv)
     from minivllm import LLM
     print(f"threads={torch.get_num_threads()}  cpu capability="
@@ -93,9 +115,11 @@ def main(argv=None) -> None:
     rows = []
     for dtype in args.dtypes.split(","):
         llm = LLM(args.model, dtype=dtype, device="cpu", max_model_len=512,
-                  max_num_seqs=args.max_num_seqs)
+                  **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}))
         dt = llm.engine.dtype
         requests = held_out_requests(llm.tokenizer, args.num_prompts)
+        for r in requests if args.max_tokens else []:
+            r.params.max_tokens = min(r.params.max_tokens, args.max_tokens)
         n_out = sum(r.params.max_tokens for r in requests)
         n_all = n_out + sum(len(r.prompt) for r in requests)
         peaks = measure_peaks("cpu", dt)
@@ -125,13 +149,16 @@ def main(argv=None) -> None:
                   f"(fast path {fast.output_throughput / row['reference attention']:.2f}x)")
         shares = step_breakdown(llm, requests[:12])
         print("step time (profile) : " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
-        tps = batch1_decode(llm, requests[0].prompt, 48)
+        tps = batch1_decode(llm, requests[0].prompt, min(48, args.max_tokens or 48))
         # Batch-1 decode is bound by bytes: its roofline is bandwidth over the bytes of a step
         # (a bf16 matmul peak measured without bf16 units says nothing about it).
-        roof = peaks.bandwidth / cost.step([1], [len(requests[0].prompt) + 24], sampled=1)[1]
+        # MKL's GEMV at one row runs on one core, so the one-core read roofline is shown too.
+        moved = cost.step([1], [len(requests[0].prompt) + 24], sampled=1)[1]
+        roof, one_core = peaks.bandwidth / moved, read_bandwidth(1) / moved
         row |= {"batch-1 decode": tps, "roofline": roof}
         print(f"batch-1 decode      : {tps:7.1f} tok/s, roofline {roof:.1f} tok/s "
-              f"({cost.weight_bytes / 1e6:.0f} MB of weights a token): {tps / roof:.0%}")
+              f"({cost.weight_bytes / 1e6:.0f} MB of weights a token): {tps / roof:.0%}; "
+              f"one core's read roofline {one_core:.1f} tok/s: {tps / one_core:.0%}")
         if args.hf_batch_sizes:
             from transformers import AutoModelForCausalLM
             hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=dt).eval()

@@ -51,18 +51,20 @@ def _sync(device: torch.device) -> None:
 def measure_peaks(device="cpu", dtype=torch.float32, n: int = 1024, copy_mib: int = 128,
                   repeats: int = 3) -> DevicePeaks:
     """Best of `repeats`: an n x n matmul in `dtype` (FLOP/s) and a copy of `copy_mib` MiB
-    (bytes/s, large enough to leave every cache). On a GPU pass n=8192, copy_mib=2048."""
+    (bytes/s, large enough to leave every cache). On a GPU pass n=8192, copy_mib=2048.
+    The matmul is `a @ a.T`, a linear layer's layout (x @ W.T): on a CPU without bf16 units a
+    bf16 `a @ a` takes a slow fallback (0.3 GFLOP/s here) that no layer of the model takes."""
     device = torch.device(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
     x = torch.ones(copy_mib * 2**18, device=device, dtype=torch.float32)
     y = torch.zeros_like(x)
-    a @ a, y.copy_(x)                                                    # warm up, touch pages
+    a @ a.T, y.copy_(x)                                                  # warm up, touch pages
     flops, bandwidth = [], []
     for _ in range(repeats):
         _sync(device)
         t = time.perf_counter()
         for _ in range(4):
-            a @ a
+            a @ a.T
         _sync(device)
         flops.append(4 * 2 * n**3 / (time.perf_counter() - t))
         t = time.perf_counter()

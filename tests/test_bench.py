@@ -50,3 +50,21 @@ def test_lora_report(capsys):
     assert all(float(r[2]) > 0 for r in rows), out
     m = re.search(r"slot ([\d.]+) MiB.* ([\d.]+) MiB \((\d+)x a slot\)", out)
     assert m and float(m[1]) > 0 and int(m[3]) > 50, out      # rank 4: ~100x a slot
+
+
+def test_cpu_report(capsys):
+    """`minivllm bench cpu` at tiny settings: the served rate, the FLOP rate against the
+    matmul peak, the step breakdown (shares summing to 1) and batch-1 decode against both
+    rooflines (the whole machine's copy bandwidth and one core's read bandwidth)."""
+    from minivllm.bench_cpu import main as bench_cpu, read_bandwidth
+
+    assert read_bandwidth(1, mib=16) > 1e8                      # > 0.1 GB/s: it measured
+    bench_cpu(["--num-prompts", "2", "--dtypes", "float32", "--hf-batch-sizes", "",
+               "--no-reference", "--max-tokens", "6"])
+    out = capsys.readouterr().out
+    assert re.search(r"minivllm\s+:\s+[\d.]+ output tok/s .* = \d+% of the matmul peak", out), out
+    shares = [int(x) for x in re.findall(r"(?:matmul|attention|other) (\d+)%", out)]
+    assert len(shares) == 3 and abs(sum(shares) - 100) <= 2, out
+    assert re.search(r"batch-1 decode\s+:\s+[\d.]+ tok/s, roofline [\d.]+ tok/s .*: \d+%; "
+                     r"one core's read roofline [\d.]+ tok/s: \d+%", out), out
+    assert re.search(r"^\| float32 \| [\d.]+ \| - \| - \| - \| [\d.]+ \| [\d.]+ \|$", out, re.M), out
