@@ -90,5 +90,4 @@ def test_gpu_column_holds_only_recorded_runs():
     if gpu["source"]:
         assert gpu["source"] in (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
         assert set(gpu["findings"]) <= set(course.LESSONS)
-    assert course.gpu_column()[0] == (f"On a GPU ({gpu['device']})" if gpu["device"]
-                                      else "On a GPU")
+    assert course.GPU_HEADER == (f"On a GPU ({gpu['device']})" if gpu["device"] else "On a GPU")

@@ -27,6 +27,7 @@ renders a recorded run.
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -39,12 +40,19 @@ import pytest
 
 import lesson_page
 import lesson_runner
-from lesson_runner import discover_lessons, findings_tests_in_source
+from lesson_runner import discover_lessons
 
 REPO = lesson_runner.REPO
 LESSONS = discover_lessons()
+LESSON_NAME = re.compile(r"^(\d\d)_([a-z0-9_]+)\.py$")
 IDS = [p.stem for p in LESSONS]
 SLOW_LESSON_S = 90  # LESSONS.md: about a minute headless on a 2-core CPU
+
+
+def findings_tests_in_source(path: Path) -> list[str]:
+    """Names of the lesson's `def test_*` checks, read without running it (pytest collection)."""
+    return list(dict.fromkeys(n.name for n in ast.walk(ast.parse(Path(path).read_text("utf-8")))
+                              if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")))
 
 
 def _external_lesson_tests(stem: str) -> list[str]:
@@ -72,7 +80,7 @@ def test_lesson_files_are_numbered_marimo_notebooks():
     files = sorted(p for p in (REPO / "lessons").glob("*.py")) if (REPO / "lessons").is_dir() else []
     numbers: dict[str, str] = {}
     for f in files:
-        assert lesson_runner.LESSON_NAME.match(f.name), (
+        assert LESSON_NAME.match(f.name), (
             f"lessons/{f.name}: lesson files are named NN_name.py (two digits, lowercase words)"
         )
         assert f.name[:2] not in numbers, f"lessons/{f.name} and {numbers[f.name[:2]]} share a number"
