@@ -20,65 +20,58 @@ import html
 import json
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from lesson_runner import LessonRun, export
 
 
-@dataclass
-class RenderedPage:
-    markdown: str
-    figures: dict[str, Path]  # page-relative URL -> file on disk
-    problems: list[str]  # what a strict build should complain about
-
-
-def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str,
-                source_path: str) -> RenderedPage:
-    """Markdown for the page of `lesson`; with run=None, prose and code only (quick mode)."""
+def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, source_path: str) -> str:
+    """Markdown for the page of `lesson`, its figures under `figure_prefix` (run.figures(), the
+    site copies them there); with run=None, prose and code only (quick mode)."""
     cells = run.notebook["cells"] if run is not None else []
     if not cells:  # no run, or it died before recording: the cells, from marimo's export
         cells = json.loads(subprocess.run(export(lesson), capture_output=True, text=True,
                                           check=True).stdout)["cells"]
     tests, parts = run.tests if run else [], []
-    problems = [f"findings test {t['name']} failed" for t in tests if not t["ok"]]
     first = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown")  # the title
     for i in [first, *range(first), *range(first + 1, len(cells))]:
-        cell, chunk, src = cells[i], [], "".join(cells[i]["source"])
+        cell, src = cells[i], "".join(cells[i]["source"])
+        outputs = [_output(o, figure_prefix) for o in cell.get("outputs", [])]
         if cell["cell_type"] == "markdown":
-            chunk.append(src)
+            outputs.insert(0, src)
         elif code := _code_to_show(src, any("data" in o for o in cell.get("outputs", []))):
-            chunk.append(_fence(code, "python"))
-        for o in cell.get("outputs", []):
-            data = o.get("data", {})
-            if o.get("name") == "stdout" and o["text"].strip():
-                chunk.append(_fence(o["text"].rstrip("\n"), "text", 'title="printed"'))
-            elif o["output_type"] == "error":
-                problems.append(f"cell {i} raised {o['ename']}")
-                chunk.append('!!! failure "This cell raised an exception when the page was '
-                             'built"\n\n' + _indent(_fence("\n".join(o["traceback"]))))
-            elif body := data.get("text/markdown") or data.get("text/html"):
-                widget = body.startswith(("&lt;marimo-", "<marimo-ui")) and "callout" not in body[:30]
-                body = static_html(html.unescape(body) if body.startswith("&lt;marimo-") else body)
-                body = body.replace("lesson-figure:", figure_prefix + "/")
-                if "text/markdown" not in data:  # one block, or markdown would end the HTML
-                    body = re.sub(r"\n\s*\n", "\n", f'<div class="lesson-output">\n{body}\n</div>')
-                chunk.append(('!!! example "Interactive: live in `marimo edit`; the outputs '
-                              'below are computed at this value"\n\n' + _indent(body)) if widget else body)
+            outputs.insert(0, _fence(code, "python"))
         if checks := [t for t in tests if re.search(rf"^def {t['name']}\(", src, re.M)]:
             ok = all(t["ok"] for t in checks)
-            chunk.append(f'!!! {"success" if ok else "failure"} "' + (
-                "Findings checked when this page was built" if ok else "A findings check failed")
-                + '"\n\n' + "\n".join(f"    - `{t['name']}` {'passed' if t['ok'] else 'FAILED'}"
-                                       + ("" if t["ok"] else "\n\n" + _indent(_fence(t["error"]), 8))
-                                       for t in checks))
-        parts.append("\n\n".join(chunk + ([_banner(source_path, run)] if i == first else [])))
+            outputs.append(_admonition(
+                "success" if ok else "failure",
+                "Findings checked when this page was built" if ok else "A findings check failed",
+                "\n".join(f"- `{t['name']}` " + ("passed" if t["ok"] else "FAILED\n\n"
+                                                  + _indent(_fence(t["error"]))) for t in checks)))
+        parts += [*outputs, _banner(source_path, run)] if i == first else outputs
     if run is not None and run.error and run.error_cell is None and not run.failed_tests:
-        problems.append(run.error.splitlines()[0])
-        parts.append('!!! failure "The lesson did not run cleanly when this page was built"'
-                     "\n\n" + _indent(_fence(run.error)))
-    figures = {f"{figure_prefix}/{f.name}": f for f in run.figures()} if run else {}
-    return RenderedPage("\n\n".join(p for p in parts if p).strip() + "\n", figures, problems)
+        parts.append(_admonition("failure", "The lesson did not run cleanly when this page was "
+                                 "built", _fence(run.error)))
+    return "\n\n".join(p for p in parts if p).strip() + "\n"
+
+
+def _output(o: dict, figure_prefix: str) -> str:
+    """One recorded output: printed text, a traceback, or what the cell displayed."""
+    body = o.get("data", {}).get("text/markdown") or o.get("data", {}).get("text/html")
+    if o.get("name") == "stdout":
+        return _fence(o["text"].rstrip("\n"), "text", 'title="printed"') if o["text"].strip() else ""
+    if o["output_type"] == "error":
+        return _admonition("failure", "This cell raised an exception when the page was built",
+                           _fence("\n".join(o["traceback"])))
+    if not body:
+        return ""
+    widget = body.startswith(("&lt;marimo-", "<marimo-ui")) and "callout" not in body[:30]
+    body = static_html(html.unescape(body) if body.startswith("&lt;marimo-") else body)
+    body = body.replace("lesson-figure:", figure_prefix + "/")
+    if "text/markdown" not in o["data"]:  # one HTML block: a blank line would end it
+        body = re.sub(r"\n\s*\n", "\n", f'<div class="lesson-output">\n{body}\n</div>')
+    return _admonition("example", "Interactive: live in `marimo edit`; the outputs below are "
+                       "computed at this value", body) if widget else body
 
 
 def _code_to_show(code: str, has_output: bool) -> str:
@@ -96,12 +89,17 @@ def _banner(source_path: str, run: LessonRun | None) -> str:
            "run's; widgets show initial values." if run is not None else
            "This page shows the notebook's prose and code only: the site was built without "
            "running the lessons (MINIVLLM_DOCS_LESSONS=off).")
-    stale = ["", "    This run is out of date: the notebook or the engine changed since. Build "
-             "with MINIVLLM_DOCS_LESSONS=run to refresh it."] if run and run.stale else []
-    return "\n".join(['!!! tip "Run this lesson yourself"', "",
-                      f"    - Interactive, widgets live: `uv run marimo edit {source_path}`",
-                      f"    - Headless, prints its findings: `uv run python {source_path}`", "",
-                      f"    {how}", *stale])
+    stale = ("\n\nThis run is out of date: the notebook or the engine changed since. Build with "
+             "MINIVLLM_DOCS_LESSONS=run to refresh it." if run and run.stale else "")
+    return _admonition("tip", "Run this lesson yourself", f"""\
+- Interactive, widgets live: `uv run marimo edit {source_path}`
+- Headless, prints its findings: `uv run python {source_path}`
+
+{how}{stale}""")
+
+
+def _admonition(kind: str, title: str, body: str) -> str:
+    return f'!!! {kind} "{title}"\n\n' + _indent(body)
 
 
 def _fence(text: str, lang: str = "text", attrs: str = "") -> str:

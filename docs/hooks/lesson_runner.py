@@ -72,7 +72,7 @@ class LessonRun(SimpleNamespace):
     stdout = property(lambda self: "".join(  # everything the lesson printed, in cell order
         o["text"] for c in self.notebook["cells"] for o in c.get("outputs", [])
         if o.get("name") == "stdout"))
-    figures = lambda self: sorted(Path(self.out_dir).glob("*.png"))  # noqa: E731
+    figures = lambda self: sorted(Path(self.out_dir).glob("cell*-*.*"))  # noqa: E731  cellNN-K.png
     log_tail = lambda self, n=60: "\n".join(  # noqa: E731  marimo's own messages
         (Path(self.out_dir) / "run.log").read_text(errors="replace").splitlines()[-n:])
 

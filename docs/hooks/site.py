@@ -60,13 +60,15 @@ def on_files(files: Files, config, **kwargs) -> Files:
             path, execute=MODE == "run")
         page = lesson_page.render_page(path, run, figure_prefix=f"figures/{path.stem}",
                                        source_path=f"lessons/{path.name}")
-        log.info(run.summary() if run else f"{path.name}: prose and code only")
-        for problem in page.problems:  # a lesson that fails must not publish quietly
-            log.warning(f"lesson {path.name}: {problem} (see build/lessons/{path.stem}/run.log)")
         files.append(File.generated(config, f"lessons/{path.stem}.md",
-                                    content=page.markdown + "\n" + _findings_table(num)))
-        for url, src in page.figures.items():
-            files.append(File.generated(config, f"lessons/{url}", abs_src_path=str(src)))
+                                    content=page + "\n" + _findings_table(num)))
+        for figure in run.figures() if run else []:
+            files.append(File.generated(config, f"lessons/figures/{path.stem}/{figure.name}",
+                                        abs_src_path=str(figure)))
+        log.info(run.summary() if run else f"{path.name}: prose and code only")
+        if run and run.error:  # a lesson that fails must not publish quietly (--strict)
+            log.warning(f"lesson {path.name}: {run.error.splitlines()[0]} "
+                        f"(see build/lessons/{path.stem}/run.log)")
     for m in MODULES:
         src = m.replace(".", "/") + ("/__init__" if m == "minivllm" else "")
         files.append(File.generated(config, f"api/{m}.md",
