@@ -55,6 +55,11 @@ def findings_tests_in_source(path: Path) -> list[str]:
                               if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")))
 
 
+def _log_tail(run, n: int = 60) -> str:
+    """The last lines marimo's exporter wrote for this run (build/lessons/NN_name/run.log)."""
+    return "\n".join((Path(run.out_dir) / "run.log").read_text(errors="replace").splitlines()[-n:])
+
+
 def _external_lesson_tests(stem: str) -> list[str]:
     """Test files (other than the harness's own) that check this lesson via `lesson_run`."""
     pattern = re.compile(rf"""lesson_run\(\s*["']({re.escape(stem)}|{stem[:2]})["']\s*\)""")
@@ -119,7 +124,7 @@ def test_lesson_runs_headless(lesson, lesson_run):
     run = lesson_run(lesson.stem)
     assert not run.timed_out, run.error
     assert run.ok or (run.failed_tests and run.error_cell is None), (
-        f"{run.error}\n--- last lines of build/lessons/{lesson.stem}/run.log ---\n{run.log_tail()}"
+        f"{run.error}\n--- last lines of build/lessons/{lesson.stem}/run.log ---\n{_log_tail(run)}"
     )
     assert run.stdout.strip(), f"{lesson.name} printed nothing: run headless, it must print its findings"
     if run.seconds > SLOW_LESSON_S and not run.reused:
@@ -143,7 +148,7 @@ def test_lesson_finding(lesson, check, lesson_run):
         pytest.fail(
             f"{check} did not run: the lesson stopped before its checks, or its cell holds more "
             f"than test_* functions (marimo runs pytest only on such cells).\n{run.error}\n"
-            f"{run.log_tail(30)}"
+            f"{_log_tail(run, 30)}"
         )
     assert result["ok"], f"{lesson.name}: {check} failed:\n{result['error']}"
 
@@ -249,7 +254,7 @@ def _outputs(run, needle):
 
 def test_harness_records_prose_prints_figures_widgets_and_findings(demo):
     path, _, run = demo
-    assert run.ok, f"{run.error}\n{run.log_tail()}"
+    assert run.ok, f"{run.error}\n{_log_tail(run)}"
     prose = [c for c in run.notebook["cells"] if c["cell_type"] == "markdown"]
     assert "".join(prose[0]["source"]).startswith("# 99 · Harness demo")
     assert "tokens: 21, headless: True" in run.stdout

@@ -24,6 +24,9 @@ from pathlib import Path
 
 from lesson_runner import LessonRun, export
 
+ELEMENT = re.compile(r"<(marimo-[\w-]+)\b([^>]*)>(.*?)</\1>", re.S)  # marimo's custom elements
+ATTR = re.compile(r"([\w-]+)='([^']*)'")  # their attributes: JSON, HTML-escaped, in '...'
+
 
 def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, source_path: str) -> str:
     """Markdown for the page of `lesson`, its figures under `figure_prefix` (run.figures(), the
@@ -111,10 +114,6 @@ def _indent(text: str, n: int = 4) -> str:
     return "\n".join(" " * n + line if line.strip() else "" for line in text.splitlines())
 
 
-_ELEMENT = re.compile(r"<(marimo-[\w-]+)\b([^>]*)>(.*?)</\1>", re.S)
-_ATTR = re.compile(r"([\w-]+)='([^']*)'")  # marimo quotes its attributes, JSON inside, so
-
-
 def _json(value: str):
     with contextlib.suppress(ValueError):
         return json.loads(value)
@@ -127,7 +126,7 @@ def static_html(text: str) -> str:
 
     def element(m: re.Match[str]) -> str:
         tag, inner = m.group(1), m.group(3)
-        a = {k: _json(html.unescape(v)) for k, v in _ATTR.findall(m.group(2))}
+        a = {k: _json(html.unescape(v)) for k, v in ATTR.findall(m.group(2))}
         if tag == "marimo-callout-output":  # neutral is Material's note
             kind = str(a.get("data-kind")).replace("warn", "warning")
             return f'<div class="admonition {kind}">{static_html(str(a.get("data-html")))}</div>'
@@ -153,4 +152,4 @@ def static_html(text: str) -> str:
         return (f'<span class="lesson-widget" title="live in marimo edit">{tag[7:]} '
                 f"<b>{html.escape(label)}</b>{shown}</span>")
 
-    return _ELEMENT.sub(element, text)
+    return ELEMENT.sub(element, text)

@@ -73,8 +73,6 @@ class LessonRun(SimpleNamespace):
         o["text"] for c in self.notebook["cells"] for o in c.get("outputs", [])
         if o.get("name") == "stdout"))
     figures = lambda self: sorted(Path(self.out_dir).glob("cell*-*.*"))  # noqa: E731  cellNN-K.png
-    log_tail = lambda self, n=60: "\n".join(  # noqa: E731  marimo's own messages
-        (Path(self.out_dir) / "run.log").read_text(errors="replace").splitlines()[-n:])
 
     def summary(self) -> str:
         status = "ok" if self.ok else ("TIMED OUT" if self.timed_out else "FAILED")

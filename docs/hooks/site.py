@@ -3,16 +3,13 @@
 - A page per lesson: its single headless run (lesson_runner.py, cached in build/lessons/ and
   shared with pytest) rendered by lesson_page.py, then a table of the findings it recorded.
 - A page per engine module (course.yml's `modules`), rendered by mkdocstrings.
-- The course tables from docs/course.yml through course.py, with page-relative links; the
-  Optimization catalog's adds what the lessons measured and the GPU column.
+- The course tables (course.py) with page-relative links; the Optimization catalog's with what
+  the lessons measured and a GPU column.
 
-Maintained tools do the rest: mkdocstrings, pymdownx.snippets (`check_paths` fails a strict
-build on a missing file or section), mkdocs' `watch`, Material's offline plugin and the vendored
-front end. Custom here: the generated files and nav entries, the measured columns, and one
-CDN polyfill swapped for its vendored copy.
-
-MINIVLLM_DOCS_LESSONS: `run` (default: reuse a cached run or run the notebook), `cached` (never
-run; use the last run even if out of date), `off` (prose and code only).
+Maintained tools do the rest (mkdocstrings, pymdownx.snippets, mkdocs' `watch`, Material's
+offline plugin). Custom here: those generated files and nav entries, the measured columns, and
+one CDN polyfill swapped for its vendored copy. MINIVLLM_DOCS_LESSONS: `run` (default: reuse a
+cached run or run the notebook), `cached` (the last run, even out of date), `off` (no outputs).
 """
 
 from __future__ import annotations
@@ -33,6 +30,9 @@ REPO = lesson_runner.REPO
 MODE = os.environ.get("MINIVLLM_DOCS_LESSONS", "run").lower()
 LESSONS = {p.name[:2]: p for p in lesson_runner.discover_lessons()}
 RUNS: dict[str, lesson_runner.LessonRun | None] = {}  # "01" -> the run its page shows
+LADDER = "17"  # the lesson whose findings hold the ablation ladder (its `ablation` entry)
+RUNG_COUNTS = (("steps", "steps"), ("tokens_per_step", "tokens/step"),
+               ("prefill_tokens", "prompt tokens computed"), ("largest_step", "largest step"))
 # API pages, dotted: the package (its public API), then every module course.yml lists.
 MODULES = ["minivllm", *sorted(path.removesuffix(".py").replace("/", ".") for path, *_
                                in course.COURSE["modules"] if (REPO / path).is_file())]
@@ -40,14 +40,14 @@ MODULES = ["minivllm", *sorted(path.removesuffix(".py").replace("/", ".") for pa
 
 @event_priority(-100)  # after the theme's plugins (the offline plugin adds a CDN polyfill)
 def on_config(config, **kwargs):
-    api = lambda kernels: [{m: f"api/{m}.md"} for m in MODULES  # noqa: E731
-                           if m.startswith("kernels") == kernels]
+    api_pages = lambda package: [{m: f"api/{m}.md"} for m in MODULES  # noqa: E731
+                                 if m.split(".")[0] == package]
     for section in (s for s in config.nav or [] if isinstance(s, dict)):
         if (entries := section.get("Lessons")) is not None:
             entries += [{f"{n} · {course.LESSONS.get(n, {}).get('title', p.stem)}":
                          f"lessons/{p.stem}.md"} for n, p in sorted(LESSONS.items())]
         if (entries := section.get("API reference")) is not None:
-            entries += [*api(False), {"Kernels": api(True)}]
+            entries += [*api_pages("minivllm"), {"Kernels": api_pages("kernels")}]
     # Material's offline plugin loads a polyfill from a CDN; serve our vendored copy instead.
     config.extra["polyfills"] = ["assets/vendor/iframe-worker-shim.js" if "iframe-worker" in p
                                  else p for p in config.extra.get("polyfills", [])]
@@ -97,11 +97,6 @@ def _recorded(found: dict, names: list[str]) -> str | None:
 def _on_gpu(lesson: str, names: list[str], **finding) -> str:
     """A GPU column's cell: a lesson's findings as course.yml's `gpu` section recorded them."""
     return _recorded(course.GPU["findings"].get(lesson, {}), names) or "no GPU run recorded yet"
-
-
-LADDER = "17"  # the lesson whose findings hold the ablation ladder (its `ablation` entry)
-RUNG_COUNTS = (("steps", "steps"), ("tokens_per_step", "tokens/step"),
-               ("prefill_tokens", "prompt tokens computed"), ("largest_step", "largest step"))
 
 
 def _measured(entry) -> str:
