@@ -88,7 +88,7 @@ def test_site_has_every_page(built_site):
 def test_lesson_page_shows_its_run(built_site, lesson):
     """The page carries the run's printed findings and every figure the notebook drew."""
     # The run the build just used (read from the cache, never re-run here).
-    run = lesson_runner.run_lesson(lesson, execute=False, allow_stale=True)
+    run = lesson_runner.run_lesson(lesson, execute=False)
     assert run is not None, f"the build left no run of {lesson.name} in {lesson_runner.CACHE_DIR}"
     html = (built_site / "lessons" / f"{lesson.stem}.html").read_text(encoding="utf-8")
     for fig in run.figures():
@@ -359,8 +359,7 @@ def test_page_renders_in_chromium(page, browser, site_server):
         )
     if page.startswith("lessons/") and page != "lessons/index":
         stem = page.split("/")[1]
-        run = lesson_runner.run_lesson(lesson_runner.LESSONS_DIR / f"{stem}.py", execute=False,
-                                       allow_stale=True)
+        run = lesson_runner.run_lesson(lesson_runner.LESSONS_DIR / f"{stem}.py", execute=False)
         if run is not None:
             assert len(state["images"]) >= len(run.figures()), f"{page}: figures missing"
     if page == "guide":

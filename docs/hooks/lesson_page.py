@@ -8,8 +8,8 @@ Why not a maintained renderer: mkdocs-jupyter (nbconvert's HTML) was tried on th
 brings ~60 packages (ipykernel, jupyter_client, ...), loads MathJax and mermaid from cdnjs
 unless vendored, and renders a notebook as one HTML block outside Material's code blocks, dark
 mode and search. Custom, because no tool does it: marimo's displayed HTML uses custom elements
-(`<marimo-callout-output>`, `<marimo-mime-renderer>`, `<marimo-slider>`, ...) that need marimo's
-front end, from a CDN; `static_html` turns them into plain HTML, widgets into their values.
+(`<marimo-callout-output>`, `<marimo-slider>`, ...) that need marimo's front end, from a CDN;
+`static_html` turns the ones lessons display into plain HTML, widgets into their values.
 """
 
 from __future__ import annotations
@@ -20,70 +20,61 @@ import html
 import json
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from lesson_runner import LessonRun, export
 
-
-@dataclass
-class RenderedPage:
-    markdown: str
-    figures: dict[str, Path]  # page-relative URL -> file on disk
-    problems: list[str]  # what a strict build should complain about
+ELEMENT = re.compile(r"<(marimo-[\w-]+)\b([^>]*)>(.*?)</\1>", re.S)  # marimo's custom elements
+ATTR = re.compile(r"([\w-]+)='([^']*)'")  # their attributes: JSON, HTML-escaped, in '...'
 
 
-def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, source_path: str,
-                note: str | None = None) -> RenderedPage:
-    """Markdown for the page of `lesson`; with run=None, prose and code only (quick mode)."""
+def render_page(lesson: Path, run: LessonRun | None, *, figure_prefix: str, source_path: str) -> str:
+    """Markdown for the page of `lesson`, its figures under `figure_prefix` (run.figures(), the
+    site copies them there); with run=None, prose and code only (quick mode)."""
     cells = run.notebook["cells"] if run is not None else []
     if not cells:  # no run, or it died before recording: the cells, from marimo's export
         cells = json.loads(subprocess.run(export(lesson), capture_output=True, text=True,
                                           check=True).stdout)["cells"]
-    figures, tests, parts = {}, run.tests if run else [], []
-    problems = [f"findings test {t['name']} failed" for t in tests if not t["ok"]]
-
-    def figure(m: re.Match[str]) -> str:
-        figures[f"{figure_prefix}/{m.group(1)}"] = Path(run.out_dir) / m.group(1)
-        return f"{figure_prefix}/{m.group(1)}"
-
+    tests, parts = run.tests if run else [], []
     first = next(i for i, c in enumerate(cells) if c["cell_type"] == "markdown")  # the title
     for i in [first, *range(first), *range(first + 1, len(cells))]:
-        cell, chunk, src = cells[i], [], "".join(cells[i]["source"])
+        cell, src = cells[i], "".join(cells[i]["source"])
+        outputs = [_output(o, figure_prefix) for o in cell.get("outputs", [])]
         if cell["cell_type"] == "markdown":
-            chunk.append(src)
+            outputs.insert(0, src)
         elif code := _code_to_show(src, any("data" in o for o in cell.get("outputs", []))):
-            chunk.append(_fence(code, "python"))
-        for o in cell.get("outputs", []):
-            data = o.get("data", {})
-            if o.get("name") == "stdout" and o["text"].strip():
-                chunk.append(_fence(o["text"].rstrip("\n"), "text", 'title="printed"'))
-            elif o["output_type"] == "error":
-                problems.append(f"cell {i} raised {o['ename']}")
-                chunk.append('!!! failure "This cell raised an exception when the page was '
-                             'built"\n\n' + _indent(_fence("\n".join(o["traceback"]))))
-            elif body := data.get("text/markdown") or data.get("text/html"):
-                widget = body.startswith(("&lt;marimo-", "<marimo-ui")) and "callout" not in body[:30]
-                body = static_html(html.unescape(body) if body.startswith("&lt;marimo-") else body)
-                body = re.sub(r"lesson-figure:([\w.-]+)", figure, body if "text/markdown" in data else
-                              re.sub(r"\n\s*\n", "\n", f'<div class="lesson-output">\n{body}\n</div>'))
-                chunk.append(('!!! example "Interactive: live in `marimo edit`; the outputs '
-                              'below are computed at this value"\n\n' + _indent(body)) if widget else body)
-        if cell["cell_type"] == "code" and (defined := [t for t in tests if re.search(
-                rf"^def {t['name']}\(", src, re.M)]):
-            ok = all(t["ok"] for t in defined)
-            chunk.append(f'!!! {"success" if ok else "failure"} "' + (
-                "Findings checked when this page was built" if ok else "A findings check failed")
-                + '"\n\n' + "\n".join(f"    - `{t['name']}` {'passed' if t['ok'] else 'FAILED'}"
-                                       + ("" if t["ok"] else "\n\n" + _indent(_fence(t["error"]), 8))
-                                       for t in defined))
-        parts.append("\n\n".join(chunk + ([_banner(source_path, run, note)] if i == first else [])))
+            outputs.insert(0, _fence(code, "python"))
+        if checks := [t for t in tests if re.search(rf"^def {t['name']}\(", src, re.M)]:
+            ok = all(t["ok"] for t in checks)
+            outputs.append(_admonition(
+                "success" if ok else "failure",
+                "Findings checked when this page was built" if ok else "A findings check failed",
+                "\n".join(f"- `{t['name']}` " + ("passed" if t["ok"] else "FAILED\n\n"
+                                                  + _indent(_fence(t["error"]))) for t in checks)))
+        parts += [*outputs, _banner(source_path, run)] if i == first else outputs
     if run is not None and run.error and run.error_cell is None and not run.failed_tests:
-        problems.append(run.error.splitlines()[0])
-        parts.append('!!! failure "The lesson did not run cleanly when this page was built"'
-                     "\n\n" + _indent(_fence(run.error)))
-    md = "\n\n".join(p for p in parts if p).strip() + "\n"
-    return RenderedPage(markdown=md, figures=figures, problems=problems)
+        parts.append(_admonition("failure", "The lesson did not run cleanly when this page was "
+                                 "built", _fence(run.error)))
+    return "\n\n".join(p for p in parts if p).strip() + "\n"
+
+
+def _output(o: dict, figure_prefix: str) -> str:
+    """One recorded output: printed text, a traceback, or what the cell displayed."""
+    body = o.get("data", {}).get("text/markdown") or o.get("data", {}).get("text/html")
+    if o.get("name") == "stdout":
+        return _fence(o["text"].rstrip("\n"), "text", 'title="printed"') if o["text"].strip() else ""
+    if o["output_type"] == "error":
+        return _admonition("failure", "This cell raised an exception when the page was built",
+                           _fence("\n".join(o["traceback"])))
+    if not body:
+        return ""
+    widget = body.startswith(("&lt;marimo-", "<marimo-ui")) and "callout" not in body[:30]
+    body = static_html(html.unescape(body) if body.startswith("&lt;marimo-") else body)
+    body = body.replace("lesson-figure:", figure_prefix + "/")
+    if "text/markdown" not in o["data"]:  # one HTML block: a blank line would end it
+        body = re.sub(r"\n\s*\n", "\n", f'<div class="lesson-output">\n{body}\n</div>')
+    return _admonition("example", "Interactive: live in `marimo edit`; the outputs below are "
+                       "computed at this value", body) if widget else body
 
 
 def _code_to_show(code: str, has_output: bool) -> str:
@@ -95,16 +86,23 @@ def _code_to_show(code: str, has_output: bool) -> str:
     return code
 
 
-def _banner(source_path: str, run: LessonRun | None, note: str | None) -> str:
+def _banner(source_path: str, run: LessonRun | None) -> str:
     how = (f"This page was generated from a headless run of the notebook ({run.started[:10]}, "
            f"{run.seconds:.0f} s): the prose, code, printed findings and figures below are that "
            "run's; widgets show initial values." if run is not None else
            "This page shows the notebook's prose and code only: the site was built without "
            "running the lessons (MINIVLLM_DOCS_LESSONS=off).")
-    return "\n".join(['!!! tip "Run this lesson yourself"', "",
-                      f"    - Interactive, widgets live: `uv run marimo edit {source_path}`",
-                      f"    - Headless, prints its findings: `uv run python {source_path}`", "",
-                      f"    {how}", *(["", f"    {note}"] if note else [])])
+    stale = ("\n\nThis run is out of date: the notebook or the engine changed since. Build with "
+             "MINIVLLM_DOCS_LESSONS=run to refresh it." if run and run.stale else "")
+    return _admonition("tip", "Run this lesson yourself", f"""\
+- Interactive, widgets live: `uv run marimo edit {source_path}`
+- Headless, prints its findings: `uv run python {source_path}`
+
+{how}{stale}""")
+
+
+def _admonition(kind: str, title: str, body: str) -> str:
+    return f'!!! {kind} "{title}"\n\n' + _indent(body)
 
 
 def _fence(text: str, lang: str = "text", attrs: str = "") -> str:
@@ -116,38 +114,31 @@ def _indent(text: str, n: int = 4) -> str:
     return "\n".join(" " * n + line if line.strip() else "" for line in text.splitlines())
 
 
-_ELEMENT = re.compile(r"<(marimo-[\w-]+)\b([^>]*)>(.*?)</\1>", re.S)
-_ATTR = re.compile(r"""([\w-]+)=(?:'([^']*)'|"([^"]*)")""")
-
-
 def _json(value: str):
-    try:
+    with contextlib.suppress(ValueError):
         return json.loads(value)
-    except ValueError:
-        return value
+    return value
 
 
 def static_html(text: str) -> str:
-    """marimo's custom elements as plain HTML (what they wrap, recursively: callouts nest markdown)."""
+    """marimo's custom elements as plain HTML: callouts as admonitions (they nest markdown), a
+    layout's figures as images, math as arithmatex writes it, a widget as its label and value."""
 
     def element(m: re.Match[str]) -> str:
         tag, inner = m.group(1), m.group(3)
-        a = {g.group(1): _json(html.unescape(g.group(2) if g.group(2) is not None
-                                             else g.group(3))) for g in _ATTR.finditer(m.group(2))}
-        if tag == "marimo-callout-output":
-            kind = str(a.get("data-kind")).replace("warn", "warning")  # neutral: Material's note
+        a = {k: _json(html.unescape(v)) for k, v in ATTR.findall(m.group(2))}
+        if tag == "marimo-callout-output":  # neutral is Material's note
+            kind = str(a.get("data-kind")).replace("warn", "warning")
             return f'<div class="admonition {kind}">{static_html(str(a.get("data-html")))}</div>'
-        if tag == "marimo-mime-renderer":
-            data = a.get("data-data")
-            data = _json(data) if isinstance(data, str) and data[:1] == "{" else data
-            if isinstance(data, dict):
-                if kind := next((k for k in data if k.startswith("image/")), None):
-                    width = (data.get("__metadata__", {}).get(kind) or {}).get("width")
-                    size = f' width="{int(width)}"' if width else ""
-                    return f'<img class="lesson-figure" alt="Figure" src="{data[kind]}"{size}>'
-                data = data.get("text/html") or data.get("text/plain", "")
-            return static_html(str(data))
-        if tag == "marimo-tex":  # ||( x ||) -> \( x \), as pymdownx.arithmatex writes it
+        if tag == "marimo-mime-renderer":  # a figure in a layout: a JSON bundle, in JSON
+            data = _json(str(a.get("data-data")))
+            data = data if isinstance(data, dict) else {"text/html": str(data)}
+            if kind := next((k for k in data if k.startswith("image/")), None):
+                width = (data.get("__metadata__", {}).get(kind) or {}).get("width")
+                return (f'<img class="lesson-figure" alt="Figure" src="{data[kind]}"'
+                        + (f' width="{int(width)}">' if width else ">"))
+            return static_html(str(data.get("text/html") or data.get("text/plain", "")))
+        if tag == "marimo-tex":  # ||( x ||) -> \( x \)
             return '<span class="arithmatex">' + re.sub(r"[|][|]([][()])", r"\\\1", inner) + "</span>"
         if tag == "marimo-ui-element":
             return static_html(inner)
@@ -161,4 +152,4 @@ def static_html(text: str) -> str:
         return (f'<span class="lesson-widget" title="live in marimo edit">{tag[7:]} '
                 f"<b>{html.escape(label)}</b>{shown}</span>")
 
-    return _ELEMENT.sub(element, text)
+    return ELEMENT.sub(element, text)

@@ -1,14 +1,11 @@
 """Run a lesson notebook once, headless, with marimo's exporter; cache what it showed and proved.
 
-`marimo export ipynb --include-outputs lessons/NN.py -- --headless` runs every cell (in marimo's
-edit mode; `--headless` gives the lessons their CPU-sized settings, as script mode does), keeps
-what each cell printed, raised and displayed, and runs every cell made only of `test_*`
-functions with pytest (marimo's reactive tests), its report as that cell's output. pytest and
-the site share that one run, in build/lessons/NN_name/: run.ipynb (marimo's notebook, figures
-as PNG files beside it) and run.json (the checks' results, the `findings:` line the lesson
-printed, the cell that raised), keyed by a hash of the notebook, minivllm/ and kernels/.
-Custom, because no tool does it: the time limit, the content-keyed cache, and reading pytest's
-report back as results.
+`marimo export ipynb --include-outputs lessons/NN.py -- --headless` runs every cell (edit mode;
+`--headless` picks the lessons' CPU-sized settings), keeps what each cell printed, raised and
+displayed, and runs each cell made only of `test_*` functions with pytest (marimo's reactive
+tests). pytest and the site share that one run, cached in build/lessons/NN_name/ under a hash of
+the notebook, minivllm/ and kernels/: run.ipynb (figures as PNG files beside it) and run.json.
+Custom, because no tool does it: the time limit, the cache, and reading pytest's report back.
 
     uv run python docs/hooks/lesson_runner.py [lessons/01_kv_cache.py ...] [--force]
 """
@@ -38,20 +35,13 @@ LESSONS_DIR = Path(os.environ.get("MINIVLLM_LESSONS_DIR", REPO / "lessons"))
 CACHE_DIR = Path(os.environ.get("MINIVLLM_LESSON_CACHE", REPO / "build" / "lessons"))
 RUNNER_VERSION = "3"  # bump when what a run records changes
 DEFAULT_TIMEOUT_S = float(os.environ.get("MINIVLLM_LESSON_TIMEOUT", "480"))  # catches hangs
-LESSON_NAME = re.compile(r"^(\d\d)_([a-z0-9_]+)\.py$")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 DATA_URI = re.compile(r"data:image/(png|jpeg);base64,([A-Za-z0-9+/=]+)")
 
 
-def discover_lessons(lessons_dir: Path = LESSONS_DIR) -> list[Path]:
+def discover_lessons() -> list[Path]:
     """Every lessons/NN_name.py, in reading order."""
-    return sorted(p for p in Path(lessons_dir).glob("[0-9][0-9]_*.py") if p.is_file())
-
-
-def findings_tests_in_source(path: Path) -> list[str]:
-    """Names of the lesson's `def test_*` checks, read without running it (pytest collection)."""
-    return list(dict.fromkeys(n.name for n in ast.walk(ast.parse(Path(path).read_text("utf-8")))
-                              if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")))
+    return sorted(p for p in LESSONS_DIR.glob("[0-9][0-9]_*.py") if p.is_file())
 
 
 def lesson_key(path: Path) -> str:
@@ -73,8 +63,8 @@ def export(path: Path, out: Path | None = None) -> list[str]:
 class LessonRun(SimpleNamespace):
     """One headless run: run.json as attributes (name, key, ok: every cell ran and every check
     passed, seconds, tests: [{name, ok, error}], findings: {"findings": the dict the lesson
-    printed}, error, error_cell, timed_out, started) and out_dir; stale: the key no longer
-    matches; reused: from the cache."""
+    printed}, error, error_cell, timed_out, started), out_dir, stale (the key changed since) and
+    reused (from the cache)."""
 
     failed_tests = property(lambda self: [t for t in self.tests if not t["ok"]])
     notebook = property(lambda self: json.loads((Path(self.out_dir) / "run.ipynb").read_text(
@@ -82,9 +72,7 @@ class LessonRun(SimpleNamespace):
     stdout = property(lambda self: "".join(  # everything the lesson printed, in cell order
         o["text"] for c in self.notebook["cells"] for o in c.get("outputs", [])
         if o.get("name") == "stdout"))
-    figures = lambda self: sorted(Path(self.out_dir).glob("*.png"))  # noqa: E731
-    log_tail = lambda self, n=60: "\n".join(  # noqa: E731  marimo's own messages
-        (Path(self.out_dir) / "run.log").read_text(errors="replace").splitlines()[-n:])
+    figures = lambda self: sorted(Path(self.out_dir).glob("cell*-*.*"))  # noqa: E731  cellNN-K.png
 
     def summary(self) -> str:
         status = "ok" if self.ok else ("TIMED OUT" if self.timed_out else "FAILED")
@@ -99,13 +87,10 @@ class LessonRun(SimpleNamespace):
 
 
 def run_lesson(path: Path | str, *, cache_dir: Path = CACHE_DIR, timeout: float | None = None,
-               force: bool = False, allow_stale: bool = False,
-               execute: bool = True) -> LessonRun | None:
-    """The run of `path`, running the lesson only when no run under its current key is cached.
-
-    allow_stale / execute=False accept a run cached under an older key (execute=False and
-    nothing cached: None). A lock file serialises runs of one lesson across processes.
-    """
+               force: bool = False, execute: bool = True) -> LessonRun | None:
+    """The run of `path`, running the lesson only when no run under its current key is cached;
+    execute=False takes the cached run, out of date or not (None if there is none). A lock file
+    serialises runs of one lesson across processes."""
     path, cache_dir = Path(path).resolve(), Path(cache_dir)
     key, out_dir, timeout = lesson_key(path), cache_dir / path.stem, timeout or DEFAULT_TIMEOUT_S
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +98,7 @@ def run_lesson(path: Path | str, *, cache_dir: Path = CACHE_DIR, timeout: float 
         fcntl.flock(lock, fcntl.LOCK_EX)
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             cached = LessonRun.load(out_dir)
-            if not force and (cached.key == key or allow_stale or not execute):
+            if not force and (cached.key == key or not execute):
                 cached.reused, cached.stale = True, cached.key != key
                 return cached
         if not execute:
