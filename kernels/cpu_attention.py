@@ -33,11 +33,12 @@ import torch.nn.functional as F
 @dataclass(slots=True)
 class VarlenLayout:
     block_size: int
-    # one per decode group: (token rows (b,), key slots (b, L), key mask (b, 1, 1, L))
+    # one per decode group: (token rows (b,), its blocks (b, ceil(L / block_size)), key mask
+    # (b, 1, 1, L)), L the group's longest sequence
     decode_groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    # one per multi-token sequence: (first row, end row, key slots (1, n), mask (q_len, n) or
-    # None when the queries are all n tokens: then SDPA's is_causal is the mask)
-    multi: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]
+    # one per multi-token sequence: (first row, end row, keys n, its blocks (1, ceil(n /
+    # block_size)), mask (q_len, n) or None when the queries are all n tokens: is_causal then)
+    multi: list[tuple[int, int, int, torch.Tensor, torch.Tensor | None]]
 
     @classmethod
     def build(cls, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
@@ -46,9 +47,8 @@ class VarlenLayout:
         q_lens = [b - a for a, b in zip(starts, starts[1:])]
         device = block_tables.device
 
-        def slots(seqs, n):         # (b,) sequences -> (b, n): pool slots of key positions 0..n-1
-            pos = torch.arange(n, device=device)
-            return block_tables[seqs][:, pos // block_size] * block_size + pos % block_size
+        def blocks(seqs, n):        # (b,) sequences -> (b, ceil(n / block_size)) block ids
+            return block_tables[seqs][:, :-(-n // block_size)]
 
         decode = sorted((i for i, n in enumerate(q_lens) if n == 1), key=lambda i: -lens[i])
         groups = []
@@ -57,7 +57,7 @@ class VarlenLayout:
             n = next((j for j, i in enumerate(decode) if 2 * lens[i] < longest), len(decode))
             seqs, decode = torch.tensor(decode[:n], device=device), decode[n:]
             mask = torch.arange(longest, device=device) < seq_lens[seqs][:, None]    # (b, L)
-            groups.append((query_start_loc[seqs], slots(seqs, longest), mask[:, None, None]))
+            groups.append((query_start_loc[seqs], blocks(seqs, longest), mask[:, None, None]))
         multi = []
         for i, q_len in enumerate(q_lens):
             if q_len > 1:
@@ -66,7 +66,7 @@ class VarlenLayout:
                 mask = None if q_len == n else (
                     torch.arange(n, device=device)[None]
                     <= torch.arange(n - q_len, n, device=device)[:, None])  # (q_len, n)
-                multi.append((starts[i], starts[i + 1], slots([i], n), mask))
+                multi.append((starts[i], starts[i + 1], n, blocks([i], n), mask))
         return cls(block_size, groups, multi)
 
 
@@ -77,23 +77,25 @@ def varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     k_cache/v_cache [num_blocks, block_size, kv_heads, head_dim] as `layout` says.
     A quantized pool (kv_cache_dtype "int8" / "fp8") converts only the rows it gathers."""
     num_kv_heads, head_dim = k_cache.shape[2], q.shape[2]
-    k_rows, v_rows = k_cache.flatten(0, 1), v_cache.flatten(0, 1)     # (slots, Hkv, D)
     out = torch.empty_like(q)
 
-    def gather(slots):                                    # (b, L) -> 2 x (b, Hkv, L, D)
-        k, v = k_rows[slots], v_rows[slots]
+    def gather(blocks, n):                   # (b, nblk) block ids -> 2 x (b, Hkv, n, D)
+        # Whole blocks (block_size x Hkv x D contiguous values each) through index_select,
+        # then the first n keys: 2.5-3x faster than indexing slot by slot (advanced indexing).
+        k, v = (cache.index_select(0, blocks.flatten()).unflatten(0, blocks.shape).flatten(1, 2)
+                [:, :n] for cache in (k_cache, v_cache))                 # (b, n, Hkv, D)
         if kv_cache_dtype != "auto":
             from kernels.write_kv import dequantize_kv          # (it imports Triton)
             k, v = (dequantize_kv(x, kv_cache_dtype, q.dtype) for x in (k, v))
         return k.transpose(1, 2), v.transpose(1, 2)
 
-    for rows, slots, mask in layout.decode_groups:
-        k, v = gather(slots)
-        qg = q[rows].view(len(rows), num_kv_heads, -1, head_dim)       # (b, Hkv, H/Hkv, D)
+    for rows, blocks, mask in layout.decode_groups:
+        k, v = gather(blocks, mask.shape[-1])
+        qg = q.index_select(0, rows).unflatten(1, (num_kv_heads, -1))   # (b, Hkv, H/Hkv, D)
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
-        out[rows] = o.flatten(1, 2)                                    # (b, H, D)
-    for start, end, slots, mask in layout.multi:
-        k, v = gather(slots)
+        out.index_copy_(0, rows, o.flatten(1, 2))                     # (b, H, D)
+    for start, end, n, blocks, mask in layout.multi:
+        k, v = gather(blocks, n)
         o = F.scaled_dot_product_attention(
             q[start:end].transpose(0, 1)[None], k, v, attn_mask=mask,
             is_causal=mask is None, scale=scale, enable_gqa=True)      # (1, H, q_len, D)

@@ -12,11 +12,14 @@ For each dtype, side by side in the same process:
     and by transformers' generate at each static batch size given (its best is the baseline;
     the default sizes include 48, the whole workload in one batch). minivllm runs with the
     engine's defaults, as a new user would: up to 64 sequences a step;
-  * the end-to-end FLOP rate (2 x params x tokens processed / time) against a measured matmul
-    peak (minivllm/roofline.py);
+  * the end-to-end FLOP rate (2 x linear params x tokens processed, plus the LM head for each
+    output token, over time) against a measured matmul peak (minivllm/roofline.py), and
+    against the same linears timed alone at the run's step shapes: the rate the engine would
+    reach if attention, norms and Python cost nothing (`matmul_ceiling`);
   * a torch.profiler breakdown of serving steps: matmul, attention (SDPA, K/V gathers and
     writes) and everything else, by each op's own CPU time;
-  * batch-1 decode tok/s against its roofline, weight bytes over measured copy bandwidth.
+  * batch-1 decode tok/s against its roofline, weight bytes over measured copy bandwidth, and
+    against its GEMVs alone.
 
 Whether the CPU has bf16 units (avx512_bf16 / amx) is printed: without them bf16 matmuls are
 emulated and slower than fp32, so on such a CPU the engine's "auto" dtype stays fp32.
@@ -81,6 +84,35 @@ def read_bandwidth(threads: int, mib: int = 256) -> float:
         torch.set_num_threads(before)
 
 
+def linears_alone(model, rows: int, sampled: int) -> float:
+    """Seconds one step's linear layers take with nothing between them: every projection of
+    every layer at `rows` rows, the LM head at `sampled`, through the model's own `linear`.
+    Attention, norms, rotary and the engine cost nothing here: the most a step could gain."""
+    from minivllm.models.llama import linear
+    p = next(model.parameters())
+    x = torch.randn(rows, model.config.hidden_size, dtype=p.dtype)
+    t = time.perf_counter()
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        q = linear(a.q_proj, x)
+        linear(a.k_proj, x), linear(a.v_proj, x), linear(a.o_proj, q)
+        linear(m.down_proj, linear(m.gate_proj, x) * linear(m.up_proj, x))
+    linear(model.lm_head, x[:sampled])
+    return time.perf_counter() - t
+
+
+def matmul_ceiling(model, steps) -> float:
+    """Seconds the served steps' linears take alone, each distinct step shape timed (best of
+    two) and counted as often as it ran. A sampled row per sequence: a prefill chunk that does
+    not finish its prompt samples nothing, so this errs towards more matmul time, not less."""
+    shapes: dict[tuple[int, int], int] = {}
+    for s in steps:
+        key = (sum(x.num_tokens for x in s.scheduled), len(s.scheduled))
+        shapes[key] = shapes.get(key, 0) + 1
+    return sum(n * min(linears_alone(model, *key) for _ in range(2))
+               for key, n in shapes.items())
+
+
 def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -137,7 +169,11 @@ def main(argv=None) -> None:
                 attention.USE_REFERENCE = False
         fast = serve(llm, requests)
         row["minivllm"] = fast.output_throughput
-        flop_rate = 2 * cost.linear_params * n_all / fast.elapsed
+        # Every token through every projection, and each output token's row through the head.
+        flops = 2 * cost.linear_params * n_all + 2 * cost.head_params * n_out
+        flop_rate = flops / fast.elapsed
+        model = llm.engine.runner.model
+        ceiling = flops / matmul_ceiling(model, fast.steps)
         print(f"\n[{dtype}] {len(requests)} requests, {n_out} output tokens, {n_all} "
               f"tokens processed; peaks: {peaks.flops / 1e9:.0f} GFLOP/s matmul, "
               f"{peaks.bandwidth / 1e9:.1f} GB/s copy")
@@ -147,6 +183,10 @@ def main(argv=None) -> None:
                   f"{flop_rate / peaks.flops:.0%} of the matmul peak" if flop_rate <= peaks.flops
                   else "above the measured peak (its 1024 x 1024 probe is not this dtype's best "
                        "shape here: no share claimed)"))
+        print(f"its linears alone   : {ceiling / 1e9:7.1f} GFLOP/s at the same step shapes (the "
+              f"FLOP rate with attention and all else free): {flop_rate / ceiling:.0%} of it"
+              + (f"; {ceiling / peaks.flops:.0%} of the matmul peak" if ceiling <= peaks.flops
+                 else ""))
         if "reference attention" in row:
             print(f"padded reference    : {row['reference attention']:7.1f} output tok/s "
                   f"(fast path {fast.output_throughput / row['reference attention']:.2f}x)")
@@ -158,10 +198,13 @@ def main(argv=None) -> None:
         # MKL's GEMV at one row runs on one core, so the one-core read roofline is shown too.
         moved = cost.step([1], [len(requests[0].prompt) + 24], sampled=1)[1]
         roof, one_core = peaks.bandwidth / moved, read_bandwidth(1) / moved
+        gemvs = 5 / sum(linears_alone(model, 1, 1) for _ in range(5))   # a mean, as decode's
         row |= {"batch-1 decode": tps, "roofline": roof}
         print(f"batch-1 decode      : {tps:7.1f} tok/s, roofline {roof:.1f} tok/s "
               f"({cost.weight_bytes / 1e6:.0f} MB of weights a token): {tps / roof:.0%}; "
               f"one core's read roofline {one_core:.1f} tok/s: {tps / one_core:.0%}")
+        print(f"its GEMVs alone     : {gemvs:7.1f} tok/s ({gemvs / roof:.0%} of the roofline): "
+              f"decode runs at {tps / gemvs:.0%} of its own matmuls")
         if args.hf_batch_sizes:
             from transformers import AutoModelForCausalLM
             hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=dt).eval()

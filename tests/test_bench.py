@@ -63,6 +63,8 @@ def test_cpu_report(capsys):
                "--no-reference", "--max-tokens", "6"])
     out = capsys.readouterr().out
     assert re.search(r"minivllm\s+:\s+[\d.]+ output tok/s .* = \d+% of the matmul peak", out), out
+    assert re.search(r"its linears alone\s+:\s+[\d.]+ GFLOP/s .*: \d+% of it", out), out
+    assert re.search(r"its GEMVs alone\s+:\s+[\d.]+ tok/s \(\d+% of the roofline\)", out), out
     shares = [int(x) for x in re.findall(r"(?:matmul|attention|other) (\d+)%", out)]
     assert len(shares) == 3 and abs(sum(shares) - 100) <= 2, out
     assert re.search(r"batch-1 decode\s+:\s+[\d.]+ tok/s, roofline [\d.]+ tok/s .*: \d+%; "

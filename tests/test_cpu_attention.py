@@ -63,7 +63,7 @@ def test_decode_groups_gather_far_fewer_keys_than_padding():
     lens = torch.linspace(16, 350, 16).long().tolist()
     b = random_paged_batch([1] * 16, [n - 1 for n in lens], 9, 3, 64, 16)
     layout = VarlenLayout.build(b.query_start_loc, b.seq_lens, b.block_tables, 16)
-    gathered = sum(slots.numel() for _, slots, _ in layout.decode_groups)
+    gathered = sum(mask.numel() for _, _, mask in layout.decode_groups)     # keys
     assert len(layout.decode_groups) <= 5                  # a few SDPA calls, not 16
     assert gathered < 0.75 * 16 * 350 and gathered >= sum(lens)
     assert sorted(r for rows, _, _ in layout.decode_groups for r in rows.tolist()) == list(range(16))

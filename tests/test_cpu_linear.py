@@ -1,5 +1,5 @@
 """models/llama.py's `linear`: a plain fp32 nn.Linear on a CPU computed as (W x^T)^T, copied back
-to rows (faster at 2-8 rows with MKL); everything else runs its own forward."""
+to rows (faster at 2-8 rows with MKL) up to 64 rows; everything else runs its own forward."""
 
 import minivllm  # noqa: F401, I001  (Triton's interpreter switch first, as everywhere)
 
@@ -34,3 +34,6 @@ def test_other_layers_and_dtypes_run_their_own_forward():
     bf16 = nn.Linear(64, 32, bias=False).to(torch.bfloat16)
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     assert torch.equal(linear(bf16, x), bf16(x))                # bf16 keeps F.linear
+    layer = nn.Linear(64, 32, bias=False)
+    x = torch.randn(65, 64)                                     # a prefill: MKL's own layout
+    assert torch.equal(linear(layer, x), layer(x))
