@@ -33,11 +33,11 @@ import torch.nn.functional as F
 @dataclass(slots=True)
 class VarlenLayout:
     block_size: int
-    # one per decode group: (token rows (b,), its blocks (b, ceil(L / block_size)), key mask
-    # (b, 1, 1, L)), L the group's longest sequence
+    # one per decode group: (token rows (b,), its sequences' first ceil(L / block_size) block
+    # ids, row by row (b * that,), key mask (b, 1, 1, L)), L the group's longest sequence
     decode_groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    # one per multi-token sequence: (first row, end row, keys n, its blocks (1, ceil(n /
-    # block_size)), mask (q_len, n) or None when the queries are all n tokens: is_causal then)
+    # one per multi-token sequence: (first row, end row, keys n, its first ceil(n / block_size)
+    # block ids, mask (q_len, n) or None when the queries are all n tokens: is_causal then)
     multi: list[tuple[int, int, int, torch.Tensor, torch.Tensor | None]]
 
     @classmethod
@@ -47,8 +47,8 @@ class VarlenLayout:
         q_lens = [b - a for a, b in zip(starts, starts[1:])]
         device = block_tables.device
 
-        def blocks(seqs, n):        # (b,) sequences -> (b, ceil(n / block_size)) block ids
-            return block_tables[seqs][:, :-(-n // block_size)]
+        def blocks(seqs, n):        # (b,) sequences -> (b * ceil(n / block_size),) block ids
+            return block_tables[seqs][:, :-(-n // block_size)].flatten()    # once per step
 
         decode = sorted((i for i, n in enumerate(q_lens) if n == 1), key=lambda i: -lens[i])
         groups = []
@@ -79,23 +79,23 @@ def varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     num_kv_heads, head_dim = k_cache.shape[2], q.shape[2]
     out = torch.empty_like(q)
 
-    def gather(blocks, n):                   # (b, nblk) block ids -> 2 x (b, Hkv, n, D)
+    def gather(blocks, b, n):        # b sequences' block ids -> 2 x (b, Hkv, n, D)
         # Whole blocks (block_size x Hkv x D contiguous values each) through index_select,
         # then the first n keys: 2.5-3x faster than indexing slot by slot (advanced indexing).
-        k, v = (cache.index_select(0, blocks.flatten()).unflatten(0, blocks.shape).flatten(1, 2)
-                [:, :n] for cache in (k_cache, v_cache))                 # (b, n, Hkv, D)
+        k, v = (cache.index_select(0, blocks).unflatten(0, (b, -1)).flatten(1, 2)[:, :n]
+                for cache in (k_cache, v_cache))                         # (b, n, Hkv, D)
         if kv_cache_dtype != "auto":
             from kernels.write_kv import dequantize_kv          # (it imports Triton)
             k, v = (dequantize_kv(x, kv_cache_dtype, q.dtype) for x in (k, v))
         return k.transpose(1, 2), v.transpose(1, 2)
 
     for rows, blocks, mask in layout.decode_groups:
-        k, v = gather(blocks, mask.shape[-1])
+        k, v = gather(blocks, len(rows), mask.shape[-1])
         qg = q.index_select(0, rows).unflatten(1, (num_kv_heads, -1))   # (b, Hkv, H/Hkv, D)
         o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
         out.index_copy_(0, rows, o.flatten(1, 2))                     # (b, H, D)
     for start, end, n, blocks, mask in layout.multi:
-        k, v = gather(blocks, n)
+        k, v = gather(blocks, 1, n)
         o = F.scaled_dot_product_attention(
             q[start:end].transpose(0, 1)[None], k, v, attn_mask=mask,
             is_causal=mask is None, scale=scale, enable_gqa=True)      # (1, H, q_len, D)

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
+from torch import nn
 
 import minivllm.attention as attention
 from minivllm.bench import run_hf_static
@@ -85,19 +87,18 @@ def read_bandwidth(threads: int, mib: int = 256) -> float:
 
 
 def linears_alone(model, rows: int, sampled: int) -> float:
-    """Seconds one step's linear layers take with nothing between them: every projection of
-    every layer at `rows` rows, the LM head at `sampled`, through the model's own `linear`.
+    """Seconds one step's linear layers take with nothing between them: every nn.Linear of the
+    model in order, through the model's own `linear`, at `rows` rows (the LM head at `sampled`).
     Attention, norms, rotary and the engine cost nothing here: the most a step could gain."""
     from minivllm.models.llama import linear
-    p = next(model.parameters())
-    x = torch.randn(rows, model.config.hidden_size, dtype=p.dtype)
+    dtype, head = next(model.parameters()).dtype, model.lm_head
+    inputs = {}                                  # one random input per width
     t = time.perf_counter()
-    for layer in model.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        q = linear(a.q_proj, x)
-        linear(a.k_proj, x), linear(a.v_proj, x), linear(a.o_proj, q)
-        linear(m.down_proj, linear(m.gate_proj, x) * linear(m.up_proj, x))
-    linear(model.lm_head, x[:sampled])
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            n = sampled if m is head else rows
+            x = inputs.setdefault((n, m.in_features), torch.randn(n, m.in_features, dtype=dtype))
+            linear(m, x)
     return time.perf_counter() - t
 
 
@@ -105,10 +106,7 @@ def matmul_ceiling(model, steps) -> float:
     """Seconds the served steps' linears take alone, each distinct step shape timed (best of
     two) and counted as often as it ran. A sampled row per sequence: a prefill chunk that does
     not finish its prompt samples nothing, so this errs towards more matmul time, not less."""
-    shapes: dict[tuple[int, int], int] = {}
-    for s in steps:
-        key = (sum(x.num_tokens for x in s.scheduled), len(s.scheduled))
-        shapes[key] = shapes.get(key, 0) + 1
+    shapes = Counter((sum(x.num_tokens for x in s.scheduled), len(s.scheduled)) for s in steps)
     return sum(n * min(linears_alone(model, *key) for _ in range(2))
                for key, n in shapes.items())
 

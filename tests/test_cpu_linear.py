@@ -34,6 +34,20 @@ def test_other_layers_and_dtypes_run_their_own_forward():
     bf16 = nn.Linear(64, 32, bias=False).to(torch.bfloat16)
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     assert torch.equal(linear(bf16, x), bf16(x))                # bf16 keeps F.linear
-    layer = nn.Linear(64, 32, bias=False)
-    x = torch.randn(65, 64)                                     # a prefill: MKL's own layout
-    assert torch.equal(linear(layer, x), layer(x))
+
+
+
+def test_the_transposed_call_only_up_to_64_rows(monkeypatch):
+    """Decode (<= 64 rows) takes (W x^T)^T; a prefill keeps MKL's own layout, x W^T."""
+    layer, first_args = nn.Linear(64, 32, bias=False), []
+
+    def spy(a, *rest):
+        first_args.append("W" if a is layer.weight else "x")
+        return real(a, *rest)
+
+    real = F.linear
+    monkeypatch.setattr(F, "linear", spy)
+    for rows in (1, 64, 65, 512):
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(linear(layer, x), real(x, layer.weight))
+    assert first_args == ["W", "W", "x", "x"]

@@ -91,8 +91,8 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """layer(x); a plain fp32 nn.Linear on a CPU at up to 64 rows (decode) as (W x^T)^T, copied
     back to rows: MKL streams W instead of repacking it (batch 4: 0.68x a step's CPU); strided,
     the next GEMM ran 1.5x slower. Prefill keeps F.linear (512 rows: 148 vs 128 GFLOP/s here)."""
-    rows_fast = (x.device.type, x.dtype) == ("cpu", torch.float32) and x.shape[0] <= 64
-    if type(layer) is not nn.Linear or not rows_fast:  # LoRA, quant, TP; CUDA; bf16; prefill
+    transposed = (x.device.type, x.dtype) == ("cpu", torch.float32) and x.shape[0] <= 64
+    if type(layer) is not nn.Linear or not transposed:  # LoRA, quant, TP; CUDA; bf16; prefill
         return layer(x)
     y = F.linear(layer.weight, x).T.clone(memory_format=torch.contiguous_format)   # (T, out)
     return y if layer.bias is None else y + layer.bias
