@@ -54,8 +54,9 @@ def test_lora_report(capsys):
 
 def test_cpu_report(capsys):
     """`minivllm bench cpu` at tiny settings: the served rate, the FLOP rate against the
-    matmul peak, the step breakdown (shares summing to 1) and batch-1 decode against both
-    rooflines (the whole machine's copy bandwidth and one core's read bandwidth)."""
+    matmul peak and against the same linears alone, the step breakdown (shares summing to 1),
+    and batch-1 decode against both rooflines (the whole machine's copy bandwidth and one
+    core's read bandwidth) and against its GEMVs alone."""
     from minivllm.bench_cpu import main as bench_cpu, read_bandwidth
 
     assert read_bandwidth(1, mib=16) > 1e8                      # > 0.1 GB/s: it measured
