@@ -63,7 +63,10 @@ def test_cpu_report(capsys):
     bench_cpu(["--num-prompts", "2", "--dtypes", "float32", "--hf-batch-sizes", "",
                "--no-reference", "--max-tokens", "6"])
     out = capsys.readouterr().out
-    assert re.search(r"minivllm\s+:\s+[\d.]+ output tok/s .* = \d+% of the matmul peak", out), out
+    # the peak probe is one 1024 x 1024 shape timed on a shared machine: a busy neighbour can
+    # leave the served rate above it, and then the report says so instead of a share
+    assert re.search(r"minivllm\s+:\s+[\d.]+ output tok/s .* = "
+                     r"(\d+% of the matmul peak|above the measured peak)", out), out
     assert re.search(r"its linears alone\s+:\s+[\d.]+ GFLOP/s .*: \d+% of it", out), out
     assert re.search(r"its GEMVs alone\s+:\s+[\d.]+ tok/s \(\d+% of the roofline\)", out), out
     shares = [int(x) for x in re.findall(r"(?:matmul|attention|other) (\d+)%", out)]
