@@ -100,6 +100,12 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[dtype]
 
 
+# The string settings and the values each takes (the first is the default).
+_CHOICES = {"preemption_mode": ("recompute", "swap"), "scheduling": ("continuous", "static"),
+            "kv_layout": ("paged", "contiguous"), "attention_backend": ("auto", "torch", "triton"),
+            "kv_cache_dtype": ("auto", "fp8", "int8")}
+
+
 @dataclass(slots=True)
 class EngineConfig:
     """The engine's knobs, named as in vLLM. Validated once, here."""
@@ -171,12 +177,10 @@ class EngineConfig:
                      "enable_lora"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got "
-                             f"{self.preemption_mode!r}")
-        if self.scheduling not in ("continuous", "static"):
-            raise ValueError(f"scheduling must be 'continuous' or 'static', got "
-                             f"{self.scheduling!r}")
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be {', '.join(map(repr, choices[:-1]))} or "
+                                 f"{choices[-1]!r}, got {getattr(self, name)!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
@@ -185,37 +189,36 @@ class EngineConfig:
                 f"without chunked prefill a whole prompt must fit one step: "
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_model_len ({self.max_model_len})")
-        if self.kv_layout not in ("paged", "contiguous"):
-            raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {self.kv_layout!r}")
-        if self.preemption_mode == "swap" and self.kv_layout != "paged":
-            raise ValueError("preemption_mode='swap' moves KV blocks, which needs "
-                             "kv_layout='paged'")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got "
-                             f"{self.attention_backend!r}")
-        if isinstance(self.speculative_config, dict):
-            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
-        elif not isinstance(self.speculative_config, (SpeculativeConfig, type(None))):
-            raise ValueError(f"speculative_config must be a dict or None, got "
-                             f"{self.speculative_config!r}")
+        for name, cls in (("speculative_config", SpeculativeConfig),
+                          ("kv_transfer_config", KVTransferConfig)):    # vLLM's dicts, parsed
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, cls.from_dict(value))
+            elif not isinstance(value, (cls, type(None))):
+                raise ValueError(f"{name} must be a dict or None, got {value!r}")
         from minivllm.quant import parse_quantization
         parse_quantization(self.quantization)
-        if self.kv_cache_dtype not in ("auto", "fp8", "int8"):
-            raise ValueError(f"kv_cache_dtype must be 'auto', 'fp8' or 'int8', got "
-                             f"{self.kv_cache_dtype!r}")
         if self.kv_cache_dtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
             raise ValueError(f"kv_cache_dtype='fp8' needs torch.float8_e4m3fn, which torch "
                              f"{torch.__version__} lacks; use 'int8'")
-        if self.speculative_config is not None and self.kv_layout != "paged":
-            raise ValueError("speculative_config needs kv_layout='paged': rejected draft "
-                             "tokens give their lookahead blocks back")
-        if isinstance(self.kv_transfer_config, dict):
-            self.kv_transfer_config = KVTransferConfig.from_dict(self.kv_transfer_config)
-        elif not isinstance(self.kv_transfer_config, (KVTransferConfig, type(None))):
-            raise ValueError(f"kv_transfer_config must be a dict or None, got "
-                             f"{self.kv_transfer_config!r}")
-        if self.kv_transfer_config is not None and self.kv_layout != "paged":
-            raise ValueError("kv_transfer_config needs kv_layout='paged': KV moves in blocks")
+        for what, on, why in (
+                ("preemption_mode='swap'", self.preemption_mode == "swap", "it moves KV blocks"),
+                ("speculative_config", self.speculative_config is not None,
+                 "rejected draft tokens give their lookahead blocks back"),
+                ("kv_transfer_config", self.kv_transfer_config is not None, "KV moves in blocks")):
+            if on and self.kv_layout != "paged":
+                raise ValueError(f"{what} needs kv_layout='paged': {why}")
+
+
+def _check_keys(cls, name: str, d: dict, required: str, hint: str) -> dict:
+    """d, once its keys are all fields of cls and the `required` one is there."""
+    keys = list(cls.__dataclass_fields__)
+    unknown = sorted(set(d) - set(keys))
+    if unknown:
+        raise ValueError(f"{name}: unknown key(s) {unknown}; the keys are {keys}")
+    if required not in d:
+        raise ValueError(f"{name} needs {required}{hint}")
+    return d
 
 
 SPECULATIVE_METHODS = ("ngram", "draft_model")
@@ -240,15 +243,7 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> SpeculativeConfig:
-        keys = ("num_speculative_tokens", "method", "model", "quantization",
-                "prompt_lookup_max", "prompt_lookup_min")
-        unknown = sorted(set(d) - set(keys))
-        if unknown:
-            raise ValueError(f"speculative_config: unknown key(s) {unknown}; the keys are "
-                             f"{list(keys)}")
-        if "num_speculative_tokens" not in d:
-            raise ValueError("speculative_config needs num_speculative_tokens (k >= 1)")
-        d = dict(d)
+        d = dict(_check_keys(cls, "speculative_config", d, "num_speculative_tokens", " (k >= 1)"))
         if d.get("model") is not None:
             if d.get("method", "draft_model") != "draft_model":
                 raise ValueError(f"speculative_config names both method={d['method']!r} and "
@@ -298,13 +293,8 @@ class KVTransferConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> KVTransferConfig:
-        keys = [f for f in cls.__dataclass_fields__]
-        unknown = sorted(set(d) - set(keys))
-        if unknown:
-            raise ValueError(f"kv_transfer_config: unknown key(s) {unknown}; the keys are {keys}")
-        if "kv_role" not in d:
-            raise ValueError(f"kv_transfer_config needs kv_role, one of {list(KV_ROLES)}")
-        return cls(**d)
+        return cls(**_check_keys(cls, "kv_transfer_config", d, "kv_role",
+                                 f", one of {list(KV_ROLES)}"))
 
     def __post_init__(self):
         if self.kv_role not in KV_ROLES:

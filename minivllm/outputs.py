@@ -34,23 +34,17 @@ class RequestMetrics:
     @property
     def acceptance_rate(self) -> float | None:
         """Accepted / proposed draft tokens (None: nothing was proposed)."""
-        if not self.num_draft_tokens:
-            return None
-        return self.num_accepted_tokens / self.num_draft_tokens
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
     @property
     def ttft(self) -> float | None:
         """Time to first token, seconds."""
-        if self.first_token_time is None:
-            return None
-        return self.first_token_time - self.arrival_time
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
 
     @property
     def e2e_latency(self) -> float | None:
         """Arrival to last token, seconds (None until the request has finished)."""
-        if self.finished_time is None:
-            return None
-        return self.finished_time - self.arrival_time
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
 
 
 @dataclass(slots=True)
