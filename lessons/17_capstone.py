@@ -13,9 +13,9 @@ def _():
 
     from minivllm import LLM
     from minivllm.bench_ablation import RUNGS, ablation_ladder, ablation_workload
-    from minivllm.workloads import Request, lognormal_requests, serve
-    return (LLM, RUNGS, Request, ablation_ladder, ablation_workload, lognormal_requests, mo,
-            np, plt, serve, torch)
+    from minivllm.workloads import lognormal_requests, poisson_arrivals, serve
+    return (LLM, RUNGS, ablation_ladder, ablation_workload, lognormal_requests, mo, np, plt,
+            poisson_arrivals, serve, torch)
 
 
 @app.cell
@@ -57,17 +57,15 @@ def _(LLM, mo, torch):
 
 
 @app.cell
-def _(Request, llm, lognormal_requests, mo, np):
+def _(llm, lognormal_requests, mo, poisson_arrivals):
     # Open-loop Poisson arrivals, counted in engine steps (exponential gaps, mean
     # MEAN_GAP steps): a request arrives whether or not the engine has caught up, and the
     # run is the same on every machine. Lesson 06 does the same in seconds, over HTTP.
     NUM_REQUESTS, MEAN_GAP = 16, 1.5
-    _rng = np.random.default_rng(17)
-    _arrivals = np.floor(np.cumsum(_rng.exponential(MEAN_GAP, NUM_REQUESTS)) - MEAN_GAP)
-    workload = [Request(_r.prompt, _r.params, arrival_step=max(0, int(_a)))
-                for _r, _a in zip(lognormal_requests(
-                    llm.tokenizer, NUM_REQUESTS, prompt=(4.0, 0.6, 16, 240),
-                    output=(2.7, 0.5, 4, 32), seed=17), _arrivals)]
+    workload = poisson_arrivals(
+        lognormal_requests(llm.tokenizer, NUM_REQUESTS, prompt=(4.0, 0.6, 16, 240),
+                           output=(2.7, 0.5, 4, 32), seed=17),
+        rate=1 / MEAN_GAP, seed=17, unit="steps")
     # The SLO, in engine steps and tokens so that it can be checked on any machine: the
     # first token within TTFT_SLO steps of arrival; between two tokens, one step (nobody
     # preempted) and never a step of more than ITL_SLO_TOKENS tokens (a step's time grows

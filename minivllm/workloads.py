@@ -120,12 +120,20 @@ def conversation_requests(tokenizer, num_turns: int, prefix_tokens: int = 512,
     return turns
 
 
-def poisson_arrivals(requests: list[Request], rate: float, seed: int = 0) -> list[Request]:
-    """Open-loop arrivals: exponential gaps at `rate` requests per second (inf: all at once)."""
+def poisson_arrivals(requests: list[Request], rate: float, seed: int = 0,
+                     unit: str = "seconds") -> list[Request]:
+    """Open-loop arrivals: exponential gaps at `rate` requests per second (inf: all at once),
+    the first at 0. unit="steps": `rate` requests per engine step, each arriving before the
+    step its running sum of gaps falls in (arrival_step), the same on every machine."""
+    if unit not in ("seconds", "steps"):
+        raise ValueError(f"unit must be 'seconds' or 'steps', got {unit!r}")
     rng = np.random.default_rng(seed)
     t = 0.0
     for r in requests:
-        r.arrival_time = t
+        if unit == "steps":
+            r.arrival_step = int(t)
+        else:
+            r.arrival_time = t
         t += 0.0 if rate == float("inf") else rng.exponential(1 / rate)
     return requests
 

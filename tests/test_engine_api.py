@@ -152,6 +152,11 @@ def test_workloads_are_seeded_and_shaped(smol_llm):
     assert [r.arrival_step for r in shared] == [0, 1, 1, 1]
     times = [r.arrival_time for r in poisson_arrivals(lognormal_requests(tok, 50), rate=10.0)]
     assert times == sorted(times) and 2.0 < times[-1] < 10.0       # ~49 gaps of 0.1 s
+    steps = [r.arrival_step for r in poisson_arrivals(lognormal_requests(tok, 50), rate=0.5,
+                                                      unit="steps")]
+    assert steps[0] == 0 and steps == sorted(steps) and 50 < steps[-1] < 200   # ~49 gaps of 2
+    with pytest.raises(ValueError, match="unit must be 'seconds' or 'steps'"):
+        poisson_arrivals(shared, rate=1.0, unit="tokens")
 
 
 def test_conversation_turns_extend_the_history_and_hit_the_cache(smol):
