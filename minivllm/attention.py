@@ -167,8 +167,7 @@ class Attention(torch.nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
-        self.k_cache: torch.Tensor | None = None
-        self.v_cache: torch.Tensor | None = None
+        self.k_cache = self.v_cache = None   # (num_blocks, block_size, Hkv, D), bound later
         self.backend = "torch"          # or "triton", set by the ModelRunner
         self.kv_cache_dtype = "auto"    # or "fp8" / "int8": rows of D bytes + a scale (lesson 13)
 

@@ -32,15 +32,13 @@ from minivllm.models.llama import LlamaMLP, RMSNorm
 def set_compilation(model: torch.nn.Module, level: int) -> int:
     """level 3: compile every RMSNorm and MLP in place; level 0: back to eager. Returns how
     many modules are compiled now."""
-    compiled = 0
-    for module in model.modules():
-        if isinstance(module, (RMSNorm, LlamaMLP)):
-            if level:
-                module.compile(dynamic=True)
-                compiled += 1
-            else:
-                module._compiled_call_impl = None     # what nn.Module.compile sets
-    return compiled
+    modules = [m for m in model.modules() if isinstance(m, (RMSNorm, LlamaMLP))]
+    for module in modules:
+        if level:
+            module.compile(dynamic=True)
+        else:
+            module._compiled_call_impl = None     # what nn.Module.compile sets
+    return len(modules) if level else 0
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -62,24 +60,20 @@ class CUDAGraphRunner:
         self.seq_lens = torch.ones(n, **i64)
         self.block_tables = torch.zeros(n, blocks, **i64)
         self.query_start_loc = torch.arange(n + 1, **i64)         # one token per sequence
-        self.max_model_len, self.scratch = max_model_len, decode_scratch
         self.graphs, self.outputs = {}, {}
         self.replays: dict[int, int] = {}     # bucket -> decode steps replayed (lessons, tests)
         pool = None
         for bs in reversed(self.sizes):       # largest first: the smaller ones share its pool
-            md = self._metadata(bs)
+            # max_seq_len is max_model_len, always: the decode kernel's grid must not change.
+            md = AttentionMetadata(self.slot_mapping[:bs], self.query_start_loc[:bs + 1],
+                                   self.seq_lens[:bs], self.block_tables[:bs], max_query_len=1,
+                                   max_seq_len=max_model_len, decode_scratch=decode_scratch)
             self.model(self.input_ids[:bs], self.positions[:bs], md)   # warm up: JIT, allocator
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.outputs[bs] = self.model(self.input_ids[:bs], self.positions[:bs], md)
             pool, self.graphs[bs] = graph.pool(), graph
-
-    def _metadata(self, bs: int) -> AttentionMetadata:
-        # max_seq_len is max_model_len, always: the decode kernel's grid must not change.
-        return AttentionMetadata(self.slot_mapping[:bs], self.query_start_loc[:bs + 1],
-                                 self.seq_lens[:bs], self.block_tables[:bs], max_query_len=1,
-                                 max_seq_len=self.max_model_len, decode_scratch=self.scratch)
 
     def can_run(self, input_ids: torch.Tensor, md: AttentionMetadata) -> bool:
         return md.max_query_len == 1 and input_ids.shape[0] <= self.sizes[-1]

@@ -27,7 +27,6 @@ import torch
 from minivllm.config import ModelConfig
 from minivllm.sequence import Sequence
 
-
 # Published shapes of well-known models (their config.json files): facts, no downloads needed.
 #                 layers, query heads, kv heads, head_dim, hidden
 REFERENCE_MODELS = {
@@ -54,9 +53,7 @@ def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float16,
                        kv_cache_dtype: str = "auto") -> int:
     """Bytes of K and V that one token occupies across all layers. A quantized cache ("fp8",
     "int8") stores a byte per element plus one fp32 scale per token and KV head."""
-    row = config.head_dim * torch.empty((), dtype=dtype).element_size()
-    if kv_cache_dtype != "auto":
-        row = config.head_dim + 4
+    row = config.head_dim * dtype.itemsize if kv_cache_dtype == "auto" else config.head_dim + 4
     return 2 * config.num_hidden_layers * config.num_key_value_heads * row
 # --8<-- [end:bytes_per_token]
 
@@ -86,8 +83,7 @@ class ContiguousAllocator:
     """
 
     def __init__(self, num_slabs: int, max_model_len: int):
-        self.num_blocks = num_slabs
-        self.block_size = max_model_len
+        self.num_blocks, self.block_size = num_slabs, max_model_len
         self.free_slabs = list(range(num_slabs - 1, -1, -1))
 
     @property

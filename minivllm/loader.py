@@ -77,16 +77,12 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
     if path.exists() or str(model).startswith((".", "/", "~")) or str(model).count("/") != 1:
         raise FileNotFoundError(f"model {str(model)!r} is neither a .gguf file, a checkpoint "
                                 "directory, nor a hub id of the form 'org/name'")
-    return _download_from_hub(str(model))
-
-
-def _download_from_hub(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=[
+        return Path(snapshot_download(str(model), allow_patterns=[
             "*.json", "*.safetensors", "tokenizer*", "*.jinja", "*.model", "*.txt"]))
     except Exception as e:  # offline, unknown repo, gated repo...
-        raise FileNotFoundError(f"could not fetch {repo_id!r} from the Hugging Face hub "
+        raise FileNotFoundError(f"could not fetch {str(model)!r} from the Hugging Face hub "
                                 f"({type(e).__name__}: {e})") from e
 
 
@@ -140,6 +136,7 @@ def gguf_state_dict(reader, config: dict):
     """Yield (hf_name, float32 tensor) for every tensor in the GGUF file."""
     from gguf import quants
     unpermute = config["model_type"] == "llama"   # llama.cpp permutes Q/K for Llama only
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     for t in reader.tensors:
         parts = t.name.split(".")
         if parts[0] == "blk":
@@ -147,10 +144,8 @@ def gguf_state_dict(reader, config: dict):
         else:
             name = f"{_GGUF_TOP_NAMES[parts[0]]}.{parts[1]}"
         w = quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-        if unpermute and parts[0] == "blk" and parts[2] == "attn_q":
-            w = unpermute_qk(w, config["num_attention_heads"])
-        elif unpermute and parts[0] == "blk" and parts[2] == "attn_k":
-            w = unpermute_qk(w, config["num_key_value_heads"])
+        if unpermute and parts[0] == "blk" and parts[2] in heads:
+            w = unpermute_qk(w, heads[parts[2]])
         yield name, torch.from_numpy(np.ascontiguousarray(w))
 
 
@@ -197,6 +192,7 @@ def load_hf_config(path: Path) -> dict:
     return json.loads((path / "config.json").read_text())
 
 
+@torch.no_grad()
 def load_weights(model: torch.nn.Module, path: Path) -> None:
     """Copy every safetensors tensor under `path` into the module's parameter of the same name."""
     from safetensors import safe_open
@@ -209,19 +205,17 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
                 if name not in params:
-                    if "rotary_emb" in name or (name == "lm_head.weight" and name not in params):
+                    if "rotary_emb" in name or name == "lm_head.weight":   # tied: embed_tokens
                         continue
                     raise KeyError(f"checkpoint tensor {name!r} has no place in the model")
-                tensor = f.get_tensor(name)
-                param = params[name]
+                tensor, param = f.get_tensor(name), params[name]
                 owner = model.get_submodule(name.rpartition(".")[0])
                 if hasattr(owner, "shard"):        # tensor parallelism: this rank's slice
                     tensor = owner.shard(tensor)
                 if tuple(tensor.shape) != tuple(param.shape):
                     raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model "
                                      f"shape {tuple(param.shape)}")
-                with torch.no_grad():
-                    param.copy_(tensor)
+                param.copy_(tensor)
                 loaded.add(name)
     missing = set(params) - loaded
     if missing:

@@ -27,7 +27,7 @@ import json
 import math
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -56,9 +56,7 @@ class LoRARequest:
 class LoRAAdapter:
     """One adapter in host memory: (layer, module) -> (A (r, K), s B (N, r))."""
 
-    request: LoRARequest
     rank: int
-    scale: float
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 
     @property
@@ -106,19 +104,19 @@ def load_adapter(req: LoRARequest, shapes: dict[str, tuple[int, int]], num_layer
             raise ValueError(f"{where}: {key} has shape {tuple(tensor.shape)}, expected {want}")
         pairs.setdefault((int(m[1]), m[2]), {})[m[3]] = tensor.float()
     weights = {lm: (ab["A"], ab["B"] * scale) for lm, ab in pairs.items() if len(ab) == 2}
-    return LoRAAdapter(req, r, scale, weights)
+    return LoRAAdapter(r, weights)
 # --8<-- [end:load]
 
 
+@dataclass(slots=True)
 class LoRABatch:
     """The step's adapter layout, set once per forward and read by every LoRALinear."""
 
-    def __init__(self):
-        self.token_slots: torch.Tensor | None = None     # (T,) slot per token, -1 = base
-        self.groups: list[tuple[int, torch.Tensor]] = []  # torch path: (slot, its rows)
-        self.segments = None                               # SGMV: (seg_start, seg_slots, longest)
-        self.use_kernels = False
-        self.ops = None          # kernels/lora.py, imported with the engine's first LoRA layer
+    ops: object                    # kernels/lora.py, imported with the engine's first LoRA layer
+    use_kernels: bool              # CUDA: the Triton kernels; CPU: the torch reference
+    token_slots: torch.Tensor | None = None     # (T,) slot per token, -1 = base
+    groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # torch path: slot, rows
+    segments: tuple | None = None               # SGMV: (seg_start, seg_slots, longest)
 
 
 # --8<-- [start:layer]
@@ -161,10 +159,8 @@ class LoRAManager:
                 raise ValueError(f"enable_lora does not combine with {name}={value!r} yet")
         self.max_loras, self.max_rank = engine_config.max_loras, engine_config.max_lora_rank
         self.max_cpu_loras = engine_config.max_cpu_loras or self.max_loras
-        self.model, self.batch = model, LoRABatch()
         from kernels import lora as ops          # Triton imported here, not at engine import
-        self.batch.ops = ops
-        self.use_kernels = device.type == "cuda"
+        self.model, self.batch = model, LoRABatch(ops, use_kernels=device.type == "cuda")
         self.layers: dict[tuple[int, str], LoRALinear] = {}
         self.shapes: dict[str, tuple[int, int]] = {}
         for i, layer in enumerate(model.model.layers):
@@ -197,8 +193,7 @@ class LoRAManager:
         """Check the request against what the engine knows, and load the adapter to host
         memory if it is not there (evicting the least recently used one beyond max_cpu_loras)."""
         known = self.requests.get(req.lora_int_id)
-        if known is not None and (known.lora_name, known.lora_path) != (req.lora_name,
-                                                                         req.lora_path):
+        if known not in (None, req):          # the same id, another name or path
             raise ValueError(f"lora_int_id {req.lora_int_id} is already {known.lora_name!r} at "
                              f"{known.lora_path}; give each adapter its own id")
         if req.lora_int_id in self.cpu_cache:
@@ -218,12 +213,11 @@ class LoRAManager:
         if lora_id in self.slots:
             self.slots.move_to_end(lora_id)
             return self.slots[lora_id]
-        free = sorted(set(range(self.max_loras)) - set(self.slots.values()))
+        free = set(range(self.max_loras)) - set(self.slots.values())
         if free:
-            slot = free[0]
+            slot = min(free)
         else:
-            victim = next(i for i in self.slots if i not in keep)
-            slot = self.slots.pop(victim)
+            slot = self.slots.pop(next(i for i in self.slots if i not in keep))
             self.num_slot_evictions += 1
         adapter = self.add_lora(self.requests[lora_id])      # from host memory (or disk again)
         for (i, module), layer in self.layers.items():
@@ -250,11 +244,9 @@ class LoRAManager:
         slot_of = {i: self._activate(i, used) for i in sorted(used)} | {0: -1}
         per_token = [slot_of[i] for i, n in zip(lora_ids, num_new_tokens) for _ in range(n)]
         b.token_slots = torch.tensor(per_token, dtype=torch.int64, device=device)
-        b.use_kernels = self.use_kernels
-        b.groups = [] if self.use_kernels else b.ops.slot_groups(b.token_slots)
-        b.segments = None
-        if self.use_kernels and max(num_new_tokens) > 1:   # a prefill chunk: segments (SGMV)
-            b.segments = b.ops.segments(b.token_slots)
+        b.groups = [] if b.use_kernels else b.ops.slot_groups(b.token_slots)
+        prefill = max(num_new_tokens) > 1          # a prefill chunk: segments (SGMV), not BGMV
+        b.segments = b.ops.segments(b.token_slots) if b.use_kernels and prefill else None
     # --8<-- [end:set_batch]
 
     def stats(self) -> dict:

@@ -69,7 +69,7 @@ class ModelRunner:
         load_weights(model, path)
         self.model = model.eval()
         self.sampler = Sampler(device)
-        self.kv_cache = self.cpu_kv_cache = self.quantization = self.lora_manager = None
+        self.quantization = self.lora_manager = None
         self.init_kv_cache(engine_config)
 
     def init_kv_cache(self, engine_config: EngineConfig) -> None:
@@ -107,10 +107,12 @@ class ModelRunner:
         self.kv_layout = engine_config.kv_layout
         self.block_size = (engine_config.block_size if self.kv_layout == "paged"
                            else engine_config.max_model_len)
+        self.kv_cache_dtype = engine_config.kv_cache_dtype
+        self.block_bytes = (kv_bytes_per_token(self.kv_config, self.dtype, self.kv_cache_dtype)
+                            * self.block_size)
         self.num_blocks = self._num_kv_blocks()
         if self.tp is not None:             # every rank's pool has the same number of blocks
             self.num_blocks = self.tp.all_reduce_min(self.num_blocks)
-        self.kv_cache_dtype = engine_config.kv_cache_dtype
         self.kv_cache = allocate_kv_cache(self.kv_config, self.num_blocks, self.block_size,
                                           self.dtype, self.device, self.kv_cache_dtype)
         self._bind_kv_cache(self.kv_cache)
@@ -120,8 +122,7 @@ class ModelRunner:
         # The swap pool: same layout, in host memory (pinned, so copies can be asynchronous).
         self.num_cpu_blocks = 0
         if engine_config.preemption_mode == "swap":
-            block_bytes = self._kv_bytes_per_token() * self.block_size
-            self.num_cpu_blocks = engine_config.swap_space // block_bytes
+            self.num_cpu_blocks = engine_config.swap_space // self.block_bytes
             self.cpu_kv_cache = allocate_kv_cache(self.kv_config, self.num_cpu_blocks,
                                                   self.block_size, self.dtype, torch.device("cpu"),
                                                   self.kv_cache_dtype)
@@ -142,25 +143,21 @@ class ModelRunner:
             attn.backend = self.attention_backend
             attn.kv_cache_dtype = self.kv_cache_dtype
 
-    def _kv_bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.kv_config, self.dtype, self.engine_config.kv_cache_dtype)
-
     def _num_kv_blocks(self) -> int:
         """How many blocks the pool gets (see EngineConfig for the rules)."""
         ec = self.engine_config
         if ec.num_kv_blocks is not None:
             return ec.num_kv_blocks
-        block_bytes = self._kv_bytes_per_token() * self.block_size
         if ec.kv_cache_memory is not None:
             budget = ec.kv_cache_memory
         elif self.device.type == "cuda":
             budget = self._profile_kv_budget()
         else:
             budget = DEFAULT_CPU_KV_CACHE_MEMORY
-        num_blocks = budget // block_bytes
+        num_blocks = budget // self.block_bytes
         if num_blocks < 1:
             raise ValueError(f"the KV budget ({budget / 2**20:.1f} MiB) holds no block of "
-                             f"{block_bytes / 2**20:.2f} MiB; raise kv_cache_memory or lower "
+                             f"{self.block_bytes / 2**20:.2f} MiB; raise kv_cache_memory or lower "
                              "max_model_len / block_size")
         return num_blocks
 
@@ -223,9 +220,7 @@ class ModelRunner:
         if pairs:
             src_cache = self.kv_cache if src_cache is None else src_cache
             dst_cache = self.kv_cache if dst_cache is None else dst_cache
-            src, dst = zip(*pairs)
-            src = torch.tensor(src, device=src_cache.device)
-            dst = torch.tensor(dst, device=dst_cache.device)
+            src, dst = map(list, zip(*pairs))
             dst_cache[:, :, dst] = src_cache[:, :, src].to(dst_cache.device)
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
@@ -249,7 +244,7 @@ class ModelRunner:
             rows = torch.cat([torch.arange(r - k, r + 1, device=rows.device)
                               for r, k in zip(rows.tolist(), drafts)])
         logits = self.execute_model(input_ids, positions, md, rows)   # (S + drafts, vocab)
-        return (sampling, logits) if sampling else ([], None)
+        return sampling, logits
 
     def execute_model(self, input_ids, positions, md, rows) -> torch.Tensor | None:
         """The forward pass and the logits of `rows` (None: no logits). Under tensor

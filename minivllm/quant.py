@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.quant_matmul import (dequantize_int4, dequantize_int8, quantize_int4,  # noqa: F401
+from kernels.quant_matmul import (dequantize_int4, dequantize_int8, quantize_int4,
                                   quantize_int8, unpack_int4)
 
 INT4_GROUP_SIZES = (32, 64, 128)
@@ -52,8 +52,6 @@ def parse_quantization(method: str | None) -> tuple[str, int] | None:
     return "int4", int(method.split("-g")[1]) if "-g" in method else 32
 
 
-
-
 class QuantLinear(nn.Module):
     """y = x @ dequant(W).T + b, with W stored as int8 or packed int4 (see the module docstring)."""
 
@@ -61,15 +59,15 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.method, self.group_size = method, group_size
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        w, dev = linear.weight.detach(), linear.weight.device
+        w = linear.weight.detach()
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
                                                                  requires_grad=False)
-        self.use_torch_cpu_kernel = dev.type == "cpu"
+        self.use_torch_cpu_kernel = w.device.type == "cpu"
+        self.mins = self.scales_zeros = None
         if method == "int8":
             self.qweight, self.scales = quantize_int8(w)
             if self.use_torch_cpu_kernel:
                 self.scales_bf16 = self.scales.to(torch.bfloat16)
-            self.mins = None
         else:
             self.qweight, self.scales, self.mins = quantize_int4(w, group_size)
             if self.use_torch_cpu_kernel:
@@ -81,10 +79,6 @@ class QuantLinear(nn.Module):
                 self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                     unpack_int4(self.qweight).to(torch.int32), 1)
                 self.scales = self.mins = None    # the packed tensor holds everything
-
-    def weight_bytes(self) -> int:
-        ts = [self.qweight, self.scales, self.mins, getattr(self, "scales_zeros", None), self.bias]
-        return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     def dequantized_weight(self) -> torch.Tensor:
         """The float weight this module stands for (N, K), for references and error plots."""
@@ -118,12 +112,6 @@ class QuantLinear(nn.Module):
         return f"{self.in_features}, {self.out_features}, {self.method}{g}"
 
 
-def quantizable_linears(model: nn.Module) -> list[str]:
-    """Names of the linears to quantize: the seven projections of every decoder layer."""
-    return [n for n, m in model.named_modules()
-            if isinstance(m, (nn.Linear, QuantLinear)) and ".layers." in n]
-
-
 def quantize_model(model: nn.Module, method: str | None) -> None:
     """Put `model`'s linears in format `method` (None: back to the float originals)."""
     originals: dict[str, nn.Module] = model.__dict__.setdefault("_float_linears", {})
@@ -132,9 +120,9 @@ def quantize_model(model: nn.Module, method: str | None) -> None:
     spec = parse_quantization(method)
     if spec is None:
         return
-    names = quantizable_linears(model)
-    for name in names:                                    # refuse before changing anything
-        linear = model.get_submodule(name)
+    linears = {n: m for n, m in model.named_modules()     # the 7 projections of every layer
+               if isinstance(m, (nn.Linear, QuantLinear)) and ".layers." in n}
+    for name, linear in linears.items():                  # refuse before changing anything
         if type(linear) is not nn.Linear:
             raise ValueError(f"quantization={method!r}: {name} is a {type(linear).__name__}, "
                              "not a plain nn.Linear; weight-only quantization does not combine "
@@ -143,21 +131,20 @@ def quantize_model(model: nn.Module, method: str | None) -> None:
             raise ValueError(f"quantization={method!r}: group size {spec[1]} does not divide "
                              f"{name}'s input dimension {linear.in_features}; use a group size "
                              f"that does (one of {list(INT4_GROUP_SIZES)})")
-    for name in names:
-        originals[name] = model.get_submodule(name)
-        model.set_submodule(name, QuantLinear(originals[name], *spec))
+    for name, linear in linears.items():
+        originals[name] = linear
+        model.set_submodule(name, QuantLinear(linear, *spec))
 
 
 def model_weight_bytes(model: nn.Module) -> int:
     """Bytes of every distinct weight tensor the model holds (tied ones once), quantized or not."""
     seen, total = set(), 0
     for m in model.modules():
-        own = [t for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))]
+        own = [*m.parameters(recurse=False), *m.buffers(recurse=False)]
         if isinstance(m, QuantLinear):
-            own = [t for t in (m.qweight, m.scales, m.mins, getattr(m, "scales_zeros", None))
-                   if t is not None] + own
+            own = [m.qweight, m.scales, m.mins, m.scales_zeros, *own]
         for t in own:
-            if t.data_ptr() not in seen:
+            if t is not None and t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
     return total

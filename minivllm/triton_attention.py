@@ -39,11 +39,10 @@ def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
                      ) -> torch.Tensor:
     """q: (T, H, D), k/v: (T, Hkv, D) -> (T, H, D). scratch: the engine's decode partials.
     kv_cache_dtype "fp8" / "int8": the kernels quantize on write and dequantize per tile."""
-    q_kv = dict(kv_cache_dtype=kv_cache_dtype)
-    write_kv(k, v, k_cache, v_cache, md.slot_mapping, **q_kv)
+    write_kv(k, v, k_cache, v_cache, md.slot_mapping, kv_cache_dtype)
     if md.max_query_len == 1:         # pure decode: one query per sequence, split the context
         return paged_decode_attention(q, k_cache, v_cache, md.seq_lens, md.block_tables,
-                                      md.max_seq_len, scale, scratch=scratch, **q_kv)
+                                      md.max_seq_len, scale, scratch, kv_cache_dtype)
     return flash_attention(q, k_cache, v_cache, md.query_start_loc, md.seq_lens,
-                           md.block_tables, md.max_query_len, scale, **q_kv)
+                           md.block_tables, md.max_query_len, scale, kv_cache_dtype)
 # --8<-- [end:triton_attention]

@@ -103,10 +103,9 @@ class LlamaAttention(nn.Module):
         super().__init__()
         h, nh, nkv, hd = (config.hidden_size, config.num_attention_heads,
                           config.num_key_value_heads, config.head_dim)
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(h, nh * hd, bias=bias)
-        self.k_proj = nn.Linear(h, nkv * hd, bias=bias)
-        self.v_proj = nn.Linear(h, nkv * hd, bias=bias)
+        self.q_proj = nn.Linear(h, nh * hd, bias=config.attention_bias)   # Qwen2: q/k/v bias
+        self.k_proj = nn.Linear(h, nkv * hd, bias=config.attention_bias)
+        self.v_proj = nn.Linear(h, nkv * hd, bias=config.attention_bias)
         self.o_proj = nn.Linear(nh * hd, h, bias=False)
         if config.qk_norm:
             self.q_norm = RMSNorm(hd, config.rms_norm_eps)
@@ -155,7 +154,8 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config)
+                                    for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
