@@ -28,6 +28,7 @@ state is not trusted. Faults of one request are isolated inside step(), in engin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -46,21 +47,18 @@ class EngineDeadError(RuntimeError):
     """The engine loop has stopped (an error in step(), or shut down); nothing more is served."""
 
 
-class _Stream:
+class _Stream(asyncio.Queue):
     """One request's outputs, as the event loop sees them: RequestOutputs, then an error or the
     finished output."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self.finished = False
+    def __init__(self):
+        super().__init__()
+        self.loop = asyncio.get_running_loop()
 
-    def put(self, item: RequestOutput | BaseException) -> None:
+    def put_threadsafe(self, item: RequestOutput | BaseException) -> None:
         """Called from the engine thread."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:        # the event loop is closed: nobody is listening any more
-            pass
+        with contextlib.suppress(RuntimeError):   # the event loop is closed: nobody listens
+            self.loop.call_soon_threadsafe(self.put_nowait, item)
 
 
 def _detach(out: RequestOutput) -> RequestOutput:
@@ -79,10 +77,6 @@ class AsyncLLMEngine:
         self._lock = threading.Lock()              # guards _error against adds in flight
         self._thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
         self._thread.start()
-
-    @classmethod
-    def from_engine_args(cls, model: str | None = None, **kwargs) -> "AsyncLLMEngine":
-        return cls(LLMEngine(model, **kwargs))
 
     # ---------------------------------------------------------------- the coroutine side
     @property
@@ -106,7 +100,7 @@ class AsyncLLMEngine:
         """Add a request; return its stream of RequestOutputs (cumulative; the last one has
         finished=True). A bad request raises here (TypeError/ValueError from
         LLMEngine.add_request), once the engine thread has taken it: within one step."""
-        stream = _Stream(asyncio.get_running_loop())
+        stream = _Stream()
         added: Future = Future()
         with self._lock:          # the loop cannot stop between this check and the put
             if self._error is not None:
@@ -121,20 +115,19 @@ class AsyncLLMEngine:
 
     async def _outputs(self, request_id: str, stream: _Stream) -> AsyncIterator[RequestOutput]:
         """Closing or cancelling this iterator before the end aborts the request."""
+        finished = False
         try:
-            while True:
-                item = await stream.queue.get()
-                while not stream.queue.empty() and not isinstance(item, BaseException):
-                    item = stream.queue.get_nowait()   # outputs are cumulative: keep the newest
+            while not finished:
+                item = await stream.get()
+                while not stream.empty() and not isinstance(item, BaseException):
+                    item = stream.get_nowait()         # outputs are cumulative: keep the newest
                 if isinstance(item, BaseException):
-                    stream.finished = True
+                    finished = True
                     raise item
-                stream.finished = item.finished
+                finished = item.finished
                 yield item
-                if stream.finished:
-                    return
         finally:
-            if not stream.finished:               # cancelled, or the client went away
+            if not finished:                      # cancelled, or the client went away
                 self.abort(request_id)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
@@ -161,23 +154,17 @@ class AsyncLLMEngine:
     # ---------------------------------------------------------------- the engine thread
     def _run(self) -> None:
         try:
-            while True:
-                # Wait for a command only when there is nothing to step; otherwise just drain.
-                if not self._drain(block=not self.engine.has_unfinished_requests()):
-                    return
-                if not self.engine.has_unfinished_requests():
-                    self._stats = self.engine.stats()   # after aborts, with no step to run
-                    continue
-                outputs = self.engine.step()
-                # The snapshot first: whoever sees its request finish also sees its blocks free.
+            # Wait for a command only when there is nothing to step; otherwise just drain.
+            while self._drain(block=not self.engine.has_unfinished_requests()):
+                outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
+                # The snapshot (also after aborts, with no step to run) before the outputs:
+                # whoever sees its request finish also sees its blocks free.
                 self._stats = self.engine.stats()
                 for out in outputs:
-                    stream = self._streams.get(out.request_id)
-                    if stream is None:
-                        continue
-                    stream.put(_detach(out))
-                    if out.finished:
-                        del self._streams[out.request_id]
+                    if out.request_id in self._streams:
+                        self._streams[out.request_id].put_threadsafe(_detach(out))
+                        if out.finished:
+                            del self._streams[out.request_id]
         except BaseException as e:   # noqa: BLE001 -- whatever it was, every waiter must hear it
             logger.exception("the engine loop died")
             self._close(e, EngineDeadError(f"the engine loop died: {e!r}"))
@@ -186,14 +173,9 @@ class AsyncLLMEngine:
 
     def _drain(self, block: bool) -> bool:
         """Apply queued commands; False means stop. Blocks for the first one if `block`."""
-        while True:
-            try:
-                cmd = self._commands.get(block=block)
-            except queue.Empty:
-                return True
-            block = False
-            kind = cmd[0]
-            if kind == "add":
+        while block or not self._commands.empty():    # the engine thread is the only reader
+            cmd, block = self._commands.get(), False
+            if cmd[0] == "add":
                 _, rid, prompt, params, stream, added = cmd
                 try:
                     self.engine.add_request(rid, prompt, params)
@@ -202,13 +184,14 @@ class AsyncLLMEngine:
                     continue
                 self._streams[rid] = stream
                 added.set_result(None)
-            elif kind == "abort":
+            elif cmd[0] == "abort":
                 if self._streams.pop(cmd[1], None) is not None:
                     self.engine.abort_request(cmd[1])
-            elif kind == "stop":
+            elif cmd[0] == "stop":
                 self._close(EngineDeadError("the engine was shut down"),
                             EngineDeadError("the server is shutting down; request cancelled"))
                 return False
+        return True
 
     def _close(self, cause: BaseException, error: Exception) -> None:
         """Stop for good: refuse new requests, abort every request in flight and hand each
@@ -220,12 +203,9 @@ class AsyncLLMEngine:
                 self.engine.abort_request(rid)    # frees its blocks (if the engine still can)
             except Exception:                     # noqa: BLE001 -- the waiter hears it anyway
                 logger.exception("abort of %s failed", rid)
-            stream.put(error)
+            stream.put_threadsafe(error)
         self._streams.clear()
-        while True:                               # adds queued before the lock was taken
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        while not self._commands.empty():         # adds queued before the lock was taken
+            cmd = self._commands.get_nowait()
             if cmd[0] == "add":
                 cmd[5].set_exception(error)

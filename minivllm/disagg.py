@@ -64,7 +64,8 @@ class KVConnector:
     def __init__(self, engine: LLMEngine):
         self.engine, cfg = engine, engine.config.kv_transfer_config
         self.role, self.rank, self.peer = cfg.kv_role, cfg.rank, 1 - cfg.rank
-        self.timeout = cfg.timeout
+        self.peer_role = ("kv_producer", "kv_consumer")[self.peer]
+        self.timeout, self.where = cfg.timeout, f"{socket.gethostname()}/{engine.device}"
         self.bytes_sent = self.bytes_received = self.num_sent = self.num_received = 0
         self.cached_tokens = 0                    # prompt tokens not sent: the consumer had them
         self.transfer_seconds = 0.0               # producer: gather + send; consumer: receive
@@ -74,8 +75,7 @@ class KVConnector:
         # KV between two GPUs goes over NCCL; anything else (CPUs, or both roles on one GPU,
         # which NCCL refuses) over gloo, through host memory.
         self.kv_pg, self.kv_device = self.pg, torch.device("cpu")
-        here, there = self._where(), peer["where"]
-        if "/cuda" in here and "/cuda" in there and here != there:
+        if "/cuda" in self.where and "/cuda" in peer["where"] and self.where != peer["where"]:
             torch.cuda.set_device(engine.device)
             self.kv_pg = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), self.rank, 2)
             self.kv_device = engine.device
@@ -84,7 +84,7 @@ class KVConnector:
 
     def _rendezvous(self, cfg) -> tuple[dist.TCPStore, dict]:
         """Meet the other role at kv_ip:kv_port and check that the two engines agree."""
-        addr, peer_role = f"{cfg.kv_ip}:{cfg.kv_port}", ("kv_producer", "kv_consumer")[self.peer]
+        addr = f"{cfg.kv_ip}:{cfg.kv_port}"
         try:
             store = dist.TCPStore(cfg.kv_ip, cfg.kv_port, 2, is_master=self.rank == 0,
                                   timeout=timedelta(seconds=self.timeout), wait_for_workers=False)
@@ -92,10 +92,9 @@ class KVConnector:
             raise RuntimeError(f"{self.role}: cannot {'listen on' if self.rank == 0 else 'reach'}"
                                f" {addr} (is another {self.role} there?): {e}") from None
         e = self.engine
-        weights = e.runner.model.model.embed_tokens.weight[:64].double().sum().item()
         mine = {"role": self.role, "model": dataclasses.asdict(e.model_config),
-                "weights": weights, "dtype": str(e.dtype), "block_size": e.config.block_size,
-                "where": self._where()}
+                "weights": e.runner.model.model.embed_tokens.weight[:64].double().sum().item(),
+                "dtype": str(e.dtype), "block_size": e.config.block_size, "where": self.where}
         store.set(f"info{self.rank}", json.dumps(mine))
         try:
             theirs = json.loads(store.get(f"info{self.peer}"))
@@ -104,7 +103,7 @@ class KVConnector:
             else:
                 store.wait(["ack"])
         except Exception:  # noqa: BLE001
-            raise RuntimeError(f"{self.role}: no {peer_role} joined at {addr} within "
+            raise RuntimeError(f"{self.role}: no {self.peer_role} joined at {addr} within "
                                f"{self.timeout:.0f} s; start the other role with the same "
                                "kv_ip and kv_port") from None
         diff = [k for k in ("model", "weights", "dtype", "block_size") if mine[k] != theirs[k]]
@@ -115,9 +114,6 @@ class KVConnector:
                                f"{what}. Both roles need the same model, dtype and block_size, "
                                "one kv_producer and one kv_consumer")
         return store, theirs
-
-    def _where(self) -> str:
-        return f"{socket.gethostname()}/{self.engine.device}"
 
     # ------------------------------------------------------------------ the wire
     def send(self, kind: int, payload, kv: torch.Tensor | None = None) -> None:
@@ -133,8 +129,8 @@ class KVConnector:
             cached = self.replies.get(timeout=self.timeout)[1]
             kv = kv[:, :, cached:].contiguous()
             self.kv_pg.send([kv], self.peer, 1).wait(wait)
-            self.cached_tokens, self.bytes_sent = (self.cached_tokens + cached,
-                                                   self.bytes_sent + kv.numel() * kv.element_size())
+            self.cached_tokens += cached
+            self.bytes_sent += kv.numel() * kv.element_size()
 
     def _receive_loop(self) -> None:
         if self.kv_device.type == "cuda":
@@ -161,8 +157,7 @@ class KVConnector:
                 if kind in (SHUTDOWN, BYE):
                     return
         except Exception as e:  # noqa: BLE001 (the peer died: tell the main loop)
-            self.inbox.put((ERROR, f"connection to the {('kv_producer', 'kv_consumer')[self.peer]}"
-                                   f" lost: {e}", None))
+            self.inbox.put((ERROR, f"connection to the {self.peer_role} lost: {e}", None))
 
     def poll(self, timeout: float = 0.0) -> list[tuple]:
         """Messages received so far; waits up to `timeout` s for the first one."""
@@ -227,8 +222,7 @@ def serve_decode(engine: LLMEngine) -> dict:
     conn, pending, error = engine.kv_connector, deque(), None
     counts = {"num_steps": 0, "num_prefill_steps": 0}      # a prefill here would be a bug
     while True:
-        busy = engine.has_unfinished_requests() or pending
-        msgs = conn.poll(0 if busy else 0.01)
+        msgs = conn.poll(0 if engine.has_unfinished_requests() or pending else 0.01)
         if any(kind in (SHUTDOWN, ERROR) for kind, _, _ in msgs):
             error = next((p for k, p, _ in msgs if k == ERROR), None)
             break

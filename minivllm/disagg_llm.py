@@ -45,7 +45,7 @@ logger = logging.getLogger("minivllm")
 class Handoff:
     """A request whose decode runs on the consumer: what the front needs to finish it."""
 
-    prompt: str | list[int]
+    prompt: str | None                       # the text, if the prompt was given as text
     prompt_token_ids: list[int]
     params: SamplingParams
     metrics: RequestMetrics                  # the producer's: arrival, first token
@@ -62,7 +62,6 @@ class DisaggLLM:
         self.producer = LLMEngine(model, kv_transfer_config=config, **engine_kwargs)
         self.tokenizer, self.conn = self.producer.tokenizer, self.producer.kv_connector
         self.remote: dict[str, Handoff] = {}     # decoding on the consumer
-        self.prompts: dict[str, str | list[int]] = {}
         self.local: set[str] = set()             # prefilled again here: they stay here
         self.parts: dict[str, list] = {}         # n > 1: each sample's latest output
         self.connected, self.error, self.report = True, None, None
@@ -91,7 +90,6 @@ class DisaggLLM:
         if request_id in self.remote:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.producer.add_request(request_id, prompt, params)
-        self.prompts[request_id] = prompt
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.remote) or self.producer.has_unfinished_requests()
@@ -102,7 +100,6 @@ class DisaggLLM:
         if self.remote.pop(request_id, None) is not None and self.connected:
             self._send(ABORT, request_id)
         self.producer.abort_request(request_id)
-        self.prompts.pop(request_id, None)
 
     def trace(self):
         return self.producer.trace()             # the producer's steps (prefills, fallbacks)
@@ -117,11 +114,10 @@ class DisaggLLM:
             seq = self.producer.requests[rid].seqs[0] if rid in self.producer.requests else None
             if (self.connected and seq is not None and seq.num_output_tokens == 1
                     and rid not in self.local and self._handoff(seq)):
-                self.remote[rid] = Handoff(self.prompts[rid], out.prompt_token_ids, seq.params,
+                self.remote[rid] = Handoff(out.prompt, out.prompt_token_ids, seq.params,
                                            out.metrics)
                 self.producer.abort_request(rid)  # its blocks: back to the pool (and cache)
             if out.finished:
-                self.prompts.pop(rid, None)
                 self.local.discard(rid)
             outs.append(out)
         idle = not self.producer.has_unfinished_requests()
@@ -179,13 +175,11 @@ class DisaggLLM:
 
     def _from_consumer(self, out: RequestOutput) -> RequestOutput:
         h = self.remote[out.request_id]
-        out.prompt, out.prompt_token_ids = (h.prompt if isinstance(h.prompt, str) else None,
-                                            h.prompt_token_ids)
+        out.prompt, out.prompt_token_ids = h.prompt, h.prompt_token_ids
         out.metrics = dataclasses.replace(
             h.metrics, finished_time=time.perf_counter() if out.finished else None)
         if out.finished:
             del self.remote[out.request_id]
-            self.prompts.pop(out.request_id, None)
         return out
 
     def _reprefill(self, request_id: str, why: str) -> None:
@@ -224,24 +218,24 @@ class DisaggLLM:
                 "transfer_seconds": c.transfer_seconds, "num_reprefilled": self.num_reprefilled,
                 "connected": self.connected, "error": self.error}
 
-    def consumer_report(self) -> dict | None:
-        """The consumer's counters now (bytes received, prefill steps, its pool's blocks)."""
-        self.report = None
+    def _ask(self, kind: int) -> dict | None:
+        """Send REPORT or SHUTDOWN, then step until the consumer's report is in (or `timeout`)."""
         if self.connected:
-            self._send(REPORT, None)
+            self._send(kind, None)
             deadline = time.monotonic() + self.conn.timeout
             while self.connected and self.report is None and time.monotonic() < deadline:
                 self.step()
         return self.report
 
+    def consumer_report(self) -> dict | None:
+        """The consumer's counters now (bytes received, prefill steps, its pool's blocks)."""
+        self.report = None
+        return self._ask(REPORT)
+
     def close(self) -> dict | None:
         """Stop the consumer (it answers with its final report, returned) and join it."""
-        if self.connected:
-            self._send(SHUTDOWN, None)
-            deadline = time.monotonic() + self.conn.timeout
-            while self.connected and self.report is None and time.monotonic() < deadline:
-                self.step()
-            self.connected = False
+        self._ask(SHUTDOWN)
+        self.connected = False
         if self.consumer_process is not None:
             self.consumer_process.join(self.conn.timeout)
             if self.consumer_process.is_alive():

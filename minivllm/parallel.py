@@ -119,18 +119,18 @@ class ColumnParallelLinear(nn.Linear):
 
 
 class RowParallelLinear(nn.Linear):
-    """y = sum over ranks of x[:, cols] @ W[:, cols].T: a partial product, then an all-reduce."""
+    """y = sum over ranks of x[:, cols] @ W[:, cols].T: a partial product, then an all-reduce.
+    No bias: o_proj and down_proj have none in the Llama family (models/llama.py)."""
 
     def __init__(self, full: nn.Linear, cols: slice, group: TensorParallelGroup):
-        super().__init__(cols.stop - cols.start, full.out_features, bias=full.bias is not None)
+        super().__init__(cols.stop - cols.start, full.out_features, bias=False)
         self.cols, self.group = cols, group
 
     def shard(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if tensor.dim() == 1 else tensor[:, self.cols]   # a bias is added once
+        return tensor[:, self.cols]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.group.all_reduce(F.linear(x, self.weight))            # (T, out) on every rank
-        return y if self.bias is None else y + self.bias
+        return self.group.all_reduce(F.linear(x, self.weight))         # (T, out) on every rank
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -199,14 +199,10 @@ def parallelize(model: nn.Module, config: ModelConfig, group: TensorParallelGrou
 
 def weight_bytes(model: nn.Module) -> dict[str, int]:
     """Bytes of this rank's weights: all of them, and those of the split layers."""
-    seen, total, split = set(), 0, 0
-    for module in model.modules():
-        for p in module.parameters(recurse=False):
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += p.numel() * p.element_size()
-                split += p.numel() * p.element_size() if isinstance(module, PARALLEL_LAYERS) else 0
-    return {"total": total, "split": split}
+    sizes = {id(p): (p.numel() * p.element_size(), isinstance(m, PARALLEL_LAYERS))  # tied: once
+             for m in model.modules() for p in m.parameters(recurse=False)}
+    return {"total": sum(b for b, _ in sizes.values()),
+            "split": sum(b for b, split in sizes.values() if split)}
 
 
 # ------------------------------------------------------------------ processes
@@ -324,13 +320,13 @@ class TensorParallelRunner(ModelRunner):
     def _wait_for(self, kind: str) -> list:
         got, deadline = {}, time.monotonic() + START_TIMEOUT
         while len(got) < len(self.workers):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"tensor-parallel workers not {kind} after "
+                                   f"{START_TIMEOUT:.0f} s")
             try:
                 what, rank, payload = self.results.get(timeout=0.5)
             except queue.Empty:
                 self.check_workers()
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"tensor-parallel workers not {kind} after "
-                                       f"{START_TIMEOUT:.0f} s") from None
                 continue
             if what == "error":
                 raise RuntimeError(f"tensor-parallel rank {rank} failed:\n{payload}")
@@ -339,21 +335,18 @@ class TensorParallelRunner(ModelRunner):
 
     def check_workers(self) -> None:
         """Raise if a worker has died (once one has, the engine cannot go on)."""
-        if self.failure is None:
-            dead = [p for p in self.workers if not p.is_alive()]
-            if not dead:
-                return
+        dead = [p for p in self.workers if not p.is_alive()]
+        if self.failure is None and dead:
             reason = ""
-            try:
+            with contextlib.suppress(queue.Empty, OSError, ValueError):
                 while True:
                     what, rank, payload = self.results.get_nowait()
                     reason += f"\nrank {rank}: {payload}" if what == "error" else ""
-            except (queue.Empty, OSError, ValueError):
-                pass
             self.failure = ("tensor-parallel worker(s) died: " + ", ".join(
                 f"{p.name} (pid {p.pid}, exit code {p.exitcode})" for p in dead)
                 + f"; start a new LLM{reason}")
-        raise RuntimeError(self.failure)
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
 
     def _send(self, method: str, *args) -> None:
         if self._listening or self.failure is not None:
@@ -371,10 +364,10 @@ class TensorParallelRunner(ModelRunner):
         super().init_kv_cache(engine_config)
 
     def copy_blocks(self, pairs, src_cache=None, dst_cache=None) -> None:
-        if pairs:
-            name = lambda c: "cpu_kv_cache" if c is not None and c is self.cpu_kv_cache \
-                else "kv_cache"  # noqa: E731
-            self._send("copy_blocks", pairs, name(src_cache), name(dst_cache))
+        if pairs:                                  # the caches by name: each rank has its own
+            src, dst = ("cpu_kv_cache" if c is not None and c is self.cpu_kv_cache else "kv_cache"
+                        for c in (src_cache, dst_cache))
+            self._send("copy_blocks", pairs, src, dst)
         super().copy_blocks(pairs, src_cache, dst_cache)
 
     def execute_model(self, input_ids, positions, md, rows):
