@@ -171,16 +171,18 @@ class KVConnector:
 
     # ------------------------------------------------------------------ KV in, KV out
     # --8<-- [start:send_kv]
-    def send_kv(self, seq, first_logprobs=None) -> None:
-        """Producer: send seq's first token, its sampler's generator and its prompt's K/V (the
-        P prompt tokens, every layer, less those the consumer's prefix cache holds)."""
+    def send_kv(self, seq) -> None:
+        """Producer: send seq's first token (with its logprobs, if asked for), its sampler's
+        generator and its prompt's K/V (the P prompt tokens, every layer, less those the
+        consumer's prefix cache holds)."""
         t0, runner, n = time.perf_counter(), self.engine.runner, seq.num_prompt_tokens
         g = runner.sampler.generators.get(seq.seq_id)
         blocks = runner.kv_cache[:, :, seq.block_table]          # (L, 2, nb, bs, kvh, hd)
         kv = blocks.flatten(2, 3)[:, :, :n].to(self.kv_device)    # (L, 2, P, kvh, hd)
         self.send(KV, {"request_id": seq.request_id, "prompt_token_ids": seq.prompt_token_ids,
                        "params": seq.params, "first_token": seq.token_ids[n],
-                       "first_logprobs": first_logprobs, "kv_shape": tuple(kv.shape),
+                       "first_logprobs": seq.output_logprobs[0] if seq.output_logprobs
+                       else None, "kv_shape": tuple(kv.shape),
                        "generator": None if g is None else g.get_state()}, kv)
         self.num_sent += 1
         self.transfer_seconds += time.perf_counter() - t0

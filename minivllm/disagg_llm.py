@@ -186,7 +186,8 @@ class DisaggLLM:
         """Not lost: prefill it again here, and decode it here (its output restarts)."""
         h = self.remote.pop(request_id)
         logger.warning("request %s: %s; prefilling it again on the kv_producer", request_id, why)
-        self.producer.add_request(request_id, h.prompt_token_ids, h.params)
+        self.producer.add_request(    # the text, if given as text: same ids, and it is shown
+            request_id, h.prompt if h.prompt is not None else h.prompt_token_ids, h.params)
         self.local.add(request_id)
         self.num_reprefilled += 1
 
@@ -221,6 +222,7 @@ class DisaggLLM:
     def _ask(self, kind: int) -> dict | None:
         """Send REPORT or SHUTDOWN, then step until the consumer's report is in (or `timeout`)."""
         if self.connected:
+            self.report = None                   # not an earlier one: wait for this answer
             self._send(kind, None)
             deadline = time.monotonic() + self.conn.timeout
             while self.connected and self.report is None and time.monotonic() < deadline:
@@ -228,9 +230,9 @@ class DisaggLLM:
         return self.report
 
     def consumer_report(self) -> dict | None:
-        """The consumer's counters now (bytes received, prefill steps, its pool's blocks)."""
-        self.report = None
-        return self._ask(REPORT)
+        """The consumer's counters now (bytes received, prefill steps, its pool's blocks);
+        None once it is gone."""
+        return self._ask(REPORT) if self.connected else None
 
     def close(self) -> dict | None:
         """Stop the consumer (it answers with its final report, returned) and join it."""

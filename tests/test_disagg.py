@@ -5,6 +5,7 @@ wait is bounded: the roles' own timeouts, and a timeout on every subprocess wait
 """
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -45,18 +46,26 @@ def test_disaggregated_greedy_equals_colocated_and_sends_the_uncached_prompt_kv(
     tok = [int(t) for t in smol_llm.tokenizer.encode(" ".join(["KV blocks move"] * 40))]
     prompts = [tok[:n] for n in (1, 15, 16, 17, 32, 47)]
     prompts += [tok[:32] + [28, 29, 30], tok[:32] + [40, 41, 42, 43, 44]]
-    colocated = smol_llm.generate(prompts, GREEDY, use_tqdm=False)
+    greedy = dataclasses.replace(GREEDY, logprobs=2)    # the first token's travel with its KV
+    colocated = smol_llm.generate(prompts, greedy, use_tqdm=False)
     with launch(str(smol_path), max_model_len=256, num_kv_blocks=64) as llm:
-        outs = llm.generate(prompts[:6], GREEDY)    # then the pairs: their prefix is cached
+        outs = llm.generate(prompts[:6], greedy)    # then the pairs: their prefix is cached
         consumer_hits = -llm.consumer_report()["stats"]["prefix_cache_hit_tokens"]
         first_bytes = llm.stats()["bytes_sent"]
-        outs += llm.generate(prompts[6:], GREEDY)
-        consumer_hits += llm.consumer_report()["stats"]["prefix_cache_hit_tokens"]
+        outs += llm.generate(prompts[6:], greedy)
+        last_report = llm.consumer_report()
+        consumer_hits += last_report["stats"]["prefix_cache_hit_tokens"]
         sent = llm.stats()
         producer_hits = llm.producer.stats().prefix_cache_hit_tokens
-    report = llm.report
+    report = llm.report                     # the final one, sent as the consumer stopped
+    assert report is not last_report and report["num_received"] == len(prompts)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in colocated]
     assert [o.outputs[0].text for o in outs] == [o.outputs[0].text for o in colocated]
+    for o, c in zip(outs, colocated):     # a logprobs entry per token, the first one included
+        got, want = o.outputs[0].logprobs, c.outputs[0].logprobs
+        assert len(got) == len(want) == len(o.outputs[0].token_ids)
+        assert all(g.keys() == w.keys() and all(abs(g[t] - w[t]) < 1e-3 for t in g)
+                   for g, w in zip(got, want))
     # Bytes: each prompt token's K and V, every layer, once (no padding of the last block),
     # less the tokens the consumer's prefix cache held when the prompt arrived: the two pairs
     # came after the first six had finished there, so only their last 3 and 5 tokens moved.
@@ -87,7 +96,8 @@ def test_consumer_on_its_own_command_refusal_and_death_lose_no_request(tiny_chec
     path, _ = tiny_checkpoint("llama")
     settings = dict(max_model_len=128, max_num_seqs=8)
     short = [[5 + i, 17, 99, 4 + i] * (i + 1) for i in range(4)]          # 4..16 tokens
-    long_prompt = list(range(300, 350))                                    # 50 + 30 > 64 slots
+    long_prompt = " ".join(["the long prompt that the decode side refuses"] * 7)  # 56 tokens:
+    # 56 + 30 > 64 slots; given as text, which the producer's second prefill keeps
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     reference = LLM(str(path), **settings).generate(short + [long_prompt], params,
                                                     use_tqdm=False)
@@ -98,6 +108,7 @@ def test_consumer_on_its_own_command_refusal_and_death_lose_no_request(tiny_chec
         llm = DisaggLLM(str(path), kv_port=port, timeout=120, **settings)
         first = llm.generate(short + [long_prompt], params)
         assert llm.num_reprefilled == 1 and llm.connected     # the long one, refused
+        assert first[-1].prompt == long_prompt
         # Now kill the decode role while it holds requests.
         for i, p in enumerate(short):
             llm.add_request(f"late-{i}", p, params)
