@@ -23,10 +23,10 @@ TOOLS = ("bench*.py", "gpu_bench.py", "workloads.py", "roofline.py")
 # (folder, files left out of the total, budget for the total, budget per file)
 #
 # With all of Part II in (serving, speculation, disaggregation, LoRA, quantization, structured
-# output, TP, graphs) the core is about 5,500 lines, over the 4,500 target. Until it is cut
-# back, CEILING is a ratchet: the total may shrink, never grow; lower CEILING as it shrinks.
+# output, TP, graphs) the core was about 5,550 lines, 5,455 after a trim (2026-11-24), over the
+# 4,500 target. Until it is cut back, CEILING is a ratchet: the total may shrink, never grow; lower CEILING as it shrinks.
 TARGET = 4500
-CEILING = 5550
+CEILING = 5455
 BUDGETS = {
     "minivllm": (ENTRYPOINTS + TOOLS, CEILING, 400),
     "kernels": ((), 2000, 400),
