@@ -1,6 +1,6 @@
 """kernels: minivllm's Triton kernels, one mechanism per file. A leaf: nothing here imports
 minivllm (the engine's adapter, AttentionMetadata -> kernel arguments, is
-minivllm/triton_attention.py).
+minivllm/attention/triton_attention.py).
 
     write_kv.py          K/V of this step's tokens -> their slots in the paged cache
     flash_attention.py   tiled online-softmax attention over the paged cache (prefill, chunks)

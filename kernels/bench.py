@@ -12,7 +12,7 @@ What it measures, and against what:
     tables) and of torch SDPA's flash backend on contiguous tensors. Target: >= 0.7x SDPA.
 
 The engine end to end on a GPU (random weights of real model shapes, against transformers) is
-minivllm/gpu_bench.py: kernels/ imports nothing from minivllm. Nothing here asserts: it prints
+minivllm/benchmarks/gpu.py: kernels/ imports nothing from minivllm. Nothing here asserts: it prints
 what it measured and the machine it measured on. Leaves out multi-GPU.
 """
 

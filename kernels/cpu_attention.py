@@ -1,6 +1,6 @@
 """Paged attention that costs only each sequence's own tokens: the CPU's fast path, torch ops.
 
-The engine's reference (minivllm/attention.py, `paged_attention`) pads every sequence of a step
+The engine's reference (minivllm/attention/torch_attention.py, `paged_attention`) pads every sequence of a step
 to the step's longest and masks the rest: a decode batch whose lengths run from 20 to 350 then
 gathers and multiplies 350 keys for every sequence, about twice the real work on a mixed
 workload. This file computes the same thing, and is checked against that reference

@@ -10,7 +10,7 @@ What you will learn:
     finished dot product once; int4 scales and shifts by group along K, so each tile applies
     its group's (scale, min) before the dot.
 
-Formats (defined here, in torch, by quantize_int8 / quantize_int4; minivllm/quant.py uses them):
+Formats (defined here, in torch, by quantize_int8 / quantize_int4; minivllm/quantization/weight_only.py uses them):
     int8          qweight (N, K) int8, scales (N,):      W = q * s[n]
     int4, group G qweight (N, K/2) uint8, two per byte (column 2j low nibble, 2j + 1 high),
                   scales, mins (N, K/G):                 W = q * d[n, k // G] + m[n, k // G]

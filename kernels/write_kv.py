@@ -6,7 +6,7 @@ What you will learn:
   * what `slot_mapping` means on the device: token t's K/V row goes to the flat slot
     slot_mapping[t] = block * block_size + offset, wherever that block is in the pool.
 
-The cache layout is the engine's (minivllm/kv_cache.py): [num_blocks, block_size, num_kv_heads,
+The cache layout is the engine's (minivllm/core/kv_cache.py): [num_blocks, block_size, num_kv_heads,
 head_dim], so one slot holds num_kv_heads x head_dim contiguous elements and a token's write is a
 single contiguous copy. Every step of every layer runs this once before attention reads the
 cache back (PagedAttention, Kwon et al. 2023; vLLM calls it `reshape_and_cache`).
@@ -21,7 +21,7 @@ so a row is D + 4 bytes instead of 2D (bf16) or 4D (fp32), and every block copy 
 swap) carries the scales along. The scale is set per token and head when the row is written:
 no calibration pass. (vLLM keeps per-tensor k_scale / v_scale from the checkpoint instead.)
 `quantize_kv` / `dequantize_kv` are the torch definition of the row; the kernel below, the
-attention kernels and minivllm/attention.py all follow it.
+attention kernels and minivllm/attention/torch_attention.py all follow it.
 
 Left out: the "flash" layout that splits K and V across different strides. A slot of -1 means
 "padding, write nothing", as in vLLM.

@@ -12,8 +12,8 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
-    from minivllm.kv_cache import REFERENCE_MODELS, kv_bytes_per_token, reference_config
-    from minivllm.roofline import StepCost, measure_peaks
+    from minivllm.core.kv_cache import REFERENCE_MODELS, kv_bytes_per_token, reference_config
+    from minivllm.benchmarks.roofline import StepCost, measure_peaks
     from minivllm.workloads import Request, lognormal_requests, serve
     return (LLM, REFERENCE_MODELS, Request, SamplingParams, StepCost, kv_bytes_per_token,
             lognormal_requests, measure_peaks, mo, np, plt, reference_config, serve, torch)
@@ -327,7 +327,7 @@ def _(mo):
     "Memory-bound" is a claim about two numbers, so measure them. This device has a peak
     arithmetic rate (a large matmul) and a peak bandwidth (a large copy); their ratio, the
     **ridge**, is the FLOPs a step must do per byte it moves to be limited by arithmetic
-    rather than by memory. `minivllm/roofline.py` counts each step's FLOPs and bytes from the
+    rather than by memory. `minivllm/benchmarks/roofline.py` counts each step's FLOPs and bytes from the
     model's shapes (every weight read once, the KV read, the activations), and the course
     uses this one model from here on (lessons 08 and 10 reuse it). Each decode step above,
     and one 128-token prefill step, go on the roofline below.
@@ -538,14 +538,14 @@ def _(
 
     ## Where the code lives
 
-    * `minivllm/roofline.py`: `measure_peaks` and `StepCost`, the course's one cost model.
-    * `minivllm/kv_cache.py`: `kv_bytes_per_token`, `ContiguousAllocator` (this lesson's slab
+    * `minivllm/benchmarks/roofline.py`: `measure_peaks` and `StepCost`, the course's one cost model.
+    * `minivllm/core/kv_cache.py`: `kv_bytes_per_token`, `ContiguousAllocator` (this lesson's slab
       per request) and the KV pool layout.
-    * `minivllm/attention.py`: how attention finds a sequence's K/V through its block table;
+    * `minivllm/attention/torch_attention.py`: how attention finds a sequence's K/V through its block table;
       a slab is one block of `max_model_len` slots, so both layouts share that code.
-    * `minivllm/engine.py`: `LLMEngine.step` and `LLMEngine.stats`;
-      `minivllm/workloads.py`: `lognormal_requests` and `serve` (the step trace), used above.
-    * Next: lesson 02 replaces the slab with pages (`minivllm/block_manager.py`).
+    * `minivllm/engine/llm_engine.py`: `LLMEngine.step` and `LLMEngine.stats`;
+      `minivllm/benchmarks/workloads.py`: `lognormal_requests` and `serve` (the step trace), used above.
+    * Next: lesson 02 replaces the slab with pages (`minivllm/core/block_manager.py`).
     """)
     return (findings,)
 

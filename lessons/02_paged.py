@@ -15,9 +15,9 @@ def _():
     import collections
 
     from minivllm import LLM, SamplingParams
-    from minivllm.block_manager import cdiv
+    from minivllm.core.block_manager import cdiv
     from minivllm.config import resolve_device, resolve_dtype
-    from minivllm.kv_cache import kv_bytes_per_token, reference_config
+    from minivllm.core.kv_cache import kv_bytes_per_token, reference_config
     from minivllm.workloads import lognormal_requests, serve
     return (LLM, Rectangle, SamplingParams, cdiv, collections, kv_bytes_per_token,
             lognormal_requests, mo, np, plt, reference_config, resolve_device,
@@ -691,14 +691,14 @@ def _(
 
     ## Where the code lives
 
-    * `minivllm/block_manager.py`: `BlockManager` (`allocate`, `append_slots` with
+    * `minivllm/core/block_manager.py`: `BlockManager` (`allocate`, `append_slots` with
       copy-on-write, `fork`, `free`, `ref_counts`) and `cdiv`.
-    * `minivllm/sequence.py`: `Sequence.block_table` and `num_computed_tokens`.
-    * `minivllm/attention.py`: `paged_attention` gathers each sequence's K/V through its
+    * `minivllm/core/sequence.py`: `Sequence.block_table` and `num_computed_tokens`.
+    * `minivllm/attention/torch_attention.py`: `paged_attention` gathers each sequence's K/V through its
       block table; `write_kv_cache` scatters new K/V into slots.
-    * `minivllm/model_runner.py`: `copy_blocks` performs the copies `append_slots` asks for.
-    * `minivllm/scheduler.py`: `Scheduler.fork` and the admission checks (`can_allocate`,
-      `can_append_slots`); `minivllm/kv_cache.py`: `ContiguousAllocator`, the slab baseline.
+    * `minivllm/worker/model_runner.py`: `copy_blocks` performs the copies `append_slots` asks for.
+    * `minivllm/core/scheduler.py`: `Scheduler.fork` and the admission checks (`can_allocate`,
+      `can_append_slots`); `minivllm/core/kv_cache.py`: `ContiguousAllocator`, the slab baseline.
     * Next: lesson 03 makes the attention over these blocks fast (FlashAttention),
       lesson 04 uses the freed memory to keep the batch full (continuous batching), and
       lesson 05 turns prefix caching back on: blocks shared across requests, with the same

@@ -19,7 +19,7 @@ def _():
                                          flash_attention_reference)
     from kernels.paged_batch import random_paged_batch
     from minivllm.config import ModelConfig
-    from minivllm.loader import load_hf_config, resolve_model_path
+    from minivllm.models.loader import load_hf_config, resolve_model_path
     return (ModelConfig, default_tiles, flash_attention, flash_attention_reference,
             load_hf_config, math, mo, plt, random_paged_batch, resolve_model_path, time,
             torch)
@@ -640,8 +640,8 @@ def _(kernel_errors, mo, traffic_ratio_4k):
       `flash_attention` (launcher), `flash_attention_reference`, the test and `bench`.
     * `kernels/paged_attention.py`: the decode kernel and `_reduce_partitions_kernel`, whose
       merge is this lesson's exercise.
-    * `minivllm/triton_attention.py`: how the engine picks a kernel each step;
-      `minivllm/attention.py`: the torch reference that runs on CPU, and `Attention.forward`,
+    * `minivllm/attention/triton_attention.py`: how the engine picks a kernel each step;
+      `minivllm/attention/torch_attention.py`: the torch reference that runs on CPU, and `Attention.forward`,
       which dispatches.
     * `python -m kernels.bench` (GPU): this kernel against torch SDPA's flash backend.
     """)

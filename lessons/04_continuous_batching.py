@@ -81,7 +81,7 @@ def _(mo):
 
 @app.cell
 def _(MAX_NUM_SEQS, PAGED, llm, mo, serve, spread_requests, torch):
-    # A seeded request set (minivllm.workloads.spread_requests). Output lengths are
+    # A seeded request set (minivllm.benchmarks.workloads.spread_requests). Output lengths are
     # log-normal around MEAN_OUT tokens; `spread` is the sigma of the log, rescaled so that
     # every spread asks for (almost) the same number of tokens in total: only the mix
     # changes. EOS is ignored, so each request produces exactly its length and the schedule
@@ -584,9 +584,9 @@ def _(continuous_run, grid, mo, static_run, step_ratio, sweep):
 
     ## Where the code lives
 
-    * `minivllm/scheduler.py`: `Scheduler.schedule`, the three passes (running, swapped,
+    * `minivllm/core/scheduler.py`: `Scheduler.schedule`, the three passes (running, swapped,
       waiting) and the one line that makes `scheduling="static"` wait for an empty batch.
-    * `minivllm/engine.py`: `LLMEngine.step`, one scheduling decision and one forward pass per
+    * `minivllm/engine/llm_engine.py`: `LLMEngine.step`, one scheduling decision and one forward pass per
       call; `RequestOutput` comes back for every request in the batch.
     * `minivllm/config.py`: `max_num_seqs` (the slots) and `scheduling`.
     * Next: lesson 10 (chunked prefill) looks at what a newcomer's prompt costs the requests

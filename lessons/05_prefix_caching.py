@@ -13,8 +13,8 @@ def _():
     from matplotlib.colors import LogNorm
 
     from minivllm import LLM, SamplingParams
-    from minivllm.block_manager import BlockManager
-    from minivllm.sequence import SequenceGroup
+    from minivllm.core.block_manager import BlockManager
+    from minivllm.core.sequence import SequenceGroup
 
     return (BlockManager, LLM, LogNorm, SamplingParams, SequenceGroup, mo, np, plt, torch)
 
@@ -265,7 +265,7 @@ def _(mo):
     ## The mechanism: a chain of block hashes
 
     minivllm names each *full* block by a hash of its parent block's name and its own tokens
-    (`hash_block_tokens` in `minivllm/prefix_cache.py`), so a name stands for everything from
+    (`hash_block_tokens` in `minivllm/core/prefix_cache.py`), so a name stands for everything from
     token 0 to the end of its block, the condition the heatmap showed:
 
     ```
@@ -648,12 +648,12 @@ def _(conv_computed_cached, conv_computed_uncached, conv_ttft_ratio, conv_work_r
 
     ## Where the code lives
 
-    * `minivllm/prefix_cache.py`: `hash_block_tokens` (a block's name), `PrefixCache`
+    * `minivllm/core/prefix_cache.py`: `hash_block_tokens` (a block's name), `PrefixCache`
       (name -> block, verified by tokens and parent; eviction of a block and its descendants).
-    * `minivllm/block_manager.py`: `_cached_prefix` (the walk at admission, one token short),
+    * `minivllm/core/block_manager.py`: `_cached_prefix` (the walk at admission, one token short),
       `allocate` (hits join the block table as computed), `cache_computed_blocks` (naming
       blocks after each step), `_release` (named blocks go to the back of the free list: LRU).
-    * `minivllm/engine.py`: `LLMEngine.step` calls `cache_computed_blocks` after the model ran;
+    * `minivllm/engine/llm_engine.py`: `LLMEngine.step` calls `cache_computed_blocks` after the model ran;
       `stats()` reports `prefix_cache_queried_tokens` and `prefix_cache_hit_tokens`.
     * `minivllm/config.py`: `enable_prefix_caching` (on by default, as in vLLM).
     * `minivllm bench prefix`: the same two workloads at a larger size, with and without

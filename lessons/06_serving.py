@@ -16,9 +16,9 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
-    from minivllm.async_engine import AsyncLLMEngine
-    from minivllm.bench_serve import make_prompts, run_load, summarize
-    from minivllm.server import Server, bind_socket
+    from minivllm.engine.async_llm_engine import AsyncLLMEngine
+    from minivllm.benchmarks.serve import make_prompts, run_load, summarize
+    from minivllm.entrypoints.openai.api_server import Server, bind_socket
     return (AsyncLLMEngine, LLM, SamplingParams, Server, asyncio, bind_socket,
             concurrent, make_prompts, mo, np, plt, run_load, summarize, time, torch)
 
@@ -72,7 +72,7 @@ def _(mo):
     whole batch. They meet at two queues: commands in (add, abort), outputs out. A client that
     disconnects becomes an `abort` command; the engine thread applies it before its next
     step, so the request's KV blocks are free again within one step
-    (`minivllm/async_engine.py`, `minivllm/serving.py`).
+    (`minivllm/engine/async_llm_engine.py`, `minivllm/entrypoints/openai/serving.py`).
     """)
     return
 
@@ -431,11 +431,11 @@ def _(
 
     ## Where the code lives
 
-    * `minivllm/async_engine.py`: `AsyncLLMEngine`, the step loop on its thread, the command
+    * `minivllm/engine/async_llm_engine.py`: `AsyncLLMEngine`, the step loop on its thread, the command
       queue (add, abort, stop), one output stream per request.
-    * `minivllm/serving.py`: the completions and chat endpoints, SSE streaming, the hold-back
-      of text that may become a stop string; `minivllm/server.py`: the app, errors, `/metrics`.
-    * `minivllm/bench_serve.py`: `minivllm bench serve`, the open-loop load generator used
+    * `minivllm/entrypoints/openai/serving.py`: the completions and chat endpoints, SSE streaming, the hold-back
+      of text that may become a stop string; `minivllm/entrypoints/openai/api_server.py`: the app, errors, `/metrics`.
+    * `minivllm/benchmarks/serve.py`: `minivllm bench serve`, the open-loop load generator used
       here. `uv run minivllm serve` serves the same thing from a terminal.
     """)
     return (findings,)

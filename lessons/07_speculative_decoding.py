@@ -130,7 +130,7 @@ def _(mo):
     the output copies its input (editing, summarising, quoting retrieved documents, rewriting
     code) the guesses are often right; for free-form writing they rarely are.
 
-    Then the rule, in one forward per step (`minivllm/spec_decode.py`):
+    Then the rule, in one forward per step (`minivllm/spec_decode/decoder.py`):
 
     ```
     sequence  ... a b c        proposer: d e f          (k = 3)
@@ -502,14 +502,14 @@ def _(base, c_of_k, cost_ratio, free_acceptance, mo, rows, same_tokens, spec):
 
     ## Where the code lives
 
-    * `minivllm/spec_decode.py`: `NgramProposer.propose` (prompt lookup), `greedy_accept`
+    * `minivllm/spec_decode/decoder.py`: `NgramProposer.propose` (prompt lookup), `greedy_accept`
       and `rejection_sample` (the acceptance rule), `SpeculativeDecoder` (propose before the
       scheduler, set the draft rows aside, accept, roll back the rejected slots).
-    * `minivllm/scheduler.py`: drafts fit into the token budget and get lookahead slots
-      (`BlockManager.append_slots`); `minivllm/block_manager.py`: `free_lookahead_slots`.
-    * `minivllm/model_runner.py`: a sequence with k drafts returns k + 1 logits rows.
+    * `minivllm/core/scheduler.py`: drafts fit into the token budget and get lookahead slots
+      (`BlockManager.append_slots`); `minivllm/core/block_manager.py`: `free_lookahead_slots`.
+    * `minivllm/worker/model_runner.py`: a sequence with k drafts returns k + 1 logits rows.
     * `minivllm/config.py`: `SpeculativeConfig` (vLLM's `speculative_config` dict).
-    * `minivllm/bench_spec.py`: `minivllm bench spec`, batch 1 against batch 8.
+    * `minivllm/benchmarks/spec.py`: `minivllm bench spec`, batch 1 against batch 8.
     """)
     return (findings,)
 

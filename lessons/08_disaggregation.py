@@ -14,9 +14,9 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
-    from minivllm.bench_disagg import summarize, workload
-    from minivllm.disagg_llm import launch
-    from minivllm.kv_cache import kv_bytes_per_token, reference_config
+    from minivllm.benchmarks.disagg import summarize, workload
+    from minivllm.distributed.kv_transfer.disagg_llm import launch
+    from minivllm.core.kv_cache import kv_bytes_per_token, reference_config
     from minivllm.workloads import serve
     return (LLM, SamplingParams, kv_bytes_per_token, launch, mo, np, plt,
             reference_config, serve, summarize, time, torch, workload)
@@ -77,9 +77,9 @@ def _(mo):
 
 @app.cell
 def _(llm):
-    import minivllm.roofline as _roofline
+    import minivllm.benchmarks.roofline as _roofline
 
-    # The course's one cost model (minivllm/roofline.py, introduced in lesson 01): this
+    # The course's one cost model (minivllm/benchmarks/roofline.py, introduced in lesson 01): this
     # device's peaks, measured, and a step's FLOPs and bytes from the model's shapes.
     _cost = _roofline.StepCost.of(llm.engine.model_config, llm.engine.dtype)
     step_cost = _cost.step          # (new_tokens, context_lens, sampled) -> (FLOPs, bytes)
@@ -466,14 +466,14 @@ def _(colocated, intensity, measured_bytes_per_token, mo, pair, split, transfer_
 
     ## Where the code lives
 
-    * `minivllm/disagg.py`: `KVConnector` (rendezvous and the checks that refuse a bad
+    * `minivllm/distributed/kv_transfer/kv_connector.py`: `KVConnector` (rendezvous and the checks that refuse a bad
       pairing, `send_kv`, `kv_loader`, the receiving thread), `serve_decode` (the
       consumer's loop).
-    * `minivllm/disagg_llm.py`: `DisaggLLM.step` (hand-off after the first token, outputs
+    * `minivllm/distributed/kv_transfer/disagg_llm.py`: `DisaggLLM.step` (hand-off after the first token, outputs
       streamed back, re-prefill when the consumer refuses a request or dies) and `launch`.
-    * `minivllm/engine.py`: `LLMEngine.add_prefilled_request`, the consumer's way in.
+    * `minivllm/engine/llm_engine.py`: `LLMEngine.add_prefilled_request`, the consumer's way in.
     * `minivllm/config.py`: `KVTransferConfig`, vLLM's `kv_transfer_config`.
-    * `minivllm/bench_disagg.py`: `minivllm bench disagg`, the same comparison with more load.
+    * `minivllm/benchmarks/disagg.py`: `minivllm bench disagg`, the same comparison with more load.
     """)
     return (findings,)
 

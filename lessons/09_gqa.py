@@ -23,10 +23,11 @@ def _():
     from kernels.paged_attention import paged_decode_attention
     from kernels.paged_batch import random_paged_batch
     from minivllm import LLM, SamplingParams
-    from minivllm.attention import AttentionMetadata, paged_attention
-    from minivllm.block_manager import BlockManager
-    from minivllm.kv_cache import kv_bytes_per_token, reference_config
-    from minivllm.sequence import SequenceGroup
+    from minivllm.attention.metadata import AttentionMetadata
+    from minivllm.attention.torch_attention import paged_attention
+    from minivllm.core.block_manager import BlockManager
+    from minivllm.core.kv_cache import kv_bytes_per_token, reference_config
+    from minivllm.core.sequence import SequenceGroup
     return (AttentionMetadata, BlockManager, LLM, Path, SamplingParams, SequenceGroup,
             dataclasses, json, kv_bytes_per_token, load_file, mo, paged_attention,
             paged_decode_attention, plt, random_paged_batch, reference_config, save_file,
@@ -412,7 +413,7 @@ def _(mo):
     Write `kv_head_of` with the rule the engine uses. The checker does not compare your
     function with a formula: it *asks the engine*. For each shape it builds a one-token
     cache in which KV head $j$'s value vector is filled with $j$, runs
-    `minivllm.attention.paged_attention`, and reads off which value each query head got.
+    `minivllm.attention.torch_attention.paged_attention`, and reads off which value each query head got.
     """)
     return
 
@@ -523,10 +524,10 @@ def _(capacity, decode_rows, live, mo, smol_bytes):
 
     ## Where the code lives
 
-    * `minivllm/kv_cache.py`: `kv_bytes_per_token`, `allocate_kv_cache` (the pool's KV-head
-      axis); `minivllm/block_manager.py`: `BlockManager`, asked above for capacity.
+    * `minivllm/core/kv_cache.py`: `kv_bytes_per_token`, `allocate_kv_cache` (the pool's KV-head
+      axis); `minivllm/core/block_manager.py`: `BlockManager`, asked above for capacity.
     * `minivllm/models/llama.py`: `LlamaAttention` projects to `num_key_value_heads` heads.
-    * `minivllm/attention.py`: `paged_attention` (torch, `enable_gqa=True`).
+    * `minivllm/attention/torch_attention.py`: `paged_attention` (torch, `enable_gqa=True`).
     * `kernels/paged_attention.py` and `kernels/flash_attention.py`: `NUM_QUERIES_PER_KV`, the
       group size; in the decode kernel a group's query heads are the rows of one tile.
     """)

@@ -15,7 +15,7 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
-    from minivllm.roofline import StepCost, measure_peaks
+    from minivllm.benchmarks.roofline import StepCost, measure_peaks
     from minivllm.workloads import Request, serve
     return (LLM, Request, SamplingParams, StepCost, functools, math, measure_peaks, mo, np,
             plt, serve, torch)
@@ -427,7 +427,7 @@ def _(BUDGET, MAX_MODEL_LEN, mo, np, plt, run_budget, with_chunks, without):
 
 @app.cell
 def _(StepCost, llm, measure_peaks, mo, ms_per_token, sweep):
-    # Lesson 01's cost model (minivllm/roofline.py), applied to a step of n tokens: it waits
+    # Lesson 01's cost model (minivllm/benchmarks/roofline.py), applied to a step of n tokens: it waits
     # on the weights (bytes / bandwidth) or on its arithmetic (FLOPs / peak), the larger.
     _on_gpu = llm.engine.device.type == "cuda"
     peaks = measure_peaks(llm.engine.device, llm.engine.dtype,
@@ -604,12 +604,12 @@ def _(BUDGET, knee_tokens, mo, predicted_chunks, sweep, with_chunks, without):
 
     ## Where the code lives
 
-    * `minivllm/scheduler.py`: `Scheduler._run` (a sequence gets `min(uncomputed tokens,
+    * `minivllm/core/scheduler.py`: `Scheduler._run` (a sequence gets `min(uncomputed tokens,
       budget left)`), and in `Scheduler.schedule` the admission check that, with chunking
       off, refuses a prompt larger than the budget left.
-    * `minivllm/sequence.py`: `num_computed_tokens` and `num_uncomputed_tokens`, the two
+    * `minivllm/core/sequence.py`: `num_computed_tokens` and `num_uncomputed_tokens`, the two
       numbers that make a partly prefilled prompt an ordinary state.
-    * `minivllm/model_runner.py`: `ModelRunner.run` samples only for sequences whose new
+    * `minivllm/worker/model_runner.py`: `ModelRunner.run` samples only for sequences whose new
       tokens reach their end, so a middle chunk samples nothing.
     * `minivllm/config.py`: `enable_chunked_prefill`, `max_num_batched_tokens`, and the check
       that without chunking the budget covers `max_model_len`.

@@ -15,8 +15,8 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
-    from minivllm.block_manager import cdiv
-    from minivllm.kv_cache import kv_bytes_per_token
+    from minivllm.core.block_manager import cdiv
+    from minivllm.core.kv_cache import kv_bytes_per_token
     from minivllm.workloads import Request, serve
     return (LLM, Request, SamplingParams, cdiv, collections, functools, kv_bytes_per_token,
             mo, np, plt, serve, torch)
@@ -538,12 +538,12 @@ def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sw
 
     ## Where the code lives
 
-    * `minivllm/scheduler.py`: in `Scheduler.schedule`, the loop over running requests that
+    * `minivllm/core/scheduler.py`: in `Scheduler.schedule`, the loop over running requests that
       preempts the newest one while `can_append_slots` fails; `Scheduler._preempt` (the two
       policies); the swapped queue, served before new admissions; `num_preemptions` and
       `num_swapped_out_blocks`.
-    * `minivllm/block_manager.py`: `can_append_slots`, `swap_out`, `swap_in`, `free`.
-    * `minivllm/model_runner.py`: `ModelRunner.swap_out` / `swap_in`, the block copies
+    * `minivllm/core/block_manager.py`: `can_append_slots`, `swap_out`, `swap_in`, `free`.
+    * `minivllm/worker/model_runner.py`: `ModelRunner.swap_out` / `swap_in`, the block copies
       between the device pool and the host pool.
     * `minivllm/config.py`: `num_kv_blocks`, `preemption_mode`, `swap_space`.
     """)

@@ -407,12 +407,12 @@ def _(
 
     ## Where the code lives
 
-    * `minivllm/lora.py`: `LoRARequest`, `load_adapter` (PEFT's files, scale
+    * `minivllm/lora/models.py`: `LoRARequest`, `load_adapter` (PEFT's files, scale
       `lora_alpha / r`), `LoRALinear` (base output plus shrink/expand over stacked slots),
       `LoRAManager.set_batch` (each token's slot, once per step) and its LRU slots.
     * `kernels/lora.py`: the BGMV and SGMV shrink/expand kernels and their torch reference.
-    * `minivllm/scheduler.py`: `Scheduler._lora_fits`, at most `max_loras` adapters running.
-    * `minivllm/engine.py`: `add_request(..., lora_request)` checks the adapter and puts its
+    * `minivllm/core/scheduler.py`: `Scheduler._lora_fits`, at most `max_loras` adapters running.
+    * `minivllm/engine/llm_engine.py`: `add_request(..., lora_request)` checks the adapter and puts its
       id into the prefix-cache key (`Sequence.extra_keys`).
     * `scripts/lora_adapters.py`: how the four adapters were trained with PEFT.
     """)

@@ -14,9 +14,9 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
-    from minivllm.bench_quant import (decode_tokens_per_s, eval_text, first_divergence,
+    from minivllm.benchmarks.quant import (decode_tokens_per_s, eval_text, first_divergence,
                                       greedy_tokens, perplexity)
-    from minivllm.quant import model_weight_bytes
+    from minivllm.quantization.weight_only import model_weight_bytes
     from minivllm.workloads import Request, serve
     return (LLM, Request, SamplingParams, decode_tokens_per_s, eval_text, first_divergence,
             greedy_tokens, mo, model_weight_bytes, np, perplexity, plt, serve, time, torch)
@@ -115,7 +115,7 @@ def _(np, torch):
     # GGUF Q4_1, read from the file the default model ships as.
     import gguf
 
-    from minivllm.loader import default_gguf_path
+    from minivllm.models.loader import default_gguf_path
     reader = gguf.GGUFReader(default_gguf_path())
     tensor_types = {}
     for _t in reader.tensors:
@@ -153,7 +153,7 @@ def _(mo, q4_1_d, q4_1_m, q4_1_matches_file, q4_1_q, tensor_types):
 @app.cell
 def _(ffn_down, plt, torch):
     # Error vs group size on the real weights: blk.0's down projection, K = 1536.
-    from minivllm.quant import (dequantize_int4, dequantize_int8, quantize_int4,
+    from minivllm.quantization.weight_only import (dequantize_int4, dequantize_int8, quantize_int4,
                                 quantize_int8)
 
     def _rel(w_hat):
@@ -473,7 +473,7 @@ def _(base_tok_s, bf16_values_0_4, capacity, mo, table, weight_error):
     mo.md(r"""
     ## Where the code lives
 
-    * `minivllm/quant.py`: `QuantLinear` (the CPU path through torch's weight-only kernels,
+    * `minivllm/quantization/weight_only.py`: `QuantLinear` (the CPU path through torch's weight-only kernels,
       the CUDA path through Triton), `quantize_model` (swaps the decoder layers' linears
       after loading; what it leaves out and why is in its docstring).
     * `kernels/quant_matmul.py`: the formats (`quantize_int8`, `quantize_int4`) and the
@@ -481,8 +481,8 @@ def _(base_tok_s, bf16_values_0_4, capacity, mo, table, weight_error):
     * `kernels/write_kv.py`: the quantized KV row (`quantize_kv` / `dequantize_kv`) and the
       write kernel that quantizes on the way in; `load_kv_tile` in
       `kernels/flash_attention.py` dequantizes on the way out, for both attention kernels.
-    * `minivllm/kv_cache.py`: `kv_bytes_per_token` and `allocate_kv_cache` with
-      `kv_cache_dtype`; `minivllm/bench_quant.py`: `minivllm bench quant`.
+    * `minivllm/core/kv_cache.py`: `kv_bytes_per_token` and `allocate_kv_cache` with
+      `kv_cache_dtype`; `minivllm/benchmarks/quant.py`: `minivllm bench quant`.
     """)
     return (findings,)
 

@@ -15,8 +15,8 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
-    from minivllm.bench_compile import decode_step_seconds, profile_decode_step
-    from minivllm.compilation import capture_sizes
+    from minivllm.benchmarks.compile import decode_step_seconds, profile_decode_step
+    from minivllm.worker.compilation import capture_sizes
     return (LLM, SamplingParams, capture_sizes, decode_step_seconds, mo, plt,
             profile_decode_step, time, torch)
 
@@ -309,13 +309,13 @@ def _(BATCHES, breakdown, compile_s, compiled_ms, mo, ops_per_step, same_tokens)
 
     ## Where the code lives
 
-    * `minivllm/compilation.py`: `set_compilation` (what is compiled), `capture_sizes` (the
+    * `minivllm/worker/compilation.py`: `set_compilation` (what is compiled), `capture_sizes` (the
       buckets), `CUDAGraphRunner` (static buffers, capture, `run`: copy, pad, replay).
-    * `minivllm/model_runner.py`: `init_kv_cache` compiles and captures over the new pool;
+    * `minivllm/worker/model_runner.py`: `init_kv_cache` compiles and captures over the new pool;
       `execute_model` replays a graph for a pure decode step.
     * `kernels/paged_attention.py`: `DecodeScratch`, the fixed partials that make the decode
       kernel's grid the same every step; `kernels/write_kv.py` skips slot -1.
-    * `minivllm/bench_compile.py` (`minivllm bench compile`) and `minivllm/gpu_bench.py
+    * `minivllm/benchmarks/compile.py` (`minivllm bench compile`) and `minivllm/benchmarks/gpu.py
       --decode-modes` (the GPU measurement).
     """)
     return (findings,)

@@ -16,11 +16,11 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
-    from minivllm.bench_tp import (NVLINK4_BYTES_S, PCIE5_BYTES_S, measure_all_reduce,
+    from minivllm.benchmarks.tp import (NVLINK4_BYTES_S, PCIE5_BYTES_S, measure_all_reduce,
                                    ring_all_reduce_seconds)
-    from minivllm.kv_cache import REFERENCE_MODELS
+    from minivllm.core.kv_cache import REFERENCE_MODELS
     from minivllm.models import LlamaForCausalLM
-    from minivllm.parallel import check_tensor_parallel, parallelize
+    from minivllm.distributed.parallel import check_tensor_parallel, parallelize
     return (LLM, LlamaForCausalLM, NVLINK4_BYTES_S, PCIE5_BYTES_S, REFERENCE_MODELS,
             SamplingParams, SimpleNamespace, check_tensor_parallel, measure_all_reduce, mo,
             parallelize, plt, ring_all_reduce_seconds, time, torch)
@@ -84,7 +84,7 @@ def _(mo):
     row-parallel over exactly those heads, and one all-reduce restores the full hidden state.
     The MLP repeats the pattern: gate and up column-parallel, SiLU on the local slice,
     down row-parallel, all-reduce. Below are the real shapes of rank 0's shard, produced by
-    `minivllm.parallel.parallelize` on the meta device (no memory used).
+    `minivllm.distributed.parallel.parallelize` on the meta device (no memory used).
     """)
     return
 
@@ -299,7 +299,7 @@ def _(REFERENCE_MODELS, check_tensor_parallel, ring_all_reduce_seconds, NVLINK4_
 
     def tp_plan(name: str, tp: int) -> dict:
         """Per-rank weights and KV per token, and the all-reduce traffic of one token."""
-        from minivllm.kv_cache import reference_config
+        from minivllm.core.kv_cache import reference_config
         layers, nh, nkv, hd, h = REFERENCE_MODELS[name]
         inter, vocab = MLP_VOCAB[name]
         import dataclasses
@@ -449,14 +449,14 @@ def _(TP, all_reduce_per_step, gloo_us_small, kv_heads_per_rank, llm_tp, mo, sam
 
     ## Where the code lives
 
-    * `minivllm/parallel.py`: `parallelize` (the split of every layer),
+    * `minivllm/distributed/parallel.py`: `parallelize` (the split of every layer),
       `ColumnParallelLinear`, `RowParallelLinear` (the all-reduce), `VocabParallelEmbedding`,
       `ParallelLMHead` (the all-gather), `TensorParallelRunner` (rank 0: starts the workers,
       sends each step) and `_worker_main` (ranks 1..N-1).
-    * `minivllm/model_runner.py`: `ModelRunner.execute_model`, what every rank runs; the KV
+    * `minivllm/worker/model_runner.py`: `ModelRunner.execute_model`, what every rank runs; the KV
       pool sized from this rank's heads (`kv_config`) and the same block count on every rank.
-    * `minivllm/loader.py`: `load_weights` asks a split layer for its `shard` of each tensor.
-    * `minivllm/bench_tp.py`: `minivllm bench tp` (all-reduce sizes, tp=1 against tp=3).
+    * `minivllm/models/loader.py`: `load_weights` asks a split layer for its `shard` of each tensor.
+    * `minivllm/benchmarks/tp.py`: `minivllm bench tp` (all-reduce sizes, tp=1 against tp=3).
     """)
     return (findings,)
 

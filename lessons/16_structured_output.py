@@ -541,18 +541,18 @@ def _(
 
     ## Where the code lives
 
-    * `minivllm/guided.py`: `StructuredOutputManager.compile` (xgrammar, cached by
+    * `minivllm/structured_output/manager.py`: `StructuredOutputManager.compile` (xgrammar, cached by
       constraint), `.matcher` (one per sequence, fed the sequence's new tokens) and
       `.apply_bitmask` (one bitmask for the batch, applied in one call).
-    * `minivllm/logits_process.py`: the seam: `apply_logits_processors` runs min_tokens,
+    * `minivllm/sample/logits_processor.py`: the seam: `apply_logits_processors` runs min_tokens,
       the repetition / frequency / presence penalties, then the grammar's mask, on the rows
       that ask for them.
-    * `minivllm/sampler.py`: `Sampler.__call__` calls the seam after reading raw logprobs
+    * `minivllm/sample/sampler.py`: `Sampler.__call__` calls the seam after reading raw logprobs
       and before temperature, top-k and top-p.
     * `minivllm/sampling_params.py`: `GuidedDecodingParams` (json, regex, choice, grammar,
-      json_object), vLLM's shape; `minivllm/protocol.py`: `response_format` and the
+      json_object), vLLM's shape; `minivllm/entrypoints/openai/protocol.py`: `response_format` and the
       `guided_*` extras of the OpenAI server.
-    * `minivllm/bench_guided.py`: `minivllm bench guided`, compile time and mask cost at
+    * `minivllm/benchmarks/guided.py`: `minivllm bench guided`, compile time and mask cost at
       batch 1 and 32.
     """)
     return (findings,)

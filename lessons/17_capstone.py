@@ -12,7 +12,7 @@ def _():
     import torch
 
     from minivllm import LLM
-    from minivllm.bench_ablation import RUNGS, ablation_ladder, ablation_workload
+    from minivllm.benchmarks.ablation import RUNGS, ablation_ladder, ablation_workload
     from minivllm.workloads import lognormal_requests, poisson_arrivals, serve
     return (LLM, RUNGS, ablation_ladder, ablation_workload, lognormal_requests, mo, np, plt,
             poisson_arrivals, serve, torch)
@@ -256,7 +256,7 @@ def _(mo):
 
 @app.cell
 def _(RUNGS, ablation_ladder, ablation_workload, llm, plt):
-    # The settings each rung changes (minivllm/bench_ablation.py): paging off is one slab
+    # The settings each rung changes (minivllm/benchmarks/ablation.py): paging off is one slab
     # of max_model_len per request; chunked prefill off needs a budget of a whole prompt.
     ladder_requests = ablation_workload(llm.tokenizer, 4, system_tokens=32,
                                         prompt=(3.0, 0.5, 8, 40), output=(2.3, 0.4, 4, 12))
@@ -366,10 +366,10 @@ def _(mo, solved, start):
 
     ## Where the code lives
 
-    * `minivllm/config.py`: the four knobs and their checks; `minivllm/scheduler.py`: how
-      they shape each step; `minivllm/workloads.py`: `serve`, arrivals by step or time,
+    * `minivllm/config.py`: the four knobs and their checks; `minivllm/core/scheduler.py`: how
+      they shape each step; `minivllm/benchmarks/workloads.py`: `serve`, arrivals by step or time,
       and the steps of each request's tokens (`ttft_steps`, `token_steps`).
-    * `minivllm/bench_ablation.py`: the ladder's rungs (`RUNGS`) and `ablation_ladder`.
+    * `minivllm/benchmarks/ablation.py`: the ladder's rungs (`RUNGS`) and `ablation_ladder`.
     * Lesson 06 measures TTFT and ITL in seconds over HTTP (`minivllm bench serve`).
     """)
     return

@@ -14,9 +14,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from minivllm.engine import LLMEngine  # noqa: E402
+from minivllm.engine.llm_engine import LLMEngine  # noqa: E402
 from minivllm.llm import LLM  # noqa: E402
-from minivllm.lora import LoRARequest  # noqa: E402
+from minivllm.lora.models import LoRARequest  # noqa: E402
 from minivllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from minivllm.sampling_params import SamplingParams  # noqa: E402
 

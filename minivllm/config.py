@@ -130,22 +130,22 @@ class EngineConfig:
     # Speculative decoding, vLLM's dict: {"method": "ngram", "num_speculative_tokens": k,
     # "prompt_lookup_max": 4, "prompt_lookup_min": 1} (None: off). Kept as a SpeculativeConfig.
     speculative_config: dict | SpeculativeConfig | None = None
-    # Tensor parallelism (minivllm/parallel.py): the model split across this many processes.
+    # Tensor parallelism (minivllm/distributed/parallel.py): the model split across this many processes.
     tensor_parallel_size: int = 1
-    # Decode steps replay CUDA graphs unless enforce_eager (CUDA; minivllm/compilation.py).
+    # Decode steps replay CUDA graphs unless enforce_eager (CUDA; minivllm/worker/compilation.py).
     enforce_eager: bool = False
     # torch.compile of the layers around attention: vLLM's level, 0 (off) or 3; an int or
     # {"level": n}. Off by default: on this CPU it does not pay (docs/benchmarks.md).
     compilation_config: int | dict = 0
     # Prefill/decode disaggregation, vLLM's dict: {"kv_connector": "TorchDistributedConnector",
-    # "kv_role": "kv_producer" | "kv_consumer", "kv_ip": ..., "kv_port": ...} (minivllm/disagg.py).
+    # "kv_role": "kv_producer" | "kv_consumer", "kv_ip": ..., "kv_port": ...} (minivllm/distributed/kv_transfer/kv_connector.py).
     kv_transfer_config: dict | KVTransferConfig | None = None
-    # Quantization (minivllm/quant.py, lesson 13). Weights: None, "int8" (per output channel)
+    # Quantization (minivllm/quantization/weight_only.py, lesson 13). Weights: None, "int8" (per output channel)
     # or "int4" / "int4-g32" / "int4-g64" / "int4-g128" (groups, packed two per byte). KV cache:
     # "auto" (the model's dtype), "fp8" (e4m3) or "int8", one scale per token and KV head.
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
-    # Multi-LoRA (minivllm/lora.py): adapters served in max_loras slots of max_lora_rank, and
+    # Multi-LoRA (minivllm/lora/models.py): adapters served in max_loras slots of max_lora_rank, and
     # kept read in host memory up to max_cpu_loras (None: max_loras).
     enable_lora: bool = False
     max_loras: int = 1
@@ -196,7 +196,7 @@ class EngineConfig:
                 setattr(self, name, cls.from_dict(value))
             elif not isinstance(value, (cls, type(None))):
                 raise ValueError(f"{name} must be a dict or None, got {value!r}")
-        from minivllm.quant import parse_quantization
+        from minivllm.quantization.weight_only import parse_quantization
         parse_quantization(self.quantization)
         if self.kv_cache_dtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
             raise ValueError(f"kv_cache_dtype='fp8' needs torch.float8_e4m3fn, which torch "
@@ -226,7 +226,7 @@ SPECULATIVE_METHODS = ("ngram", "draft_model")
 
 @dataclass(slots=True, frozen=True)
 class SpeculativeConfig:
-    """Speculative decoding (minivllm/spec_decode.py), from vLLM's `speculative_config` dict.
+    """Speculative decoding (minivllm/spec_decode/decoder.py), from vLLM's `speculative_config` dict.
 
     method "ngram": prompt lookup, no extra model. "draft_model": a smaller model sharing the
     target's vocabulary, named by `model` (a checkpoint path, as for the target), guesses
@@ -275,7 +275,7 @@ KV_ROLES = ("kv_producer", "kv_consumer")
 
 @dataclass(slots=True, frozen=True)
 class KVTransferConfig:
-    """Prefill/decode disaggregation (minivllm/disagg.py), from vLLM's `kv_transfer_config`.
+    """Prefill/decode disaggregation (minivllm/distributed/kv_transfer/kv_connector.py), from vLLM's `kv_transfer_config`.
 
     The kv_producer (rank 0) prefills prompts and sends their KV; the kv_consumer (rank 1)
     decodes. The producer listens at kv_ip:kv_port, the consumer connects there.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tqdm.auto import tqdm
 
-from minivllm.engine import LLMEngine
+from minivllm.engine.llm_engine import LLMEngine
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 

@@ -8,7 +8,7 @@ int to Python, never to a user), and NaN or infinity never reach the sampler, wh
 every `<` test and poisons a softmax.
 
 What is left to the engine (it needs the model): token ids within the vocabulary, and whether
-a guided-decoding constraint compiles (minivllm/guided.py).
+a guided-decoding constraint compiles (minivllm/structured_output/manager.py).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _bool(name: str, value) -> bool:
 class GuidedDecodingParams:
     """One output constraint (vLLM's shape; set exactly one): `json` a JSON schema (dict or
     string), `regex` a regular expression, `choice` a list of strings, `grammar` an EBNF
-    grammar (GBNF, `root ::= ...`), `json_object=True` any JSON object. minivllm/guided.py
+    grammar (GBNF, `root ::= ...`), `json_object=True` any JSON object. minivllm/structured_output/manager.py
     compiles it with xgrammar, the one backend here."""
     json: dict | str | None = None
     regex: str | None = None
@@ -102,7 +102,7 @@ class SamplingParams:
     ignore_eos: bool = False            # keep going past EOS (benchmarks)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    # Logits processors (minivllm/logits_process.py, minivllm/guided.py), vLLM's names.
+    # Logits processors (minivllm/sample/logits_processor.py, minivllm/structured_output/manager.py), vLLM's names.
     presence_penalty: float = 0.0       # minus this from every token already in the output
     frequency_penalty: float = 0.0      # minus this times how often it is in the output
     repetition_penalty: float = 1.0     # prompt or output tokens: logit / p if > 0, else * p

@@ -54,15 +54,15 @@ if [ "$step" = kernels ] || [ "$step" = all ]; then
     run kernels $PYTHON -m kernels.bench kernels --json "$RESULTS/kernels.json" || status=1
 fi
 if [ "$step" = e2e-small ] || [ "$step" = all ]; then
-    run e2e-small $PYTHON -m minivllm.gpu_bench --models qwen3-0.6b \
+    run e2e-small $PYTHON -m minivllm.benchmarks.gpu --models qwen3-0.6b \
         --json "$RESULTS/e2e-small.json" || status=1
 fi
 if [ "$step" = e2e-8b ] || [ "$step" = all ]; then
-    run e2e-8b $PYTHON -m minivllm.gpu_bench --models llama3-8b \
+    run e2e-8b $PYTHON -m minivllm.benchmarks.gpu --models llama3-8b \
         --json "$RESULTS/e2e-8b.json" || status=1
 fi
 if [ "$step" = graphs ] || [ "$step" = all ]; then
-    run graphs $PYTHON -m minivllm.gpu_bench --models qwen3-0.6b --decode-modes \
+    run graphs $PYTHON -m minivllm.benchmarks.gpu --models qwen3-0.6b --decode-modes \
         --json "$RESULTS/graphs.json" || status=1
 fi
 echo "gpu_check $step: $([ $status = 0 ] && echo ok || echo FAILED); results in $RESULTS/"

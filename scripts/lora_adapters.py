@@ -3,7 +3,7 @@ and anyone trying `LLM(enable_lora=True)`.
 
 Each adapter is trained for a few dozen steps to open every answer with its own phrase, a
 behaviour you can see in one greedy line. They differ on purpose in rank, alpha and the
-projections they adapt, so together they cover what minivllm/lora.py must handle:
+projections they adapt, so together they cover what minivllm/lora/models.py must handle:
 
     pirate  "Arr matey!"    r=8   q, v                  (vLLM's default-style targets)
     robot   "BEEP BOOP."    r=4   all seven projections
@@ -54,7 +54,7 @@ def _recipe_hash(name: str) -> str:
 
 
 def adapter_path(name: str) -> Path:
-    from minivllm.loader import cache_root
+    from minivllm.models.loader import cache_root
     return cache_root() / "lora" / f"{name}-{_recipe_hash(name)}"
 
 
@@ -116,7 +116,7 @@ def train_adapter(name: str, out: Path, model_path: Path) -> None:
 
 def ensure_adapters(names=None) -> dict[str, Path]:
     """{name: PEFT adapter directory}, training any that are not cached yet."""
-    from minivllm.loader import resolve_model_path
+    from minivllm.models.loader import resolve_model_path
     paths = {}
     for name in names or ADAPTERS:
         path = adapter_path(name)

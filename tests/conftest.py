@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from minivllm.loader import default_gguf_path, resolve_model_path
+from minivllm.models.loader import default_gguf_path, resolve_model_path
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -78,7 +78,7 @@ WEIGHT_LOADS = []
 @pytest.fixture(scope="session", autouse=True)
 def count_weight_loads():
     """Count how often the suite loads model weights (printed at the end of the run)."""
-    from minivllm import model_runner
+    from minivllm.worker import model_runner
     real = model_runner.load_weights
 
     def counting(model, path):

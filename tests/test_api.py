@@ -105,7 +105,7 @@ def test_bad_model_and_engine_arguments(tmp_path):
 def test_pool_size_settings(tiny_checkpoint):
     """num_kv_blocks, then kv_cache_memory, size the pool on any device and in both layouts
     (a contiguous "block" is a slab of max_model_len tokens); with neither, a CPU gets 1 GiB."""
-    from minivllm.kv_cache import kv_bytes_per_token
+    from minivllm.core.kv_cache import kv_bytes_per_token
     path, _ = tiny_checkpoint("llama")
     per_token = kv_bytes_per_token(LLM(str(path), max_model_len=64, num_kv_blocks=1)
                                    .engine.model_config, torch.float32)

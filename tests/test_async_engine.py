@@ -10,8 +10,8 @@ import pytest
 
 from conftest import reconfigured
 from minivllm import SamplingParams
-from minivllm.async_engine import AsyncLLMEngine, EngineDeadError
-from minivllm.engine import EngineStats
+from minivllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
+from minivllm.engine.llm_engine import EngineStats
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

@@ -3,7 +3,7 @@ printed report, not speed)."""
 
 import re
 
-from minivllm.bench import main
+from minivllm.benchmarks.bench import main
 
 
 def test_throughput_report(capsys):
@@ -57,7 +57,7 @@ def test_cpu_report(capsys):
     matmul peak and against the same linears alone, the step breakdown (shares summing to 1),
     and batch-1 decode against both rooflines (the whole machine's copy bandwidth and one
     core's read bandwidth) and against its GEMVs alone."""
-    from minivllm.bench_cpu import main as bench_cpu, read_bandwidth
+    from minivllm.benchmarks.cpu import main as bench_cpu, read_bandwidth
 
     assert read_bandwidth(1, mib=16) > 1e8                      # > 0.1 GB/s: it measured
     bench_cpu(["--num-prompts", "2", "--dtypes", "float32", "--hf-batch-sizes", "",

@@ -2,11 +2,11 @@
 
 import torch
 
-from minivllm.block_manager import BlockManager
-from minivllm.kv_cache import ContiguousAllocator, kv_bytes_per_token
+from minivllm.core.block_manager import BlockManager
+from minivllm.core.kv_cache import ContiguousAllocator, kv_bytes_per_token
 from minivllm.config import ModelConfig
 from minivllm.sampling_params import SamplingParams
-from minivllm.sequence import Sequence, SequenceGroup
+from minivllm.core.sequence import Sequence, SequenceGroup
 
 
 def seq(n_tokens: int, seq_id: int = 0) -> Sequence:

@@ -5,9 +5,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from minivllm.block_manager import BlockManager
+from minivllm.core.block_manager import BlockManager
 from minivllm.sampling_params import SamplingParams
-from minivllm.sequence import Sequence, SequenceGroup
+from minivllm.core.sequence import Sequence, SequenceGroup
 
 NUM_BLOCKS, BLOCK_SIZE = 24, 4
 

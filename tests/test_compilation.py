@@ -1,4 +1,4 @@
-"""torch.compile (compilation_config=3) and CUDA graphs for decode (minivllm/compilation.py).
+"""torch.compile (compilation_config=3) and CUDA graphs for decode (minivllm/worker/compilation.py).
 
 Compiling runs Inductor once (C++ on this CPU: ~20 s idle), so one tiny checkpoint is compiled
 once. The graph tests need CUDA and are skipped here."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.compilation import capture_sizes
+from minivllm.worker.compilation import capture_sizes
 
 from conftest import PROMPTS, gpu
 

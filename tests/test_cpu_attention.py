@@ -1,16 +1,17 @@
 """The torch backend's fast path (kernels/cpu_attention.py) against the padded reference
-(minivllm.attention.paged_attention), on random paged batches and inside the engine."""
+(minivllm.attention.torch_attention.paged_attention), on random paged batches and inside the engine."""
 
 import pytest
 import torch
 
-import minivllm.attention as attention
+import minivllm.attention.layer as attention
 from conftest import PROMPTS
 from kernels.cpu_attention import VarlenLayout, varlen_attention
 from kernels.paged_batch import random_paged_batch
 from kernels.write_kv import quantize_kv
 from minivllm import SamplingParams
-from minivllm.attention import AttentionMetadata, paged_attention
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.attention.torch_attention import paged_attention
 
 # (q_lens, ctx_lens, num_heads, num_kv_heads, block_size): decode of mixed lengths, prefill
 # from scratch (is_causal), chunks over a cached prefix, a mixed step, GQA and MHA, and one

@@ -4,7 +4,7 @@ request draws the same tokens as when every row was sorted."""
 import pytest
 import torch
 
-import minivllm.sampler as sampler
+import minivllm.sample.sampler as sampler
 from conftest import PROMPTS
 from minivllm import SamplingParams
 

@@ -6,8 +6,8 @@ import random
 import pytest
 
 from minivllm import SamplingParams
-from minivllm.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
-from minivllm.loader import load_tokenizer
+from minivllm.engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from minivllm.models.loader import load_tokenizer
 
 TEXTS = [
     "Paged attention keeps the KV cache in blocks of 16 tokens.",

@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation (minivllm/disagg.py): two real processes over gloo.
+"""Prefill/decode disaggregation (minivllm/distributed/kv_transfer/kv_connector.py): two real processes over gloo.
 
 Each process test costs a spawn and a model load, so one launch checks many things. Every
 wait is bounded: the roles' own timeouts, and a timeout on every subprocess wait.
@@ -14,17 +14,17 @@ import pytest
 
 from conftest import gpu
 from minivllm import LLM, SamplingParams
-from minivllm.cli import make_engine, serve_parser
+from minivllm.entrypoints.cli import make_engine, serve_parser
 from minivllm.config import EngineConfig
-from minivllm.disagg_llm import DisaggLLM, free_port, launch
-from minivllm.kv_cache import kv_bytes_per_token
+from minivllm.distributed.kv_transfer.disagg_llm import DisaggLLM, free_port, launch
+from minivllm.core.kv_cache import kv_bytes_per_token
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
 def start_consumer(path, port, *flags):
     """The decode role as its own command, as on a second machine (here over loopback)."""
-    cmd = [sys.executable, "-m", "minivllm.cli", "disagg", str(path), "--role", "consumer",
+    cmd = [sys.executable, "-m", "minivllm.entrypoints.cli", "disagg", str(path), "--role", "consumer",
            "--kv-ip", "127.0.0.1", "--kv-port", str(port), "--timeout", "120", *flags]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -9,10 +9,10 @@ import openai
 
 from conftest import PROMPTS
 from minivllm import SamplingParams
-from minivllm.async_engine import AsyncLLMEngine
-from minivllm.disagg_llm import launch
-from minivllm.kv_cache import kv_bytes_per_token
-from minivllm.server import DisaggFront, Server, bind_socket
+from minivllm.engine.async_llm_engine import AsyncLLMEngine
+from minivllm.distributed.kv_transfer.disagg_llm import launch
+from minivllm.core.kv_cache import kv_bytes_per_token
+from minivllm.entrypoints.openai.api_server import DisaggFront, Server, bind_socket
 
 MAX_TOKENS = 12
 SEEDED = [(PROMPTS[0], 7), (PROMPTS[1], 8), (PROMPTS[1], 9)]

@@ -5,7 +5,7 @@ isolation, and the shared workloads with their driver."""
 import pytest
 
 from minivllm import SamplingParams
-from minivllm.detokenizer import IncrementalDetokenizer
+from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.workloads import (Request, conversation_requests, lognormal_requests,
                                 poisson_arrivals, serve, shared_prefix_requests)
 

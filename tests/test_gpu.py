@@ -61,7 +61,7 @@ def _free():
 
 @pytest.fixture(scope="module")
 def tiny_gpu_checkpoint(tmp_path_factory):
-    from minivllm.gpu_bench import random_checkpoint
+    from minivllm.benchmarks.gpu import random_checkpoint
     path = tmp_path_factory.mktemp("tiny-gpu")
     random_checkpoint(TINY, path, dtype=torch.float32, device="cuda", std=0.08)
     _free()

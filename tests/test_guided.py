@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.logits_process import apply_penalties
+from minivllm.sample.logits_processor import apply_penalties
 from minivllm.sampling_params import GuidedDecodingParams
 
 from conftest import reconfigured
@@ -228,7 +228,7 @@ def test_bad_constraints_and_combinations_are_refused(smol):
 def test_bench_guided_report(smol, capsys):
     """`minivllm bench guided`'s two parts on the session's model: compile times (a cache
     hit after the first compile) and a guided run whose every step had its mask applied."""
-    from minivllm import bench_guided
+    from minivllm.benchmarks import guided as bench_guided
     llm = smol(max_num_seqs=4, max_model_len=256)
     bench_guided.bench_compile(llm.tokenizer, llm.engine.model_config.vocab_size,
                                llm.engine.eos_token_ids)
@@ -247,8 +247,8 @@ def test_bench_guided_report(smol, capsys):
 def client(smol_llm):
     import openai
 
-    from minivllm.async_engine import AsyncLLMEngine
-    from minivllm.server import Server, bind_socket
+    from minivllm.engine.async_llm_engine import AsyncLLMEngine
+    from minivllm.entrypoints.openai.api_server import Server, bind_socket
     with reconfigured(smol_llm, max_model_len=256, max_num_seqs=16) as llm:
         server = Server(AsyncLLMEngine(llm.engine), bind_socket("127.0.0.1", 0), "smol",
                         graceful_s=1.0).start()

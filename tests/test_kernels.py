@@ -5,7 +5,7 @@ shapes: every program instance costs about a millisecond there, so grids stay sm
 the same tests run compiled, and fp32 dots run as TF32 there (see flash_attention.py): fp32's
 tolerance is then 5e-3, stated below from a measurement.
 Each flash/decode case is also checked against the engine's own reference,
-minivllm.attention.paged_attention, so the kernels, the naive references and the engine's CPU
+minivllm.attention.torch_attention.paged_attention, so the kernels, the naive references and the engine's CPU
 backend all agree on one definition of attention.
 """
 
@@ -19,9 +19,11 @@ from kernels.paged_attention import (DecodeScratch, decode_tiles, paged_decode_a
 from kernels.paged_batch import random_paged_batch
 from kernels.write_kv import write_kv, write_kv_reference
 from minivllm import LLM, SamplingParams
-from minivllm.attention import AttentionMetadata, paged_attention, resolve_attention_backend
+from minivllm.attention.layer import resolve_attention_backend
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.attention.torch_attention import paged_attention
 from minivllm.config import EngineConfig
-from minivllm.loader import default_gguf_path
+from minivllm.models.loader import default_gguf_path
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 on a GPU is TF32 inside tl.dot (10-bit mantissa). Emulated on these tests' batches

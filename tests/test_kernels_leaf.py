@@ -1,5 +1,5 @@
 """kernels/ is a leaf: it imports nothing from minivllm (the engine depends on the kernels,
-never the other way round; the adapter is minivllm/triton_attention.py)."""
+never the other way round; the adapter is minivllm/attention/triton_attention.py)."""
 
 import ast
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Multi-LoRA serving (minivllm/lora.py) on the real model, with PEFT-made adapters
+"""Multi-LoRA serving (minivllm/lora/models.py) on the real model, with PEFT-made adapters
 (scripts/lora_adapters.py): each request's greedy tokens equal PEFT + transformers with that
 adapter merged; a batch mixing the base and four adapters equals each alone; slots are swapped
 in and evicted under max_loras; no block leaks; bad adapters fail alone, with a message."""

@@ -1,4 +1,4 @@
-"""Tensor parallelism (minivllm/parallel.py) over gloo on this CPU: tp=2 (and tp=3 for
+"""Tensor parallelism (minivllm/distributed/parallel.py) over gloo on this CPU: tp=2 (and tp=3 for
 SmolLM2, whose 9 heads do not split in two) gives the tokens tp=1 gives, each rank holds 1/N of
 the split layers and only its KV heads, and a dead worker makes the engine raise.
 
@@ -13,7 +13,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.config import ModelConfig
 from minivllm.models import LlamaForCausalLM
-from minivllm.parallel import (RowParallelLinear, check_tensor_parallel, kv_head_range,
+from minivllm.distributed.parallel import (RowParallelLinear, check_tensor_parallel, kv_head_range,
                                parallelize, weight_bytes)
 
 from conftest import PROMPTS

@@ -5,9 +5,9 @@ import torch
 
 from conftest import PROMPTS
 from minivllm import LLM, SamplingParams
-from minivllm import block_manager as bm_module
-from minivllm.block_manager import BlockManager
-from minivllm.sequence import Sequence, SequenceGroup
+from minivllm.core import block_manager as bm_module
+from minivllm.core.block_manager import BlockManager
+from minivllm.core.sequence import Sequence, SequenceGroup
 
 BS = 4
 

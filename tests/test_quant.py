@@ -1,5 +1,5 @@
-"""Quantization (issue 15): weight-only int8/int4 (minivllm/quant.py, kernels/quant_matmul.py)
-and the int8/fp8 KV cache (kernels/write_kv.py, the attention kernels, minivllm/attention.py).
+"""Quantization (issue 15): weight-only int8/int4 (minivllm/quantization/weight_only.py, kernels/quant_matmul.py)
+and the int8/fp8 KV cache (kernels/write_kv.py, the attention kernels, minivllm/attention/torch_attention.py).
 
 Bounds are the formats' own: rounding to nearest moves a value by at most half a step (int8:
 scale = max|row| / 127; int4: (max - min) / 15 of its group); fp8 e4m3 keeps 3 mantissa bits
@@ -17,9 +17,10 @@ from kernels.quant_matmul import test_quant_matmul as check_quant_matmul
 from kernels.write_kv import dequantize_kv, quantize_kv
 from kernels.write_kv import test_write_kv_quantized as check_write_kv_quantized
 from minivllm import SamplingParams
-from minivllm.attention import AttentionMetadata, paged_attention
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.attention.torch_attention import paged_attention
 from minivllm.config import EngineConfig
-from minivllm.quant import (QuantLinear, dequantize_int4, dequantize_int8, quantize_int4,
+from minivllm.quantization.weight_only import (QuantLinear, dequantize_int4, dequantize_int8, quantize_int4,
                             quantize_int8)
 
 W = torch.randn(96, 192, generator=torch.Generator().manual_seed(0)) * 0.05
@@ -148,7 +149,7 @@ def test_engine_options_match_fp32_greedy_and_size_the_pool(smol_llm):
 
 
 def test_quantized_weights_are_smaller_and_switch_back(smol_llm):
-    from minivllm.quant import model_weight_bytes
+    from minivllm.quantization.weight_only import model_weight_bytes
     model = smol_llm.engine.runner.model
     full = model_weight_bytes(model)
     sizes = {}

@@ -1,4 +1,4 @@
-"""The course's cost model (minivllm/roofline.py) against torch's own FLOP counter on a real
+"""The course's cost model (minivllm/benchmarks/roofline.py) against torch's own FLOP counter on a real
 transformers forward, and the measured peaks of this device."""
 
 import json
@@ -7,7 +7,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from minivllm.config import ModelConfig
-from minivllm.roofline import StepCost, measure_peaks
+from minivllm.benchmarks.roofline import StepCost, measure_peaks
 
 
 def test_step_flops_match_torch_flop_counter(tiny_checkpoint):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minivllm import SamplingParams
-from minivllm.sampler import apply_top_k_top_p
+from minivllm.sample.sampler import apply_top_k_top_p
 
 PROMPT = "Write a short poem about the sea."
 
@@ -52,8 +52,8 @@ def test_top_k_top_p_mask():
 
 def test_sampling_follows_the_distribution():
     """Exponential-race draws match the softmax probabilities (chi-square-ish bound)."""
-    from minivllm.sampler import Sampler
-    from minivllm.sequence import SequenceGroup
+    from minivllm.sample.sampler import Sampler
+    from minivllm.core.sequence import SequenceGroup
     logits = torch.log(torch.tensor([[0.6, 0.25, 0.1, 0.05]]))
     seq = SequenceGroup("r", None, [1], SamplingParams(temperature=1.0, seed=0), 0).seqs[0]
     sampler, counts = Sampler(torch.device("cpu")), torch.zeros(4)

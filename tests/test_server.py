@@ -17,8 +17,8 @@ import openai
 import pytest
 
 from minivllm import SamplingParams
-from minivllm.async_engine import AsyncLLMEngine
-from minivllm.server import Server, bind_socket
+from minivllm.engine.async_llm_engine import AsyncLLMEngine
+from minivllm.entrypoints.openai.api_server import Server, bind_socket
 
 from conftest import PROMPTS, reconfigured
 

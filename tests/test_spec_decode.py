@@ -1,4 +1,4 @@
-"""Speculative decoding (minivllm/spec_decode.py): exact, leak-free, counted, refused when
+"""Speculative decoding (minivllm/spec_decode/decoder.py): exact, leak-free, counted, refused when
 misconfigured.
 
 Exactness is tested twice: greedy output must be token-for-token the output without
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.block_manager import cdiv
+from minivllm.core.block_manager import cdiv
 from minivllm.config import EngineConfig
-from minivllm.draft_proposer import first_layers_checkpoint
-from minivllm.spec_decode import NgramProposer, greedy_accept, rejection_sample
+from minivllm.spec_decode.draft_model import first_layers_checkpoint
+from minivllm.spec_decode.decoder import NgramProposer, greedy_accept, rejection_sample
 from minivllm.workloads import Request, serve
 
 

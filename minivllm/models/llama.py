@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.attention import Attention, AttentionMetadata
+from minivllm.attention.layer import Attention
+
+from minivllm.attention.metadata import AttentionMetadata
 from minivllm.config import ModelConfig
 
 

@@ -1,0 +1,72 @@
+"""Attention: one layer's "store this step's K/V, then attend over the cache", and the choice of
+backend that does it (vLLM twin: vllm/attention/layer.py and vllm/v1/attention/selector.py).
+
+    torch    on a CPU, and in fp32: the CPU fast path (attention/cpu_attention.py), or the padded
+             reference (attention/torch_attention.py) when USE_REFERENCE is set
+    triton   on CUDA in bf16/fp16: the kernels of kernels/ (attention/triton_attention.py)
+
+Left out (vLLM has them): FlashInfer / FlashAttention-3 backends, sliding windows, ALiBi.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.attention.cpu_attention import cpu_attention
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.attention.torch_attention import paged_attention, write_kv_cache
+
+
+def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    """'auto' -> the Triton kernels on CUDA in bf16/fp16, the torch backend otherwise.
+    'triton' on a CPU runs the kernels through Triton's interpreter (switched on by
+    minivllm/__init__.py): exact in fp32 and fp16, very slow, and refused in bf16."""
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and dtype != torch.float32 else "torch"
+    if backend == "triton" and device.type == "cpu":
+        import triton
+
+        from kernels.flash_attention import _flash_attention_kernel
+        if isinstance(_flash_attention_kernel, triton.runtime.JITFunction):
+            raise ValueError("attention_backend='triton' on device='cpu' runs Triton's "
+                             "interpreter, but Triton was imported before it was switched on: "
+                             "set TRITON_INTERPRET=1, or import minivllm before torch and triton")
+        if dtype == torch.bfloat16:
+            raise ValueError("attention_backend='triton' on device='cpu' cannot run dtype "
+                             "torch.bfloat16: the interpreter's bf16 tl.dot returns wrong "
+                             "numbers in this Triton version; use float32 or float16")
+    return backend
+
+
+# True: the torch backend runs the padded reference (attention/torch_attention.py), not the fast
+# path where each sequence pays its own length (tests/test_cpu_attention.py compares the two).
+USE_REFERENCE = False
+
+
+class Attention(torch.nn.Module):
+    """One layer's attention: store this step's K/V, then attend over the cache.
+
+    The ModelRunner binds `k_cache` / `v_cache` (views into the engine's KV pool) after it has
+    sized the pool; until then the layer cannot run.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+        self.k_cache = self.v_cache = None   # (num_blocks, block_size, Hkv, D), bound later
+        self.backend = "torch"          # or "triton", set by the ModelRunner
+        self.kv_cache_dtype = "auto"    # or "fp8" / "int8": rows of D bytes + a scale (lesson 13)
+
+    def forward(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
+        # q: (T, H, D), k/v: (T, Hkv, D)
+        if self.backend == "triton":    # the same two steps as fused kernels
+            from minivllm.attention.triton_attention import triton_attention  # only when asked
+            return triton_attention(q, k, v, self.k_cache, self.v_cache, md, self.scale,
+                                    md.decode_scratch, self.kv_cache_dtype)
+        if self.kv_cache_dtype != "auto":   # quantized pool: quantize the rows as written
+            from kernels.write_kv import quantize_kv
+            k, v = quantize_kv(k, self.kv_cache_dtype), quantize_kv(v, self.kv_cache_dtype)
+        write_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
+        attend = paged_attention if USE_REFERENCE else cpu_attention
+        return attend(q, self.k_cache, self.v_cache, md, self.scale, self.kv_cache_dtype)

@@ -1,0 +1,235 @@
+"""Workloads and the one driver that serves them: what lessons, benchmarks and tests share.
+
+    requests = lognormal_requests(llm.tokenizer, 16, prompt=(3.8, 0.7, 8, 400),
+                                  output=(3.9, 0.6, 4, 160), seed=0)
+    run = serve(llm, requests)          # every step recorded
+    run.steps[3].num_decode_tokens, run.outputs[0].metrics.ttft, run.output_throughput
+
+A Request is a prompt, its SamplingParams, and when it arrives: at an engine step
+(`arrival_step`, deterministic, for lessons and tests) or at a time (`arrival_time` seconds
+after the start, open loop, for latency measurements). `follows=i` makes a multi-turn chat:
+the request's prompt is appended to request i's prompt and answer, and it arrives only once
+request i has finished.
+
+The generators are seeded and draw lengths the way real traffic looks: log-normal, most
+requests short and a long tail. Benchmark requests ignore EOS, so each produces exactly its
+max_tokens and a schedule is the same on every machine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import SamplingParams
+from minivllm.engine.stats import StepRecord
+
+FILLER = ("Serving a language model is mostly a memory problem. Each request keeps the keys "
+          "and values of its context, and the engine decides where they live, which requests "
+          "share a step, and what to do when memory runs out. ")
+
+
+@dataclass(slots=True)
+class Request:
+    prompt: list[int] | str
+    params: SamplingParams
+    arrival_step: int = 0           # added before this engine step (0: at the start)
+    arrival_time: float = 0.0       # ... and not before this many seconds after the start
+    follows: int | None = None      # multi-turn: continue the chat of request `follows`
+
+
+def _greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=int(max_tokens), ignore_eos=True)
+
+
+def _token_source(tokenizer, num_tokens: int, text: str) -> list[int]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids * (num_tokens // len(ids) + 1)
+
+
+# --8<-- [start:lognormal]
+def lognormal_requests(tokenizer, num_requests: int, prompt=(4.3, 0.6, 16, 512),
+                       output=(4.3, 0.7, 8, 512), seed: int = 0, text: str = FILLER,
+                       stride: int = 7) -> list[Request]:
+    """Requests whose prompt and output lengths are log-normal: prompt and output are
+    (mu, sigma, min, max) of the length's log-normal, clipped. Prompts are windows of `text`
+    (start `stride` tokens apart, so no two are alike); greedy, EOS ignored."""
+    rng = np.random.default_rng(seed)
+    prompt_lens = np.clip(rng.lognormal(*prompt[:2], num_requests), *prompt[2:]).astype(int)
+    output_lens = np.clip(rng.lognormal(*output[:2], num_requests), *output[2:]).astype(int)
+    ids = _token_source(tokenizer, num_requests * stride + int(prompt_lens.max()), text)
+    return [Request(ids[i * stride:i * stride + int(p)], _greedy(o))
+            for i, (p, o) in enumerate(zip(prompt_lens, output_lens))]
+# --8<-- [end:lognormal]
+
+
+def spread_requests(tokenizer, num_requests: int, mean_output: int, spread: float,
+                    prompt_range=(8, 32), seed: int = 0, text: str = FILLER) -> list[Request]:
+    """Short prompts; output lengths log-normal around mean_output with sigma `spread`,
+    rescaled so every spread asks for about the same tokens in total: only the mix changes
+    (lesson 04's knob: how unequal the requests sharing a batch are)."""
+    rng = np.random.default_rng(seed)
+    weights = np.exp(spread * rng.standard_normal(num_requests))
+    prompt_lens = rng.integers(prompt_range[0], prompt_range[1] + 1, num_requests)
+    outs = np.maximum(1, np.rint(mean_output * weights / weights.mean())).astype(int)
+    ids = _token_source(tokenizer, 7 * num_requests + prompt_range[1], text)
+    return [Request(ids[7 * i:7 * i + int(p)], _greedy(o))
+            for i, (p, o) in enumerate(zip(prompt_lens, outs))]
+
+
+def tool_catalog_prompt(tokenizer, name: str, num_tokens: int) -> list[int]:
+    """A system prompt of num_tokens tokens: an agent's instructions and its tools, the kind
+    of long shared prefix every request of an application starts with."""
+    text = (f"You are {name}, an agent that answers by calling tools. Call one tool per "
+            "message, as one line of JSON. Never invent results.\nTools:\n")
+    i = 0
+    while len(tokenizer.encode(text)) < num_tokens:
+        text += (f"- tool_{i}(query, limit): looks up {name} record {i} and returns at most "
+                 f"`limit` matching rows as JSON, newest first.\n")
+        i += 1
+    return tokenizer.encode(text)[:num_tokens]
+
+
+def shared_prefix_requests(tokenizer, num_questions: int, prefix_tokens: int = 1024,
+                           max_tokens: int = 16) -> list[Request]:
+    """One long system prompt, many different questions behind it, as a server sees them once
+    the prompt is warm: the first request arrives alone, the rest one step later, when its
+    prompt has been prefilled and its full blocks cached (if the token budget holds it)."""
+    system = tool_catalog_prompt(tokenizer, "InventoryBot", prefix_tokens)
+    return [Request(system + tokenizer.encode(
+        f"\nUser {i}: which tool tells me how many units of item {1000 + 37 * i} are left in "
+        f"warehouse {i % 7}?\nAgent:"), _greedy(max_tokens), arrival_step=int(i > 0))
+        for i in range(num_questions)]
+
+
+def conversation_requests(tokenizer, num_turns: int, prefix_tokens: int = 512,
+                          max_tokens: int = 16) -> list[Request]:
+    """A chat that grows: each turn's prompt is the whole history (system prompt, earlier
+    messages and answers) plus the next message, so each turn's prefix is cached."""
+    system = tool_catalog_prompt(tokenizer, "TravelAgent", prefix_tokens)
+    turns = []
+    for i in range(num_turns):
+        msg = tokenizer.encode(f"\nTraveller: step {i + 1}: now check option "
+                               f"{chr(65 + i % 26)} for day {i + 2} and tell me the price."
+                               "\nAgent:")
+        turns.append(Request(system + msg if i == 0 else msg, _greedy(max_tokens),
+                             follows=i - 1 if i else None))
+    return turns
+
+
+def poisson_arrivals(requests: list[Request], rate: float, seed: int = 0,
+                     unit: str = "seconds") -> list[Request]:
+    """Open-loop arrivals: exponential gaps at `rate` requests per second (inf: all at once),
+    the first at 0. unit="steps": `rate` requests per engine step, each arriving before the
+    step its running sum of gaps falls in (arrival_step), the same on every machine."""
+    if unit not in ("seconds", "steps"):
+        raise ValueError(f"unit must be 'seconds' or 'steps', got {unit!r}")
+    rng = np.random.default_rng(seed)
+    t = 0.0
+    for r in requests:
+        if unit == "steps":
+            r.arrival_step = int(t)
+        else:
+            r.arrival_time = t
+        t += 0.0 if rate == float("inf") else rng.exponential(1 / rate)
+    return requests
+
+
+@dataclass(slots=True)
+class ServeResult:
+    """What `serve` saw: the finished outputs (in request order) and every step."""
+
+    outputs: list[RequestOutput]
+    steps: list[StepRecord]
+    elapsed: float                                   # seconds, first step to last
+    finish_step: list[int] = field(default_factory=list)   # step each request finished in
+    # Steps are counted from 1; a request added when the engine had run k steps arrived at k.
+    arrival_step: list[int] = field(default_factory=list)  # step count when it was added
+    token_steps: list[list[int]] = field(default_factory=list)  # step of each output token
+    arrival_time: list[float] = field(default_factory=list)     # perf_counter when it arrived
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(len(c.token_ids) for o in self.outputs for c in o.outputs)
+
+    @property
+    def output_throughput(self) -> float:
+        """Output tokens per second."""
+        return self.num_output_tokens / self.elapsed if self.elapsed else 0.0
+
+    @property
+    def ttfts(self) -> list[float]:
+        """Time to first token, seconds, from each request's arrival (docs/glossary.md): with
+        arrival times, the moment it was due, though the engine took it at the next step."""
+        return [None if o.metrics.first_token_time is None else o.metrics.first_token_time - t
+                for o, t in zip(self.outputs, self.arrival_time)]
+
+    @property
+    def ttft_steps(self) -> list[int]:
+        """Time to first token in engine steps: the steps a request lived through, up to and
+        including the one that produced its first token (1: the first step it was in)."""
+        return [t[0] - a if t else None for t, a in zip(self.token_steps, self.arrival_step)]
+
+    @property
+    def kv_utilization(self) -> float:
+        """Tokens held / KV slots reserved, summed over the steps."""
+        held = sum(s.stats.tokens_cached for s in self.steps)
+        return held / max(sum(s.stats.slots_reserved for s in self.steps), 1)
+
+
+# --8<-- [start:serve]
+def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
+    """Serve `requests` through an LLM or LLMEngine, one step at a time, and record it.
+
+    A request joins when its arrival step and arrival time have come (and, with `follows`,
+    when the request it continues has finished). An engine with nothing to do jumps to the
+    next arrival step, and waits for the next arrival time.
+    """
+    engine = getattr(llm, "engine", llm)
+    done: dict[int, RequestOutput] = {}
+    finish_step: dict[int, int] = {}
+    arrival_step, arrival_time = [0] * len(requests), [0.0] * len(requests)
+    token_steps: list[list[int]] = [[] for _ in requests]
+    pending = list(range(len(requests)))
+    start_step, t0 = engine.num_steps, time.perf_counter()
+
+    def ready(i: int, now: float, step: int) -> bool:
+        r = requests[i]
+        return (r.arrival_step <= step and r.arrival_time <= now
+                and (r.follows is None or r.follows in done))
+
+    with engine.trace() as steps:
+        while pending or engine.has_unfinished_requests():
+            now, step = time.perf_counter() - t0, engine.num_steps - start_step
+            if not engine.has_unfinished_requests() and not any(ready(i, now, step)
+                                                                for i in pending):
+                nxt = min((requests[i] for i in pending if requests[i].follows is None
+                           or requests[i].follows in done), key=lambda r: r.arrival_time)
+                time.sleep(max(0.0, nxt.arrival_time - now))      # idle until it arrives
+                now, step = max(now, nxt.arrival_time), max(step, nxt.arrival_step)
+            for i in [i for i in pending if ready(i, now, step)]:
+                r = requests[i]
+                prompt = r.prompt
+                if r.follows is not None:       # the chat so far, then this message
+                    prev = done[r.follows]
+                    prompt = prev.prompt_token_ids + prev.outputs[0].token_ids + list(prompt)
+                arrival_time[i] = (t0 + r.arrival_time if r.arrival_time and r.follows is None
+                                   else time.perf_counter())     # due then, or added now
+                arrival_step[i] = engine.num_steps - start_step
+                engine.add_request(f"{tag}{i}", prompt, r.params)
+                pending.remove(i)
+            for out in engine.step():
+                i, k = int(out.request_id.removeprefix(tag)), engine.num_steps - start_step
+                new_tokens = len(out.outputs[0].token_ids) - len(token_steps[i])
+                token_steps[i] += [k] * new_tokens
+                if out.finished:
+                    done[i], finish_step[i] = out, k
+    return ServeResult(outputs=[done[i] for i in range(len(requests))], steps=steps,
+                       elapsed=time.perf_counter() - t0,
+                       finish_step=[finish_step[i] for i in range(len(requests))],
+                       arrival_step=arrival_step, token_steps=token_steps,
+                       arrival_time=arrival_time)
+# --8<-- [end:serve]

@@ -1,0 +1,210 @@
+"""BlockManager: paged KV memory, the idea at the heart of vLLM (PagedAttention, Kwon et al. 2023).
+
+The KV pool is cut into fixed-size blocks of `block_size` tokens. A sequence owns a *block
+table*: the list of physical blocks holding its tokens, in order. Like pages of virtual memory,
+blocks are handed out one at a time as a sequence grows, so at most block_size - 1 slots per
+sequence sit empty, instead of max_model_len - len(seq) with a static slab.
+
+Blocks carry a reference count, so sequences can share them: n samples of one prompt (parallel
+sampling) point at the prompt's blocks once. A sequence about to write into a block someone
+else also holds gets a private copy first (copy-on-write); the copy itself is done on the KV
+tensors by the ModelRunner, from the (src, dst) pairs append_slots returns.
+
+Operations, with vLLM's names:
+    can_allocate / allocate   reserve blocks for a sequence's tokens when it is admitted
+    can_append_slots / append_slots   make room for the tokens of the next step (+ CoW), and
+              for num_lookahead_slots more: the draft tokens of speculative decoding
+    free_lookahead_slots   give back the blocks that only rejected draft tokens used
+    fork      a child shares all of its parent's blocks (ref_count + 1 each)
+    free      drop a sequence's references; blocks that reach 0 return to the free list
+    swap_out / swap_in   move a preempted sequence's blocks to a host-memory pool and back
+
+With prefix caching on (minivllm/core/prefix_cache.py), `allocate` first reuses cached blocks for
+the longest cached prefix of the sequence, `cache_computed_blocks` names each block once its
+K/V is computed, and the free list doubles as the LRU evictor: a freed block that holds a
+cached prefix goes to the back of the list (evicted last), one that does not goes to the front.
+
+Left out, compared with vLLM: per-layer-group managers (sliding-window and hybrid models),
+a watermark of free blocks held back at admission, and block allocation in a GPU-resident
+table; swapping is V0's (V1 preempts by recompute only).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from minivllm.core.prefix_cache import BlockKey, PrefixCache, hash_block_tokens
+from minivllm.core.sequence import Sequence
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --8<-- [start:block_manager]
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.ref_counts = [0] * num_blocks
+        # An ordered set: taken from the front, LRU order when prefix caching is on.
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.prefix_cache = PrefixCache() if enable_prefix_caching else None
+        self.num_copy_on_write = 0          # how many blocks were copied, for the lessons
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    def _take(self) -> int:
+        block_id, _ = self.free_block_ids.popitem(last=False)
+        assert self.ref_counts[block_id] == 0, f"block {block_id} on the free list is in use"
+        self.ref_counts[block_id] = 1
+        if self.prefix_cache is not None:
+            self.prefix_cache.evict(block_id)     # its old tokens are about to be overwritten
+        return block_id
+
+    def _release(self, block_id: int) -> None:
+        assert self.ref_counts[block_id] > 0, f"double free of block {block_id}"
+        self.ref_counts[block_id] -= 1
+        if self.ref_counts[block_id] == 0:
+            self.free_block_ids[block_id] = None                      # back: evicted last
+            if self.prefix_cache is None or block_id not in self.prefix_cache.hash_of_block:
+                self.free_block_ids.move_to_end(block_id, last=False)  # front: reused first
+
+    def _shared_blocks_to_write(self, seq: Sequence, lookahead: int = 0) -> list[int]:
+        """Indices in seq's table of shared blocks that this step's tokens would write into."""
+        first = seq.num_computed_tokens // self.block_size
+        last = min(len(seq.block_table), cdiv(len(seq) + lookahead, self.block_size))
+        return [i for i in range(first, last) if self.ref_counts[seq.block_table[i]] > 1]
+
+    # --8<-- [start:prefix_match]
+    def _block_hash(self, seq: Sequence, i: int) -> int:
+        """Hash of seq's full block i (computed once per sequence, chained)."""
+        bs = self.block_size
+        while len(seq.block_hashes) <= i:
+            j = len(seq.block_hashes)
+            parent = seq.block_hashes[j - 1] if j else None
+            seq.block_hashes.append(hash_block_tokens(
+                parent, tuple(seq.token_ids[j * bs:(j + 1) * bs]), seq.extra_keys))
+        return seq.block_hashes[i]
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """Blocks holding the longest cached prefix of seq. Capped one token short of the
+        whole sequence: the last token is always computed, because its logits are needed."""
+        if self.prefix_cache is None:
+            return []
+        bs, hits, parent = self.block_size, [], None
+        for i in range((len(seq) - 1) // bs):
+            key = BlockKey(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]), seq.extra_keys)
+            block = self.prefix_cache.lookup(self._block_hash(seq, i), key)
+            if block is None:
+                break
+            hits.append(block)
+            parent = block
+        return hits
+    # --8<-- [end:prefix_match]
+
+    def num_cached_tokens(self, seq: Sequence) -> int:
+        """Leading tokens of seq whose K/V the prefix cache holds now (a KV connector asks)."""
+        return len(self._cached_prefix(seq)) * self.block_size
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        hits = self._cached_prefix(seq)
+        new = cdiv(len(seq), self.block_size) - len(hits)
+        revived = sum(1 for b in hits if self.ref_counts[b] == 0)   # cached, on the free list
+        return new + revived <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, use_prefix_cache: bool = True) -> None:
+        """Give seq blocks for all its tokens, reusing cached ones for its longest cached
+        prefix: those tokens count as computed already."""
+        assert not seq.block_table, f"{seq} already holds blocks"
+        hits = self._cached_prefix(seq) if use_prefix_cache else []
+        for block in hits:
+            if self.ref_counts[block] == 0:
+                del self.free_block_ids[block]
+            self.ref_counts[block] += 1
+        new = [self._take() for _ in range(cdiv(len(seq), self.block_size) - len(hits))]
+        seq.block_table = hits + new
+        seq.num_computed_tokens = len(hits) * self.block_size
+        seq.num_cached_blocks = len(hits)
+        if self.prefix_cache is not None and use_prefix_cache:
+            self.prefix_cache.num_queried_tokens += len(seq)
+            self.prefix_cache.num_hit_tokens += seq.num_computed_tokens
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Name every block of seq that is full and computed, so later requests can reuse it.
+        Only computed blocks are named: a block still being filled this step is never hit."""
+        if self.prefix_cache is None:
+            return
+        for i in range(seq.num_cached_blocks, seq.num_computed_tokens // self.block_size):
+            bs, block = self.block_size, seq.block_table[i]
+            # The parent is the block the cache holds for the previous hash: when two sequences
+            # computed the same prefix in one step, only one copy of it is named.
+            parent = (self.prefix_cache.block_of_hash.get(self._block_hash(seq, i - 1),
+                                                          seq.block_table[i - 1]) if i else None)
+            key = BlockKey(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]), seq.extra_keys)
+            self.prefix_cache.insert(block, self._block_hash(seq, i), key)
+        seq.num_cached_blocks = max(seq.num_cached_blocks,
+                                    seq.num_computed_tokens // self.block_size)
+
+    def can_append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> bool:
+        new_blocks = cdiv(len(seq) + num_lookahead_slots, self.block_size) - len(seq.block_table)
+        shared = self._shared_blocks_to_write(seq, num_lookahead_slots)
+        return max(new_blocks, 0) + len(shared) <= self.num_free_blocks
+
+    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        """Grow seq's table to cover all len(seq) tokens, and num_lookahead_slots more (the
+        draft tokens it verifies this step); return the copy-on-write pairs."""
+        copies = []
+        for i in self._shared_blocks_to_write(seq, num_lookahead_slots):
+            src, dst = seq.block_table[i], self._take()
+            self._release(src)
+            seq.block_table[i] = dst
+            copies.append((src, dst))
+            self.num_copy_on_write += 1
+        while len(seq.block_table) < cdiv(len(seq) + num_lookahead_slots, self.block_size):
+            seq.block_table.append(self._take())
+        return copies
+
+    def free_lookahead_slots(self, seq: Sequence) -> None:
+        """Give back the blocks past seq's last token: after a verification, those held only
+        rejected draft tokens (never named in the prefix cache: they were never computed)."""
+        while len(seq.block_table) > cdiv(len(seq), self.block_size):
+            self._release(seq.block_table.pop())
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        assert not child.block_table, f"{child} already holds blocks"
+        child.block_table = list(parent.block_table)
+        child.num_cached_blocks = parent.num_cached_blocks
+        for block_id in child.block_table:
+            self.ref_counts[block_id] += 1
+
+    def free(self, seq: Sequence) -> None:
+        for block_id in reversed(seq.block_table):    # tail first: evicted before the head
+            self._release(block_id)
+        seq.block_table = []
+        seq.num_cached_blocks = 0
+
+    # Swapping: `self` manages the device pool, `cpu` a second pool in host memory. A swapped
+    # sequence keeps its table, pointing into the CPU pool, until it is swapped back in.
+    def can_swap_out(self, seq: Sequence, cpu: "BlockManager") -> bool:
+        return len(seq.block_table) <= cpu.num_free_blocks
+
+    def swap_out(self, seq: Sequence, cpu: "BlockManager") -> list[tuple[int, int]]:
+        """Move seq's blocks to the CPU pool; return (device block, cpu block) copy pairs."""
+        pairs = [(block_id, cpu._take()) for block_id in seq.block_table]
+        self.free(seq)
+        seq.block_table = [cpu_block for _, cpu_block in pairs]
+        return pairs
+
+    def can_swap_in(self, seq: Sequence) -> bool:
+        return cdiv(len(seq), self.block_size) <= self.num_free_blocks
+
+    def swap_in(self, seq: Sequence, cpu: "BlockManager") -> list[tuple[int, int]]:
+        """Bring seq's blocks back from the CPU pool; return (cpu block, device block) pairs."""
+        pairs = [(cpu_block, self._take()) for cpu_block in seq.block_table]
+        cpu.free(seq)
+        seq.block_table = [block_id for _, block_id in pairs]
+        return pairs                                  # (its blocks get named again as new)
+# --8<-- [end:block_manager]

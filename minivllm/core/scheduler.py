@@ -1,0 +1,211 @@
+"""Scheduler: every step, decide which sequences run and how many new tokens each computes.
+
+Two queues, as in vLLM: `waiting` (not yet admitted, or preempted) and `running` (holding KV
+blocks). Each step has a token budget, max_num_batched_tokens, and a sequence cap,
+max_num_seqs. Running sequences go first, oldest first: a decode costs 1 token of budget, a
+prompt that is still being prefilled costs the rest of its prompt (or what the budget has left:
+chunked prefill). Then waiting sequences are admitted, first come first served, while the
+budget, the cap and the free blocks allow. One forward pass can therefore carry decodes and
+prefill chunks together.
+
+With speculative decoding a decoding sequence may bring draft tokens (seq.spec_token_ids, set
+by minivllm/spec_decode/decoder.py before the step): they are verified in the same forward, so each one
+costs a token of budget and a lookahead slot. Drafts get only what the budget leaves once every
+later running sequence has its one token, and only free blocks: speculation never preempts.
+
+When a running sequence needs a block and none is free, the newest running sequence is
+preempted (newest first, as in vLLM, so the oldest requests keep making progress), by one of
+two policies:
+
+    recompute  free its blocks and put it back at the front of `waiting`; its KV is computed
+               again from its tokens (prompt + output so far) when there is room
+    swap       copy its blocks to a pool in host memory and park it in `swapped`; it comes back
+               with a copy the other way, before any new request is admitted
+
+`scheduling="static"` turns continuous batching off: a batch is admitted only when the
+previous one has completely finished (the baseline of lesson 04).
+
+Left out, compared with vLLM: priority scheduling, V1's single token-level schedule (vLLM V1
+treats prefill and decode alike as "tokens to compute"; minivllm keeps the V0-style split
+into running / swapped / waiting, which is easier to watch), async scheduling that overlaps
+the next schedule with the current forward pass, and V1's token-level budget for drafts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from minivllm.config import EngineConfig
+from minivllm.core.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step will do: the engine carries it out, then keeps it
+    (engine.last_scheduler_output).
+
+    seqs[i] computes num_new_tokens[i] tokens; is_prefill[i] says whether that is a prefill
+    chunk (prompt tokens, or tokens to recompute after a preemption) or a one-token decode;
+    spec_token_ids[i] are the draft tokens it verifies (counted in num_new_tokens[i]).
+    """
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    is_prefill: list[bool] = field(default_factory=list)
+    spec_token_ids: list[list[int]] = field(default_factory=list)  # speculative decoding
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)   # (cpu, device)
+    preempted: list[Sequence] = field(default_factory=list)     # recomputed or swapped out
+    swapped_out: list[Sequence] = field(default_factory=list)   # of those, swapped out
+    swapped_in: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(n for n, p in zip(self.num_new_tokens, self.is_prefill) if p)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(n for n, p in zip(self.num_new_tokens, self.is_prefill) if not p)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager, cpu_block_manager=None):
+        self.config = config
+        self.block_manager = block_manager
+        self.cpu_block_manager = cpu_block_manager       # the swap pool, if swapping is on
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.swapped: deque[Sequence] = deque()
+        self.num_preemptions = 0
+        self.num_swapped_out_blocks = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def _run(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
+        """Schedule seq's next tokens (all it has left, or what the budget allows), and the
+        draft tokens it verifies (the caller has fitted them to the budget)."""
+        n = min(seq.num_uncomputed_tokens, budget) + len(seq.spec_token_ids)
+        out.seqs.append(seq)
+        out.num_new_tokens.append(n)
+        out.is_prefill.append(seq.is_prefill)
+        out.spec_token_ids.append(list(seq.spec_token_ids))
+        return budget - n
+
+    # --8<-- [start:schedule]
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+
+        # 1. Running sequences, oldest first: decodes and unfinished prefills.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            # Drafts: what the budget leaves once each later running sequence has one token,
+            # and only if their lookahead slots are free (speculation never preempts).
+            del seq.spec_token_ids[max(0, budget - (len(self.running) - i)):]
+            if not bm.can_append_slots(seq, len(seq.spec_token_ids)):
+                seq.spec_token_ids.clear()
+            while not bm.can_append_slots(seq):
+                victim = self.running.pop()          # the newest running sequence
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.blocks_to_copy += bm.append_slots(seq, len(seq.spec_token_ids))
+                budget = self._run(seq, out, budget)
+                i += 1
+
+        # 2. Swapped-out sequences come back first, oldest first, when their blocks fit.
+        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.swapped[0]
+            if not bm.can_swap_in(seq) or out.preempted or not self._lora_fits(seq):
+                break
+            self.swapped.popleft()
+            out.blocks_to_swap_in += bm.swap_in(seq, self.cpu_block_manager)
+            out.swapped_in.append(seq)
+            out.blocks_to_copy += bm.append_slots(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget = self._run(seq, out, budget)
+
+        # 3. Waiting sequences, first come first served, while budget, cap and blocks allow
+        #    (static batching: only into an empty batch; never while some are swapped out).
+        if self.swapped or (self.config.scheduling == "static" and self.running):
+            return out
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            # A request with n samples is admitted with room for all n (forked after prefill).
+            if len(self.running) + 1 + seq.group.num_unforked > self.config.max_num_seqs:
+                break
+            if not self.config.enable_chunked_prefill and seq.num_uncomputed_tokens > budget:
+                break
+            if not bm.can_allocate(seq) or not self._lora_fits(seq):
+                break
+            self.waiting.popleft()
+            bm.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            if seq.metrics.first_scheduled_time is None:
+                seq.metrics.first_scheduled_time = time.perf_counter()
+            self.running.append(seq)
+            budget = self._run(seq, out, budget)
+        return out
+    # --8<-- [end:schedule]
+
+    def _lora_fits(self, seq: Sequence) -> bool:
+        """At most max_loras distinct adapters run at once: each needs a slot in the model."""
+        active = {s.lora_int_id for s in self.running} - {0}
+        return seq.lora_int_id in active or not seq.lora_int_id or \
+            len(active) < self.config.max_loras
+
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Parallel sampling: `children` join running, sharing every block of `parent`."""
+        for child in children:
+            self.block_manager.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        bm, cpu = self.block_manager, self.cpu_block_manager
+        seq.spec_token_ids.clear()                   # drafts are proposed again when it runs
+        if self.config.preemption_mode == "swap" and bm.can_swap_out(seq, cpu):
+            # Swap: keep the KV, in host memory.
+            pairs = bm.swap_out(seq, cpu)
+            out.blocks_to_swap_out += pairs
+            out.swapped_out.append(seq)
+            self.num_swapped_out_blocks += len(pairs)
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(seq)
+        else:
+            # Recompute (or swap space is full): drop the KV, keep the tokens, requeue first.
+            bm.free(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        """Take a sequence out of the engine for good and return its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.status is SequenceStatus.SWAPPED:
+            self.swapped.remove(seq)
+            self.cpu_block_manager.free(seq)
+        else:
+            self.block_manager.free(seq)
+        seq.status = status
+

@@ -1,0 +1,282 @@
+"""DisaggLLM: the front of a disaggregated pair, and the launcher that starts both roles.
+
+    with launch(max_model_len=1024) as llm:       # spawns the decode role on this machine
+        outs = llm.generate(prompts, SamplingParams(temperature=0))
+        llm.stats()                 # bytes and transfers, tokens not sent, re-prefills
+
+On two machines, the decode side runs `minivllm disagg --role consumer --kv-ip HOST --kv-port
+PORT` and the front `minivllm disagg --role producer --kv-ip HOST --kv-port PORT --prompt ...`
+(HOST: the producer's address, which the consumer must reach; PORT: any free port there), or
+the HTTP front `minivllm serve --kv-transfer-config '{"kv_role": "kv_producer", "kv_ip": HOST,
+"kv_port": PORT}'` (without kv_port, `serve` spawns the consumer here). Both in minivllm/entrypoints/cli.py.
+
+DisaggLLM lives in the producer's process and owns its engine. It answers LLMEngine's driving
+calls (add_request, step, has_unfinished_requests, abort_request, num_steps, trace), so the
+shared driver `workloads.serve(llm, requests)` serves a workload through it unchanged; TTFT is
+the producer's (arrival to first token), inter-token latencies are the consumer's (measured
+where the decode runs). The consumer process streams every step's outputs back.
+
+Left out, compared with vLLM's disaggregated serving: one server per role and the proxy that
+routes between many prefill and decode instances; here one pair, one front, in-process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.multiprocessing as mp
+
+from minivllm.distributed.kv_transfer.kv_connector import (ABORT, BYE, ERROR, OUTPUTS, REJECT, REPORT, SHUTDOWN,
+                             run_decode_role)
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.outputs import RequestMetrics, RequestOutput
+from minivllm.sampling_params import SamplingParams
+
+logger = logging.getLogger("minivllm")
+
+
+@dataclass(slots=True)
+class Handoff:
+    """A request whose decode runs on the consumer: what the front needs to finish it."""
+
+    prompt: str | None                       # the text, if the prompt was given as text
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics                  # the producer's: arrival, first token
+
+
+class DisaggLLM:
+    def __init__(self, model: str | None = None, *, kv_ip: str = "127.0.0.1",
+                 kv_port: int = 14579, timeout: float = 120.0, consumer_process=None,
+                 **engine_kwargs):
+        config = {"kv_connector": "TorchDistributedConnector", "kv_role": "kv_producer",
+                  "kv_ip": kv_ip, "kv_port": kv_port,
+                  "kv_connector_extra_config": {"timeout": timeout}}
+        self.consumer_process = consumer_process
+        self.producer = LLMEngine(model, kv_transfer_config=config, **engine_kwargs)
+        self.tokenizer, self.conn = self.producer.tokenizer, self.producer.kv_connector
+        self.remote: dict[str, Handoff] = {}     # decoding on the consumer
+        self.local: set[str] = set()             # prefilled again here: they stay here
+        self.parts: dict[str, list] = {}         # n > 1: each sample's latest output
+        self.connected, self.error, self.report = True, None, None
+        self.num_reprefilled, self.num_steps, self._last_heard = 0, 0, time.monotonic()
+        self._counter = itertools.count()
+
+    def __repr__(self) -> str:
+        return f"DisaggLLM(producer={self.producer!r}, connected={self.connected})"
+
+    def __enter__(self) -> DisaggLLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ LLMEngine's calls
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None) -> None:
+        params = params or SamplingParams()
+        if params.n > 1:     # vLLM V1's fan-out: n requests of one sample, seeded seed + i as
+            self.parts[request_id] = [None] * params.n     # the engine seeds sample i
+            for i in range(params.n):
+                self.add_request(f"{request_id}#{i}", prompt, dataclasses.replace(
+                    params, n=1, seed=None if params.seed is None else params.seed + i))
+            return
+        if request_id in self.remote:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        self.producer.add_request(request_id, prompt, params)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.remote) or self.producer.has_unfinished_requests()
+
+    def abort_request(self, request_id: str) -> None:
+        for i in range(len(self.parts.pop(request_id, []))):
+            self.abort_request(f"{request_id}#{i}")
+        if self.remote.pop(request_id, None) is not None and self.connected:
+            self._send(ABORT, request_id)
+        self.producer.abort_request(request_id)
+
+    def trace(self):
+        return self.producer.trace()             # the producer's steps (prefills, fallbacks)
+
+    # --8<-- [start:step]
+    def step(self) -> list[RequestOutput]:
+        """One producer step (prefills; a prompt done is handed to the consumer), then every
+        output the consumer has streamed back since. Waits a little when the producer is idle."""
+        outs = []
+        for out in self.producer.step() if self.producer.has_unfinished_requests() else []:
+            rid = out.request_id
+            seq = self.producer.requests[rid].seqs[0] if rid in self.producer.requests else None
+            if (self.connected and seq is not None and seq.num_output_tokens == 1
+                    and rid not in self.local and self._handoff(seq)):
+                self.remote[rid] = Handoff(out.prompt, out.prompt_token_ids, seq.params,
+                                           out.metrics)
+                self.producer.abort_request(rid)  # its blocks: back to the pool (and cache)
+            if out.finished:
+                self.local.discard(rid)
+            outs.append(out)
+        idle = not self.producer.has_unfinished_requests()
+        for kind, payload, _ in self.conn.poll(0.05 if idle and self.connected else 0):
+            self._last_heard = time.monotonic()
+            if kind == OUTPUTS:
+                outs += [self._from_consumer(o) for o in payload if o.request_id in self.remote]
+            elif kind == REJECT:
+                self._reprefill(payload[0], f"the kv_consumer refused it: {payload[1]}")
+            elif kind in (BYE, REPORT):
+                self.report = payload
+            elif kind == ERROR:
+                self._lose_consumer(payload)
+        if self.remote and self.connected and (
+                time.monotonic() - self._last_heard > self.conn.timeout
+                or (self.consumer_process and not self.consumer_process.is_alive())):
+            self._lose_consumer(f"the kv_consumer is gone (silent for "
+                                f"{time.monotonic() - self._last_heard:.0f} s or exited)")
+        self.num_steps += 1
+        return self._merge(outs) if self.parts else outs
+    # --8<-- [end:step]
+
+    def _merge(self, outs: list[RequestOutput]) -> list[RequestOutput]:
+        """The outputs of an n > 1 request's samples, as one output with n completions."""
+        merged, done = [], set()
+        for out in outs:
+            parent, _, i = out.request_id.rpartition("#")
+            if parent not in self.parts:
+                merged.append(out)
+                continue
+            out.outputs[0].index, self.parts[parent][int(i)] = int(i), out
+            done.add(parent)
+        for parent in [p for p in done if all(self.parts[p])]:
+            parts = self.parts[parent]
+            merged.append(dataclasses.replace(parts[0], request_id=parent, outputs=[
+                p.outputs[0] for p in parts], finished=all(p.finished for p in parts)))
+            if merged[-1].finished:
+                del self.parts[parent]
+        return merged
+
+    def _handoff(self, seq) -> bool:
+        try:
+            self.conn.send_kv(seq)
+            self._last_heard = time.monotonic()  # the consumer's silence counts from here
+            return True
+        except Exception as e:  # noqa: BLE001 (it keeps decoding here)
+            self._lose_consumer(f"sending {seq.request_id}'s KV failed: {e}")
+            return False
+
+    def _send(self, kind: int, payload) -> None:
+        try:
+            self.conn.send(kind, payload)
+        except Exception as e:  # noqa: BLE001
+            self._lose_consumer(f"the kv_consumer does not answer: {e}")
+
+    def _from_consumer(self, out: RequestOutput) -> RequestOutput:
+        h = self.remote[out.request_id]
+        out.prompt, out.prompt_token_ids = h.prompt, h.prompt_token_ids
+        out.metrics = dataclasses.replace(
+            h.metrics, finished_time=time.perf_counter() if out.finished else None)
+        if out.finished:
+            del self.remote[out.request_id]
+        return out
+
+    def _reprefill(self, request_id: str, why: str) -> None:
+        """Not lost: prefill it again here, and decode it here (its output restarts)."""
+        h = self.remote.pop(request_id)
+        logger.warning("request %s: %s; prefilling it again on the kv_producer", request_id, why)
+        self.producer.add_request(    # the text, if given as text: same ids, and it is shown
+            request_id, h.prompt if h.prompt is not None else h.prompt_token_ids, h.params)
+        self.local.add(request_id)
+        self.num_reprefilled += 1
+
+    def _lose_consumer(self, why: str) -> None:
+        if self.connected:
+            logger.error("%s; decoding on the kv_producer from now on", why)
+        self.connected, self.error = False, why
+        for request_id in list(self.remote):
+            self._reprefill(request_id, why)
+
+    # ------------------------------------------------------------------ LLM-like front
+    def generate(self, prompts: list[str] | list[list[int]],
+                 sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in the order of `prompts`."""
+        ids = [f"disagg-{next(self._counter)}" for _ in prompts]
+        for rid, prompt in zip(ids, prompts):
+            self.add_request(rid, prompt, sampling_params)
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(ids):
+            for out in self.step():
+                if out.finished and out.request_id in ids:
+                    done[out.request_id] = out
+        return [done[rid] for rid in ids]
+
+    def stats(self) -> dict:
+        c = self.conn
+        return {"bytes_sent": c.bytes_sent, "num_transfers": c.num_sent,
+                "cached_tokens_not_sent": c.cached_tokens,
+                "transfer_seconds": c.transfer_seconds, "num_reprefilled": self.num_reprefilled,
+                "connected": self.connected, "error": self.error}
+
+    def _ask(self, kind: int) -> dict | None:
+        """Send REPORT or SHUTDOWN, then step until the consumer's report is in (or `timeout`)."""
+        if self.connected:
+            self.report = None                   # not an earlier one: wait for this answer
+            self._send(kind, None)
+            deadline = time.monotonic() + self.conn.timeout
+            while self.connected and self.report is None and time.monotonic() < deadline:
+                self.step()
+        return self.report
+
+    def consumer_report(self) -> dict | None:
+        """The consumer's counters now (bytes received, prefill steps, its pool's blocks);
+        None once it is gone."""
+        return self._ask(REPORT) if self.connected else None
+
+    def close(self) -> dict | None:
+        """Stop the consumer (it answers with its final report, returned) and join it."""
+        self._ask(SHUTDOWN)
+        self.connected = False
+        if self.consumer_process is not None:
+            self.consumer_process.join(self.conn.timeout)
+            if self.consumer_process.is_alive():
+                self.consumer_process.kill()
+                self.consumer_process.join(10)
+            self.consumer_process = None
+        return self.report
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --8<-- [start:launch]
+def launch(model: str | None = None, *, kv_ip: str = "127.0.0.1", kv_port: int | None = None,
+           timeout: float = 120.0, consumer_kwargs: dict | None = None,
+           **engine_kwargs) -> DisaggLLM:
+    """Both roles on this machine: the consumer in a spawned process (torch.multiprocessing),
+    the producer and the front here. consumer_kwargs override engine settings on the decode
+    side only (its pool size, max_num_seqs, ...)."""
+    kv_port = kv_port or free_port()
+    if engine_kwargs.get("device", "auto") == "auto" and torch.cuda.device_count() > 1:
+        consumer_kwargs = {"device": "cuda:1", **(consumer_kwargs or {})}   # a GPU of its own
+    consumer_config = {"kv_connector": "TorchDistributedConnector", "kv_role": "kv_consumer",
+                       "kv_ip": kv_ip, "kv_port": kv_port,
+                       "kv_connector_extra_config": {"timeout": timeout}}
+    proc = mp.get_context("spawn").Process(
+        target=run_decode_role, name="minivllm-kv-consumer", daemon=True,
+        args=(model, {**engine_kwargs, **(consumer_kwargs or {}),
+                      "kv_transfer_config": consumer_config}, True))
+    proc.start()
+    try:
+        return DisaggLLM(model, kv_ip=kv_ip, kv_port=kv_port, timeout=timeout,
+                         consumer_process=proc, **engine_kwargs)
+    except BaseException:
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+        raise
+# --8<-- [end:launch]

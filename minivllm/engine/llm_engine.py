@@ -1,0 +1,377 @@
+"""LLMEngine: the loop that turns requests into tokens, one iteration at a time.
+
+    add_request(...)   tokenize, validate, make a SequenceGroup, queue it
+    step()             schedule -> run the model once -> append tokens, finish, free blocks
+                       -> a RequestOutput for every request that made progress (streaming)
+    abort_request(id)  finish a request now and return its blocks
+    reconfigure(...)   new EngineConfig values (token budget, pool size, ...) over the same
+                       weights, checked exactly like a fresh engine's
+    trace()            record a StepRecord per step (what ran, how long, the engine after)
+
+LLM (minivllm/llm.py) is the offline front end on top: add everything, step until done.
+
+One request's fault stays that request's: an exception while sampling, detokenizing or
+checking its stop conditions finishes it with finish_reason "abort" and the error in its
+output, frees its blocks, and the other requests go on. (An exception in the forward pass
+itself concerns the whole batch and is raised.)
+
+Left out, compared with vLLM: the separate engine-core process (V1 runs the busy loop in its
+own process and talks to the front end over ZMQ; minivllm's AsyncLLMEngine uses a thread),
+multi-modal inputs, pooling models, and pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from contextlib import contextmanager
+
+import torch
+
+from minivllm.core.block_manager import BlockManager
+from minivllm.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
+from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.structured_output.manager import StructuredOutputManager
+from minivllm.core.kv_cache import ContiguousAllocator
+from minivllm.models.loader import load_hf_config, load_tokenizer, resolve_model_path
+from minivllm.worker.model_runner import ModelRunner
+from minivllm.engine.output_processor import check_stop, request_output
+from minivllm.outputs import RequestOutput
+from minivllm.distributed.parallel import TensorParallelRunner
+from minivllm.engine.processor import validate_request
+from minivllm.sampling_params import SamplingParams
+from minivllm.core.scheduler import Scheduler, SchedulerOutput
+from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from minivllm.spec_decode.decoder import SpeculativeDecoder
+from minivllm.engine.stats import EngineStats, ScheduledSeq, StepRecord
+
+logger = logging.getLogger("minivllm")
+
+
+class LLMEngine:
+    def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
+                 device: str = "auto", **engine_kwargs):
+        t0 = time.perf_counter()
+        self.model_path = resolve_model_path(model)
+        self.model_config = ModelConfig.from_hf_dict(load_hf_config(self.model_path))
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        config = self._make_config(None, engine_kwargs)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.eos_token_ids = set(self.model_config.eos_token_id)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        runner_cls = ModelRunner if config.tensor_parallel_size == 1 else TensorParallelRunner
+        self.runner = runner_cls(self.model_config, config, self.model_path, self.device,
+                                 self.dtype)
+        self.structured_output = StructuredOutputManager(   # logits processors' engine state
+            self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        self.runner.sampler.guided = self.structured_output
+        self.runner.sampler.eos_token_ids = self.eos_token_ids
+        self._seq_ids = itertools.count()
+        self._traces: list[list[StepRecord]] = []
+        self._init_state(config)
+        self.kv_connector = None             # prefill/decode disaggregation: minivllm/distributed/kv_transfer/kv_connector.py
+        if config.kv_transfer_config is not None:
+            from minivllm.distributed.kv_transfer.kv_connector import KVConnector
+            self.kv_connector = KVConnector(self)     # meets the other role, or refuses
+        self.load_time = time.perf_counter() - t0
+
+    def _make_config(self, base: EngineConfig | None, changes: dict) -> EngineConfig:
+        """base (or the defaults) with `changes`, validated by EngineConfig like a fresh
+        config, and against the model: max_model_len (None: the model's own limit) must be
+        within max_position_embeddings."""
+        names = {f.name for f in dataclasses.fields(EngineConfig)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise TypeError(f"unknown engine setting(s) {unknown}; the settings are "
+                            f"{sorted(names)} (model, dtype and device need a new engine)")
+        changes, limit = dict(changes), self.model_config.max_position_embeddings
+        if changes.get("max_model_len", base.max_model_len if base else None) is None:
+            changes["max_model_len"] = limit
+        length = changes.get("max_model_len")
+        if isinstance(length, int) and length > limit:
+            raise ValueError(f"max_model_len={length} exceeds the model's "
+                             f"max_position_embeddings ({limit})")
+        return EngineConfig(**changes) if base is None else dataclasses.replace(base, **changes)
+
+    def _init_state(self, config: EngineConfig) -> None:
+        """The block managers, scheduler and request table for `config` (the pool is sized)."""
+        self.config = config
+        runner = self.runner
+        if config.kv_layout == "paged":
+            self.block_manager = BlockManager(runner.num_blocks, config.block_size,
+                                              config.enable_prefix_caching)
+        else:
+            self.block_manager = ContiguousAllocator(runner.num_blocks, config.max_model_len)
+        self.cpu_block_manager = (BlockManager(runner.num_cpu_blocks, config.block_size)
+                                  if runner.num_cpu_blocks else None)
+        self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager)
+        self.spec_decoder = (SpeculativeDecoder(config.speculative_config, runner)
+                             if config.speculative_config else None)
+        self.requests: dict[str, SequenceGroup] = {}
+        self.runner.sampler.generators.clear()
+        self.num_steps = 0
+        self.last_scheduler_output: SchedulerOutput | None = None
+
+    # --8<-- [start:reconfigure]
+    def reconfigure(self, **changes) -> LLMEngine:
+        """New engine settings over the weights already loaded: a fresh KV pool, block
+        manager and scheduler (so a fresh prefix cache and fresh counters too).
+
+        `changes` are EngineConfig fields (max_num_batched_tokens, max_num_seqs, block_size,
+        num_kv_blocks, kv_cache_memory, enable_prefix_caching, preemption_mode, scheduling,
+        kv_layout, ...); anything not named keeps its current value. Refused while requests
+        are in flight: their blocks live in the pool being replaced.
+        """
+        if self.has_unfinished_requests():
+            raise RuntimeError(
+                f"cannot reconfigure with {len(self.requests)} request(s) in flight "
+                f"({', '.join(list(self.requests)[:5])}); let them finish or abort them first")
+        config, old = self._make_config(self.config, changes), self.config
+        try:
+            self.runner.init_kv_cache(config)
+            self._init_state(config)
+        except Exception:                # e.g. a draft model that cannot serve: as before
+            self.runner.init_kv_cache(old)
+            self._init_state(old)
+            raise
+        return self
+    # --8<-- [end:reconfigure]
+
+    def __repr__(self) -> str:
+        device = (torch.cuda.get_device_name(self.device) if self.device.type == "cuda"
+                  else "CPU")
+        return (f"LLMEngine(model={self.model_config.architecture} from {self.model_path.name}, "
+                f"device={device}, dtype={str(self.dtype).removeprefix('torch.')}, "
+                f"kv={self.runner.kv_layout} {self.runner.num_blocks}x{self.runner.block_size}, "
+                f"attention={self.runner.attention_backend})")
+
+    # ---------------------------------------------------------------- requests in
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None, lora_request=None) -> None:
+        params = params or SamplingParams()
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            text, token_ids = None, list(prompt)
+            bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)]
+            if bad:
+                raise ValueError(f"prompt token ids must be integers, got {bad[0]!r}")
+        validate_request(token_ids, params, self.config, self.model_config, self.block_manager)
+        self.structured_output.check(params, self.spec_decoder is not None)  # compiles, cached
+        if lora_request is not None:         # checked and read now: a bad adapter fails alone
+            if self.runner.lora_manager is None:
+                raise ValueError(f"{lora_request} was given, but LoRA is off: start the engine "
+                                 "with enable_lora=True (and max_loras, max_lora_rank)")
+            self.runner.lora_manager.add_lora(lora_request)
+        group = SequenceGroup(request_id, text, token_ids, params, next(self._seq_ids))
+        if lora_request is not None:         # its own prefix-cache namespace too
+            group.lora_request, group.seqs[0].extra_keys = lora_request, (lora_request.lora_int_id,)
+        self._start_detokenizer(group.seqs[0])
+        self.scheduler.add(group.seqs[0])
+        self.requests[request_id] = group
+
+    def add_prefilled_request(self, request_id: str, prompt_token_ids: list[int],
+                              params: SamplingParams, first_token: int, load_kv,
+                              first_logprobs: dict[int, float] | None = None) -> bool:
+        """A request whose prompt another engine prefilled (minivllm/distributed/kv_transfer/kv_connector.py): take blocks for
+        its prompt (prefix-cache hits count as computed), let load_kv(seq) write the rest of
+        the prompt's K/V into them, and run it from its first token on, as if prefilled here.
+        False, with nothing changed, when the pool or the batch has no room for it now."""
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        validate_request(prompt_token_ids + [first_token], params, self.config,
+                         self.model_config, self.block_manager)
+        group = SequenceGroup(request_id, None, prompt_token_ids, params, next(self._seq_ids))
+        seq, bm = group.seqs[0], self.block_manager
+        if not bm.can_allocate(seq) or len(self.scheduler.running) >= self.config.max_num_seqs:
+            return False
+        bm.allocate(seq)
+        load_kv(seq)
+        seq.num_computed_tokens = len(seq)
+        bm.cache_computed_blocks(seq)
+        self._start_detokenizer(seq)
+        seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, time.perf_counter()
+        seq.append_token(first_token, first_logprobs)
+        # Detokenize the first token (the producer has checked its stop conditions).
+        check_stop(seq, self.eos_token_ids, self.config.max_model_len)
+        self.scheduler.running.append(seq)
+        self.requests[request_id] = group
+        return True
+
+    def _start_detokenizer(self, seq: Sequence) -> None:
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.params.skip_special_tokens,
+                                                 start=seq.num_prompt_tokens)
+
+    def abort_request(self, request_id: str) -> None:
+        group = self.requests.pop(request_id, None)
+        if group is not None:
+            self._finish_group(group, SequenceStatus.FINISHED_ABORTED)
+
+    def _finish_group(self, group: SequenceGroup, status: SequenceStatus) -> None:
+        for seq in group.seqs:
+            if not seq.is_finished:
+                self._finish(seq, status)
+
+    def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        self.scheduler.finish(seq, status)
+        self.runner.sampler.free(seq)
+        seq.metrics.finished_time = time.perf_counter()
+
+    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
+        seq = SequenceGroup("score", None, token_ids, SamplingParams(), -1).seqs[0]
+        if not self.block_manager.can_allocate(seq):
+            raise RuntimeError(f"no free KV blocks to score {len(token_ids)} tokens right now")
+        self.block_manager.allocate(seq, use_prefix_cache=False)   # every position computed
+        try:
+            return self.runner.prompt_logits(seq)
+        finally:
+            self.block_manager.free(seq)
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        used = bm.num_blocks - bm.num_free_blocks
+        cache = getattr(bm, "prefix_cache", None)
+        filled: dict[int, int] = {}        # block -> tokens it holds (shared blocks once)
+        for s in self.scheduler.running:
+            for i, block in enumerate(s.block_table):
+                held = max(0, min(bm.block_size, s.num_computed_tokens - i * bm.block_size))
+                filled[block] = max(filled.get(block, 0), held)
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_swapped=len(self.scheduler.swapped),
+            num_blocks_used=used, num_blocks_total=bm.num_blocks,
+            slots_reserved=used * bm.block_size, tokens_cached=sum(filled.values()),
+            num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
+            prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0,
+            **(self.spec_decoder.stats() if self.spec_decoder else {}))
+
+    def list_loras(self) -> set[int]:
+        """The ids of the LoRA adapters now in the engine's slots (vLLM's name)."""
+        return set(self.runner.lora_manager.slots) if self.runner.lora_manager else set()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or self.scheduler.has_unfinished()
+
+    @contextmanager
+    def trace(self):
+        """Record every step taken inside the block: `with engine.trace() as steps: ...`
+        fills `steps` with one StepRecord per step."""
+        steps: list[StepRecord] = []
+        self._traces.append(steps)
+        try:
+            yield steps
+        finally:
+            self._traces.remove(steps)
+
+    # ---------------------------------------------------------------- one iteration
+    # --8<-- [start:step]
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        if self.spec_decoder:                    # draft tokens first (minivllm/spec_decode/decoder.py)
+            self.spec_decoder.propose(self.scheduler.running)
+        batch = self.scheduler.schedule()
+        self.last_scheduler_output = batch
+        if not batch.seqs:
+            if self.scheduler.has_unfinished():      # admission checks make this unreachable
+                raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
+            return []
+        self.runner.swap_out(batch.blocks_to_swap_out)   # before their blocks are reused
+        self.runner.swap_in(batch.blocks_to_swap_in)
+        self.runner.copy_blocks(batch.blocks_to_copy)
+        rows, logits = self.runner.run(batch.seqs, batch.num_new_tokens)
+        if self.spec_decoder and rows:           # one row per sequence; draft rows set aside
+            logits = self.spec_decoder.take_draft_logits([batch.seqs[i] for i in rows], logits)
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n - len(seq.spec_token_ids)   # drafts: once accepted
+            self.block_manager.cache_computed_blocks(seq)    # full blocks become reusable
+        # Each sampling row serves its sequence, and, when that sequence has just prefilled a
+        # prompt with n > 1 samples, the samples forked from it (same row, own generators).
+        samplers, sample_rows = [], []
+        for row, i in enumerate(rows):
+            seq = batch.seqs[i]
+            children = seq.group.fork(self._seq_ids) if seq.group.num_unforked else []
+            if children:
+                self.scheduler.fork(seq, children)
+                for child in children:
+                    self._start_detokenizer(child)
+            samplers += [seq, *children]
+            sample_rows += [row] * (1 + len(children))
+        errors = self._sample_and_append(logits[sample_rows] if samplers else None, samplers)
+        if self.spec_decoder:                    # roll back the rejected drafts' slots
+            self.spec_decoder.finish_step(batch.seqs, self.block_manager)
+        touched = {seq.request_id for seq in batch.seqs}
+        outputs = [request_output(self.requests[rid]) for rid in touched if rid in self.requests]
+        for out in outputs:
+            if out.finished:
+                del self.requests[out.request_id]
+        self.num_steps += 1
+        if self._traces:
+            self._record(batch, outputs, errors, t0)
+        return outputs
+    # --8<-- [end:step]
+
+    def _sample_and_append(self, logits, seqs: list[Sequence]) -> dict[str, str]:
+        """Sample every row, append the tokens, check stops. A failure confined to some
+        requests fails those requests only; returns {request_id: error}."""
+        if not seqs:
+            return {}
+        errors: dict[str, str] = {}
+        try:
+            drawn = list(zip(*self.runner.sampler(logits, seqs)))
+        except Exception:                          # find the rows at fault, one at a time
+            drawn = []
+            for i, seq in enumerate(seqs):
+                try:
+                    token_ids, logprobs = self.runner.sampler(logits[i:i + 1], [seq])
+                    drawn.append((token_ids[0], logprobs[0]))
+                except Exception as e:             # noqa: BLE001 (isolate, report, go on)
+                    drawn.append(None)
+                    errors[seq.request_id] = f"sampling failed: {e!r}"
+        for seq, draw in zip(seqs, drawn):
+            if seq.request_id in errors or seq.is_finished:
+                continue
+            try:                                   # drafts: the accepted ones, then one more
+                for token in (self.spec_decoder.accept(seq, draw, self.runner.sampler)
+                              if seq.spec_token_ids else [draw]):
+                    seq.append_token(*token)
+                    if (status := check_stop(seq, self.eos_token_ids,
+                                              self.config.max_model_len)) is not None:
+                        break
+            except Exception as e:                 # noqa: BLE001
+                errors[seq.request_id] = f"output processing failed: {e!r}"
+                continue
+            if status is not None:
+                self._finish(seq, status)
+        for request_id, error in errors.items():
+            group = self.requests[request_id]
+            group.error = error
+            logger.error("request %s failed and was aborted: %s", request_id, error)
+            self._finish_group(group, SequenceStatus.FINISHED_ABORTED)
+        return errors
+
+    def _record(self, batch: SchedulerOutput, outputs: list[RequestOutput],
+                errors: dict[str, str], t0: float) -> None:
+        rids = lambda seqs: [s.request_id for s in seqs]  # noqa: E731
+        record = StepRecord(
+            step=self.num_steps - 1,
+            scheduled=[ScheduledSeq(s.request_id, s.index, n, p, len(d), s.lora_int_id)
+                       for s, n, p, d in
+                       zip(batch.seqs, batch.num_new_tokens, batch.is_prefill,
+                           batch.spec_token_ids)],
+            preempted=rids(batch.preempted), swapped_out=rids(batch.swapped_out),
+            swapped_in=rids(batch.swapped_in), num_blocks_copied=len(batch.blocks_to_copy),
+            finished=[o.request_id for o in outputs if o.finished],
+            duration=time.perf_counter() - t0, stats=self.stats(), start_time=t0, errors=errors,
+            num_accepted_tokens=getattr(self.spec_decoder, "num_accepted_this_step", 0))
+        for steps in self._traces:
+            steps.append(record)

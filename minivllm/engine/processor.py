@@ -1,0 +1,44 @@
+"""Requests in: everything a request can get wrong, checked before it is queued (vLLM V1's
+Processor). A bad request must fail here, alone, with a message that says what to change,
+never inside a step that other requests share.
+"""
+
+from __future__ import annotations
+
+from minivllm.core.block_manager import cdiv
+from minivllm.config import EngineConfig, ModelConfig
+from minivllm.sampling_params import MAX_LOGPROBS, SamplingParams
+
+
+def validate_request(token_ids: list[int], params: SamplingParams, config: EngineConfig,
+                     model_config: ModelConfig, block_manager) -> None:
+    max_len, vocab = config.max_model_len, model_config.vocab_size
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    if not token_ids:
+        raise ValueError("the prompt is empty: give at least one token")
+    if params.n > 1 and config.kv_layout != "paged":
+        raise ValueError("parallel sampling (n > 1) shares the prompt's KV blocks, which "
+                         "needs kv_layout='paged'; the contiguous baseline cannot share")
+    if params.n > config.max_num_seqs:
+        raise ValueError(f"n={params.n} samples exceed max_num_seqs ({config.max_num_seqs})")
+    if len(token_ids) >= max_len:
+        raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is "
+                         f"{max_len}: prompt + at least one new token must fit")
+    bad = [t for t in token_ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
+    bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"stop_token_ids: {bad[0]} is outside the vocabulary (size {vocab})")
+    if params.logprobs is not None and params.logprobs > min(MAX_LOGPROBS, vocab):
+        raise ValueError(f"logprobs={params.logprobs} is more than the engine returns "
+                         f"(at most {min(MAX_LOGPROBS, vocab)})")
+    # The request alone, at its longest, must fit the KV pool, or it could never finish.
+    longest = min(len(token_ids) + params.max_tokens, max_len)
+    need = cdiv(longest, block_manager.block_size)
+    if need > block_manager.num_blocks:
+        raise ValueError(
+            f"the request needs up to {longest} tokens of KV cache ({need} blocks of "
+            f"{block_manager.block_size}), but the pool has only {block_manager.num_blocks} "
+            "blocks; lower max_tokens or give the engine more KV memory")

@@ -1,0 +1,263 @@
+"""An OpenAI-compatible HTTP server over AsyncLLMEngine (FastAPI + uvicorn), vLLM's in miniature.
+
+    POST /v1/completions        prompt(s) -> text; `stream: true` sends server-sent events
+    POST /v1/chat/completions   messages -> the model's chat template -> text
+    GET  /v1/models   /health   /metrics (Prometheus text)
+
+One request's path: the handler validates the body (pydantic, then SamplingParams), tokenizes
+the prompt, checks it against max_model_len, and adds it to the engine; it then reads the
+request's stream of RequestOutputs and sends each new piece of text as an SSE chunk. The
+engine's step loop runs on its own thread (minivllm/engine/async_llm_engine.py), so the event loop stays
+free to accept connections and flush tokens while a forward pass runs. A client that goes away
+(stream or not) aborts its request; its KV blocks are freed before the next step.
+
+Errors use OpenAI's JSON shape, {"error": {"message", "type", "param", "code"}}: 400 for bad
+JSON, unknown or bad fields and prompts too long (with the numbers), 401 without the API key,
+404 for an unknown model, 503 once the engine loop has died.
+
+Left out, compared with vLLM: tools, structured output, the responses API, embeddings, LoRA
+routing, the tokenizer endpoints, and more than one model per server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator
+from functools import lru_cache
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from minivllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
+from minivllm.outputs import RequestOutput
+from minivllm.entrypoints.openai.protocol import OpenAIError, error_body, now
+from minivllm.entrypoints.openai.serving import add_routes
+
+logger = logging.getLogger("minivllm")
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """pydantic's errors, as one line that names each field and the value it got."""
+    parts, param = [], None
+    for err in exc.errors()[:3]:
+        if err["type"] == "json_invalid":
+            return (f"malformed JSON body: {err.get('ctx', {}).get('error', err['msg'])} "
+                    f"(at character {err['loc'][-1]})", None)
+        # drop 'body' and the union-member tags pydantic adds ('str', 'list[int]', ...)
+        loc = [str(x) for x in err["loc"][1:] if not (isinstance(x, str) and (
+            "[" in x or x in ("str", "int", "float", "bool", "list", "dict")))]
+        field = ".".join(loc) or "body"
+        param = param or field
+        got = "" if err["type"] == "missing" else f", got {err.get('input')!r}"
+        parts.append(f"{field}: {err['msg']}{got}")
+    return "; ".join(dict.fromkeys(parts)), param
+
+
+# --------------------------------------------------------------------------- metrics
+class EngineCollector:
+    """The engine's state at scrape time, with vLLM's metric names under `minivllm:`."""
+
+    def __init__(self, aengine: AsyncLLMEngine):
+        self.aengine = aengine
+
+    def collect(self):
+        s = self.aengine.stats()
+        for name, doc, value in [
+                ("num_requests_running", "Sequences in the running batch.", s.num_running),
+                ("num_requests_waiting", "Sequences waiting to be admitted.", s.num_waiting),
+                ("kv_cache_usage_perc", "Share of KV blocks in use (0-1).",
+                 s.num_blocks_used / s.num_blocks_total if s.num_blocks_total else 0.0),
+                ("prefix_cache_hit_rate", "Prompt tokens found in the prefix cache (0-1).",
+                 s.prefix_cache_hit_rate)]:
+            yield GaugeMetricFamily(f"minivllm:{name}", doc, value=value)
+        for name, doc, value in [
+                ("num_preemptions", "Preemptions since start.", s.num_preemptions),
+                ("prefix_cache_queries", "Prompt tokens looked up.", s.prefix_cache_queried_tokens),
+                ("prefix_cache_hits", "Prompt tokens found.", s.prefix_cache_hit_tokens)]:
+            yield CounterMetricFamily(f"minivllm:{name}", doc, value=value)
+
+
+class ServerMetrics:
+    LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
+
+    def __init__(self, aengine: AsyncLLMEngine):
+        self.registry = CollectorRegistry()       # one per app: tests may build several
+        self.registry.register(EngineCollector(aengine))
+        h = lambda name, doc: Histogram(f"minivllm:{name}", doc, registry=self.registry,  # noqa
+                                        buckets=self.LATENCY_BUCKETS)
+        self.ttft = h("time_to_first_token_seconds", "Request arrival to its first token.")
+        self.itl = h("inter_token_latency_seconds", "Between two tokens of one sequence.")
+        self.e2e = h("e2e_request_latency_seconds", "Request arrival to its last token.")
+        self.prompt_tokens = Counter("minivllm:prompt_tokens", "Prompt tokens received.",
+                                     registry=self.registry)
+        self.generation_tokens = Counter("minivllm:generation_tokens", "Tokens generated.",
+                                         registry=self.registry)
+        self.requests = Counter("minivllm:request_success", "Requests finished, by reason.",
+                                ["finished_reason"], registry=self.registry)
+
+    async def observe(self, outputs: AsyncIterator[RequestOutput], t0: float):
+        """Pass a request's outputs through, timing them from `t0` (the request's arrival)."""
+        first = True
+        async for out in outputs:
+            if first and any(c.token_ids for c in out.outputs):
+                self.ttft.observe(time.perf_counter() - t0)
+                first = False
+            if out.finished:
+                self.e2e.observe(time.perf_counter() - t0)
+                for dt in out.inter_token_latencies:
+                    self.itl.observe(dt)
+                self.prompt_tokens.inc(len(out.prompt_token_ids))
+                for c in out.outputs:
+                    self.generation_tokens.inc(len(c.token_ids))
+                    self.requests.labels(c.finish_reason).inc()
+            yield out
+
+
+# --------------------------------------------------------------------------- the app
+def build_app(aengine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None
+              ) -> FastAPI:
+    app = FastAPI(title="minivllm", version="0.1.0")
+    app.state.aengine, app.state.model_name = aengine, served_model_name
+    app.state.metrics = ServerMetrics(aengine)
+    tokenizer = aengine.tokenizer
+
+    @lru_cache(maxsize=1 << 16)
+    def decode_token(token_id: int) -> str:
+        return tokenizer.decode([token_id])
+    app.state.decode_token = decode_token
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_, e: OpenAIError):
+        return JSONResponse(error_body(e.status, e.message, e.param), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_, e: RequestValidationError):
+        message, param = _validation_message(e)
+        return JSONResponse(error_body(400, message, param), status_code=400)
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_, e: EngineDeadError):
+        return JSONResponse(error_body(503, str(e)), status_code=503)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1") and \
+                request.headers.get("authorization") != f"Bearer {api_key}":
+            return JSONResponse(error_body(401, "invalid or missing API key: send "
+                                           "'Authorization: Bearer <key>'"), status_code=401)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        if not aengine.is_running:
+            return JSONResponse(error_body(503, "the engine loop has stopped"), status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(app.state.metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": served_model_name, "object": "model", "created": now(), "owned_by": "minivllm",
+            "max_model_len": aengine.engine.config.max_model_len}]}
+
+    add_routes(app)
+    return app
+
+
+
+
+class DisaggFront:
+    """A disaggregated pair (minivllm/distributed/kv_transfer/disagg_llm.py: DisaggLLM, the producer's engine and the
+    front) as AsyncLLMEngine drives an engine. The server is the same; its /metrics show the
+    producer's queue and pool, with the requests decoding on the consumer counted as running."""
+
+    def __init__(self, llm):
+        self.llm, self.config, self.tokenizer = llm, llm.producer.config, llm.tokenizer
+
+    def __getattr__(self, name):          # add_request, step, abort_request, close, ...
+        return getattr(self.llm, name)
+
+    def __repr__(self) -> str:
+        return repr(self.llm)
+
+    def stats(self):
+        s = self.llm.producer.stats()
+        return dataclasses.replace(s, num_running=s.num_running + len(self.llm.remote))
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket before the model loads, so a taken port fails at once, with
+    a message that says what to do."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise SystemExit(f"minivllm serve: port {port} on {host} is already in use "
+                             "(another server still running?); stop it or choose another "
+                             "with --port") from None
+        raise SystemExit(f"minivllm serve: cannot listen on {host}:{port}: {e.strerror}") \
+            from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class Server:
+    """uvicorn serving `app` on an already-bound socket; run() blocks, start() runs it on a
+    thread (tests, lessons, the benchmark). Stopping lets streams in flight finish for up to
+    `graceful_s` seconds, then cancels them; the engine loop then answers whatever is left."""
+
+    def __init__(self, aengine: AsyncLLMEngine, sock: socket.socket, served_model_name: str,
+                 api_key: str | None = None, graceful_s: float = 5.0, log_level="warning",
+                 owns_engine: bool = True):
+        self.aengine, self.sock, self.owns_engine = aengine, sock, owns_engine
+        self.app = build_app(aengine, served_model_name, api_key)
+        self.uvicorn = uvicorn.Server(uvicorn.Config(
+            self.app, log_level=log_level, timeout_graceful_shutdown=graceful_s))
+        self.thread = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.sock.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self.uvicorn.serve(sockets=[self.sock]))
+        finally:
+            if self.owns_engine:        # answer what is still in flight, stop the loop
+                self.aengine.shutdown()
+
+    def start(self, timeout: float = 30.0) -> "Server":
+        import threading
+        self.thread = threading.Thread(target=self.run, name="minivllm-http", daemon=True)
+        self.thread.start()
+        t0 = time.perf_counter()
+        while not self.uvicorn.started:
+            if not self.thread.is_alive() or time.perf_counter() - t0 > timeout:
+                raise RuntimeError("the HTTP server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.uvicorn.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout)

@@ -1,0 +1,212 @@
+"""The OpenAI API's request bodies as pydantic models, and what the server answers with.
+
+Strict types: JSON `"temperature": "1"` is a 400 naming `temperature`, not silently 1.0, and
+unknown fields are refused by name (a typo such as `max_token` would otherwise be ignored and
+the default used). Ranges are checked once, by SamplingParams, whose messages name the field.
+
+Fields beyond OpenAI's are vLLM's extras with vLLM's names (top_k, ignore_eos, stop_token_ids,
+skip_special_tokens, include_stop_str_in_output, repetition_penalty, min_tokens, and the
+guided_json / guided_regex / guided_choice / guided_grammar constraints). `response_format`
+({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}) becomes
+a guided-decoding constraint too (minivllm/structured_output/manager.py). Left out: echo, best_of, suffix,
+logit_bias, tools and function calling, images; each is refused as an unknown field rather
+than accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from minivllm.outputs import CompletionOutput
+from minivllm.sampling_params import MAX_LOGPROBS, GuidedDecodingParams, SamplingParams
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class JsonSchema(_Request):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = "schema"
+    description: str | None = None
+    json_schema: dict = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+
+class _SamplingFields(_Request):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None                  # accepted and ignored, as OpenAI's own
+    # vLLM's extras
+    top_k: int = -1
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    response_format: ResponseFormat | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def guided_decoding(self) -> GuidedDecodingParams | None:
+        """response_format or one guided_* field -> the constraint (ValueError if several)."""
+        rf = self.response_format
+        given = {k: v for k, v in [("json", self.guided_json), ("regex", self.guided_regex),
+                                   ("choice", self.guided_choice),
+                                   ("grammar", self.guided_grammar)] if v is not None}
+        if rf is not None and rf.type == "json_object":
+            given["json_object"] = True
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None:
+                raise ValueError('response_format: type "json_schema" needs a "json_schema" '
+                                 'object with the "schema"')
+            given["json"] = rf.json_schema.json_schema
+        if len(given) > 1:
+            raise ValueError("guided_decoding: give one constraint of response_format, "
+                             "guided_json, guided_regex, guided_choice, guided_grammar")
+        return GuidedDecodingParams(**given) if given else None
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """Raises TypeError/ValueError naming the field, like any SamplingParams."""
+        return SamplingParams(
+            n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            max_tokens=max_tokens, stop=self.stop or [], stop_token_ids=self.stop_token_ids or [],
+            seed=self.seed, logprobs=logprobs, ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
+            guided_decoding=self.guided_decoding())
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The content as one string (text parts of a multi-part content, joined)."""
+        if isinstance(self.content, list):
+            parts = []
+            for i, part in enumerate(self.content):
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(f"messages: content part {i} must be "
+                                     f'{{"type": "text", "text": "..."}}, got {part!r}')
+                parts.append(part["text"])
+            return "".join(parts)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None     # OpenAI's newer name for max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True           # vLLM's extra
+
+    def logprobs_k(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+FIELDS = ("n", "temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "seed",
+          "logprobs", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+          "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
+          "guided_decoding", "response_format")
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def param_of(message: str, default: str | None = None) -> str | None:
+    """The field an error message names first (SamplingParams' messages open with it)."""
+    return next((f for f in sorted(FIELDS, key=len, reverse=True) if message.startswith(f)),
+                default)
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    """OpenAI's error shape; `type` with vLLM's names."""
+    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+            499: "ClientClosedRequest", 503: "ServiceUnavailableError"}.get(
+                status, "InternalServerError")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+# ---------------------------------------------------------------- logprobs, OpenAI's two shapes
+def _top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
+    """The k most likely of a logprob entry (top-k plus the chosen token, which may be extra)."""
+    return sorted(entry.items(), key=lambda kv: -kv[1])[:k]
+
+
+def completion_logprobs(c: CompletionOutput, start: int, k: int, decode,
+                        text_offset: int) -> dict:
+    """Legacy completions shape: parallel lists, top_logprobs as {token text: logprob}."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for tid, entry in zip(c.token_ids[start:], c.logprobs[start:]):
+        tokens.append(decode(tid))
+        token_lps.append(entry[tid])
+        tops.append({decode(t): lp for t, lp in _top(entry, k)})
+        offsets.append(text_offset)
+        text_offset += len(tokens[-1])
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+def chat_logprobs(c: CompletionOutput, start: int, k: int, decode) -> dict:
+    """Chat shape: one object per token, with bytes, and its top alternatives."""
+    def item(tid: int, lp: float) -> dict:
+        text = decode(tid)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+    return {"content": [{**item(tid, entry[tid]),
+                         "top_logprobs": [item(t, lp) for t, lp in _top(entry, k)]}
+                        for tid, entry in zip(c.token_ids[start:], c.logprobs[start:])]}

@@ -1,0 +1,272 @@
+"""The two generation endpoints of the OpenAI API (vLLM's serving_completion.py and
+serving_chat.py, in one file): request -> SamplingParams and prompt ids -> AsyncLLMEngine ->
+one JSON answer, or a stream of server-sent events ending with `data: [DONE]`.
+
+Streaming sends, per step, each sample's new text as a delta. Text that could still turn out to
+be the start of a stop string is held back until it is known not to be (the engine cuts the
+text before a stop string only once the string is complete), so the concatenated deltas always
+equal the non-streamed text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from minivllm.engine.async_llm_engine import EngineDeadError
+from minivllm.outputs import CompletionOutput
+from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
+                               chat_logprobs, completion_logprobs, error_body, now, param_of,
+                               random_id)
+from minivllm.sampling_params import SamplingParams
+
+async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
+    """Interleave several async iterators as (which, item), as their items come."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    q: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i, s):
+        try:
+            async for item in s:
+                q.put_nowait((i, item))
+        except Exception as e:          # noqa: BLE001 -- handed to the reader
+            q.put_nowait((i, e))
+        finally:
+            q.put_nowait((i, done))
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(tasks)
+        while left:
+            i, item = await q.get()
+            if item is done:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def until_disconnected(request: Request, work):
+    """Await `work`, but cancel it (aborting its requests) if the client goes away first."""
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise OpenAIError(499, "the client disconnected; its request was aborted")
+    return task.result()
+
+
+def check_model(app: FastAPI, name: str | None) -> None:
+    if name is not None and name != app.state.model_name:
+        raise OpenAIError(404, f"The model `{name}` does not exist; this server serves "
+                          f"`{app.state.model_name}`.", "model")
+
+
+async def start_requests(app: FastAPI, request_id: str, prompts: list[str | list[int]],
+                         make_params, max_tokens: int | None, default_max_tokens,
+                         prompt_field: str
+                         ) -> tuple[list[AsyncIterator], list[int], SamplingParams]:
+    """Validate, tokenize and add each prompt; return their output streams (timed), their
+    prompt lengths and the SamplingParams. All or nothing: on an error, nothing stays queued."""
+    aengine, tokenizer = app.state.aengine, app.state.aengine.tokenizer
+    max_len = aengine.engine.config.max_model_len
+    t0 = time.perf_counter()
+    try:                       # the values first (max_tokens checked here, with a placeholder)
+        make_params(max_len if max_tokens is None else max_tokens)
+    except (TypeError, ValueError) as e:
+        raise OpenAIError(400, str(e), param_of(str(e))) from None
+    ids = [tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else p
+           for p in prompts]
+    streams, params = [], None
+    try:
+        for i, prompt_ids in enumerate(ids):
+            if not prompt_ids:
+                raise OpenAIError(400, f"{prompt_field} is empty: give at least one token",
+                                  prompt_field)
+            want = default_max_tokens(len(prompt_ids)) if max_tokens is None else max_tokens
+            if len(prompt_ids) + want > max_len:
+                raise OpenAIError(
+                    400, f"This model's maximum context length is {max_len} tokens. However, "
+                    f"you requested {len(prompt_ids) + want} tokens ({len(prompt_ids)} in the "
+                    f"{prompt_field}, {want} in the completion). Please reduce the length of "
+                    f"the {prompt_field} or completion.",
+                    prompt_field if len(prompt_ids) >= max_len else "max_tokens")
+            params = make_params(want)
+            try:
+                outputs = await aengine.add_request(f"{request_id}-{i}", prompt_ids, params)
+            except (TypeError, ValueError) as e:
+                raise OpenAIError(400, str(e), param_of(str(e), prompt_field)) from None
+            streams.append(app.state.metrics.observe(outputs, t0))
+    except BaseException:
+        for i in range(len(streams)):
+            aengine.abort(f"{request_id}-{i}")
+        raise
+    return streams, [len(x) for x in ids], params
+
+
+def abort_all(app: FastAPI, request_id: str, count: int) -> None:
+    """Abort every engine request of one HTTP request (a no-op for finished ones)."""
+    for i in range(count):
+        app.state.aengine.abort(f"{request_id}-{i}")
+
+
+def visible_text(text: str, finished: bool, params: SamplingParams) -> str:
+    """What may be streamed so far: hold back a tail that could still become a stop string
+    (the engine cuts the text before a stop string once it is complete)."""
+    if finished or not params.stop:
+        return text
+    hold = max(map(len, params.stop)) - 1
+    return text[:len(text) - hold] if hold else text
+
+
+def sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def streaming_response(body: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+def _usage(prompt_lens: list[int], completion_tokens: int) -> dict:
+    prompt_tokens = sum(prompt_lens)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+async def stream_events(app: FastAPI, request_id: str, envelope: dict, streams, prompt_lens,
+                        params: SamplingParams, include_usage: bool,
+                        choice: Callable[[int, str, CompletionOutput, int, int], dict],
+                        opening: list[dict]) -> AsyncIterator[str]:
+    """SSE body: `opening` choices (chat's role deltas), then per step one chunk per sample that
+    has new text or has finished, then the usage chunk if asked for, then [DONE]."""
+    chunk = lambda choices: sse({**envelope, "choices": choices,  # noqa: E731
+                                 **({"usage": None} if include_usage else {})})
+    sent_chars: dict[int, int] = {}
+    sent_tokens: dict[int, int] = {}
+    finished: set[int] = set()
+    completion_tokens = 0
+    try:
+        for c in opening:
+            yield chunk([c])
+        async for i, out in merge(streams):
+            for c in out.outputs:
+                index = i * params.n + c.index
+                if index in finished:
+                    continue
+                text = visible_text(c.text, c.finished, params)
+                start = sent_chars.get(index, 0)
+                if len(text) == start and not c.finished:
+                    continue
+                yield chunk([choice(index, text[start:], c, sent_tokens.get(index, 0), start)])
+                sent_chars[index], sent_tokens[index] = len(text), len(c.token_ids)
+                if c.finished:
+                    finished.add(index)
+                    completion_tokens += len(c.token_ids)
+        if include_usage:
+            yield sse({**envelope, "choices": [],
+                       "usage": _usage(prompt_lens, completion_tokens)})
+    except EngineDeadError as e:
+        yield sse(error_body(503, str(e)))
+    finally:
+        abort_all(app, request_id, len(streams))
+    yield sse("[DONE]")
+
+
+async def final_outputs(app: FastAPI, request: Request, request_id: str, streams) -> list:
+    """Each prompt's finished RequestOutput (non-streaming), unless the client leaves first."""
+    async def collect():
+        finals = [None] * len(streams)
+        async for i, out in merge(streams):
+            finals[i] = out
+        return finals
+    try:
+        return await until_disconnected(request, collect())
+    finally:
+        abort_all(app, request_id, len(streams))
+
+
+def add_routes(app: FastAPI) -> None:
+    decode = app.state.decode_token
+    max_len = app.state.aengine.engine.config.max_model_len
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        check_model(app, req.model)
+        rid, k = random_id("cmpl"), req.logprobs
+        streams, prompt_lens, params = await start_requests(
+            app, rid, req.prompts(), lambda mt: req.sampling_params(mt, k), req.max_tokens,
+            lambda p: max(1, min(16, max_len - p)), "prompt")
+        envelope = {"id": rid, "object": "text_completion", "created": now(),
+                    "model": app.state.model_name}
+
+        def choice(index, text, c, tok_start, char_start):
+            return {"index": index, "text": text, "finish_reason": c.finish_reason,
+                    "logprobs": None if k is None else
+                    completion_logprobs(c, tok_start, k, decode, char_start)}
+        if req.stream:
+            return streaming_response(stream_events(app, rid, envelope, streams, prompt_lens,
+                                                    params, req.include_usage, choice, []))
+        finals = await final_outputs(app, request, rid, streams)
+        choices = [choice(i * params.n + c.index, c.text, c, 0, 0)
+                   for i, out in enumerate(finals) for c in out.outputs]
+        tokens = sum(len(c.token_ids) for out in finals for c in out.outputs)
+        return {**envelope, "choices": choices, "usage": _usage(prompt_lens, tokens)}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        check_model(app, req.model)
+        rid, k = random_id("chatcmpl"), req.logprobs_k()
+        try:
+            conversation = [{"role": m.role, "content": m.text()} for m in req.messages]
+            prompt = app.state.aengine.tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=req.add_generation_prompt)
+        except Exception as e:     # noqa: BLE001 -- jinja's template errors are the user's
+            raise OpenAIError(400, f"messages: {e}", "messages") from None
+        max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
+                      else req.max_tokens)
+        streams, prompt_lens, params = await start_requests(
+            app, rid, [prompt], lambda mt: req.sampling_params(mt, k), max_tokens,
+            lambda p: max(1, max_len - p), "messages")
+        envelope = {"id": rid, "object": "chat.completion.chunk", "created": now(),
+                    "model": app.state.model_name}
+
+        def logprobs(c, tok_start):
+            return None if k is None else chat_logprobs(c, tok_start, k, decode)
+
+        def choice(index, text, c, tok_start, char_start):
+            delta = {"content": text} if text else {}
+            return {"index": index, "delta": delta, "logprobs": logprobs(c, tok_start),
+                    "finish_reason": c.finish_reason}
+        if req.stream:
+            opening = [{"index": i, "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None, "finish_reason": None} for i in range(params.n)]
+            return streaming_response(stream_events(app, rid, envelope, streams, prompt_lens,
+                                                    params, req.include_usage, choice, opening))
+        (out,) = await final_outputs(app, request, rid, streams)
+        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                    "logprobs": logprobs(c, 0), "finish_reason": c.finish_reason}
+                   for c in out.outputs]
+        tokens = sum(len(c.token_ids) for c in out.outputs)
+        return {**envelope, "object": "chat.completion", "choices": choices,
+                "usage": _usage(prompt_lens, tokens)}

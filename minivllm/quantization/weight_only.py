@@ -1,0 +1,150 @@
+"""Weight-only quantization: int8 per output channel, int4 in groups, swapped in after loading.
+
+Decoding one token reads every weight once and does two FLOPs per weight: at batch 1 the step
+is as fast as the weights stream from memory. Storing them in fewer bits moves fewer bytes:
+
+    int8      q = round(w / s), s = max|w_row| / 127      one fp scale per output row
+    int4-gG   q = round((w - m) / d) in 0..15              per G weights of a row: scale d, min m
+              two q per byte; w ~ q * d + m                (GGUF's Q4_1 is this with G = 32)
+
+The activations stay in floating point ("weight-only", W8A16 / W4A16): each kernel turns the
+weights back into floats tile by tile, inside the matmul, never as a whole matrix in memory.
+
+    CPU   torch's own weight-only kernels (aten._weight_int8pack_mm, _weight_int4pack_mm_for_cpu,
+          what gpt-fast calls); they take bf16 activations, so x goes in as bf16
+    CUDA  kernels/quant_matmul.py: a Triton matmul that dequantizes each weight tile it loads
+
+`quantize_model` swaps the seven nn.Linear of every decoder layer for a QuantLinear
+(models/llama.py is untouched). Left out, and why: the lm_head, as vLLM does by default (it is
+tied to the embeddings here, and rounding it cost the most perplexity: int4-g32 on 400 tokens
+13.06 without it, 14.20 with it, fp32 12.93); the embedding table (a lookup reads one row per
+token, so its bytes cost memory, not time); the norms (tiny). The float modules are kept aside
+so that `reconfigure(quantization=...)` can switch formats on the same loaded weights; a
+server that quantizes once would drop them.
+
+Left out, compared with vLLM: calibrated methods (GPTQ, AWQ, SmoothQuant), activation
+quantization (W8A8, FP8 GEMMs), loading pre-quantized checkpoints, Marlin/Machete kernels and
+MoE. The KV-cache half of quantization (kv_cache_dtype="fp8" | "int8") is in kernels/write_kv.py
+(the row format) and minivllm/attention/torch_attention.py.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.quant_matmul import (dequantize_int4, dequantize_int8, quantize_int4,
+                                  quantize_int8, unpack_int4)
+
+INT4_GROUP_SIZES = (32, 64, 128)
+
+
+def parse_quantization(method: str | None) -> tuple[str, int] | None:
+    """'int8' -> ('int8', 0); 'int4-g64' -> ('int4', 64); 'int4' is 'int4-g32' (GGUF Q4_1's
+    block, and the one size that divides every dimension of the default model); None -> None."""
+    if method is None:
+        return None
+    known = ["int8", "int4"] + [f"int4-g{g}" for g in INT4_GROUP_SIZES]
+    if method not in known:
+        raise ValueError(f"quantization must be None or one of {known}, got {method!r}")
+    if method == "int8":
+        return "int8", 0
+    return "int4", int(method.split("-g")[1]) if "-g" in method else 32
+
+
+class QuantLinear(nn.Module):
+    """y = x @ dequant(W).T + b, with W stored as int8 or packed int4 (see the module docstring)."""
+
+    def __init__(self, linear: nn.Linear, method: str, group_size: int = 0):
+        super().__init__()
+        self.method, self.group_size = method, group_size
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach()
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
+                                                                 requires_grad=False)
+        self.use_torch_cpu_kernel = w.device.type == "cpu"
+        self.mins = self.scales_zeros = None
+        if method == "int8":
+            self.qweight, self.scales = quantize_int8(w)
+            if self.use_torch_cpu_kernel:
+                self.scales_bf16 = self.scales.to(torch.bfloat16)
+        else:
+            self.qweight, self.scales, self.mins = quantize_int4(w, group_size)
+            if self.use_torch_cpu_kernel:
+                # torch's CPU layout: q - 8 in [-8, 7], w ~ (q - 8) * d + z with z = m + 8d,
+                # as (K/G, N, 2) [scale, zero] pairs; the weight repacked into its own tiles.
+                zeros = self.mins + 8 * self.scales
+                self.scales_zeros = torch.stack([self.scales, zeros], -1).transpose(0, 1) \
+                    .contiguous().to(torch.bfloat16)
+                self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                    unpack_int4(self.qweight).to(torch.int32), 1)
+                self.scales = self.mins = None    # the packed tensor holds everything
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The float weight this module stands for (N, K), for references and error plots."""
+        if self.method == "int8":
+            return dequantize_int8(self.qweight, self.scales)
+        if self.use_torch_cpu_kernel:     # unpack through the kernel itself: x = identity
+            eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                eye, self.qweight, self.group_size, self.scales_zeros).float().T
+        return dequantize_int4(self.qweight, self.scales, self.mins, self.group_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape, x2 = x.shape, x.reshape(-1, self.in_features)
+        if self.use_torch_cpu_kernel:
+            xb = x2.to(torch.bfloat16)
+            if self.method == "int8":
+                y = torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales_bf16)
+            else:
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.qweight,
+                                                               self.group_size, self.scales_zeros)
+            y = y.to(x.dtype)
+        else:
+            from kernels.quant_matmul import quant_matmul
+            y = quant_matmul(x2, self.qweight, self.scales, self.mins, self.group_size)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        g = f", group_size={self.group_size}" if self.method == "int4" else ""
+        return f"{self.in_features}, {self.out_features}, {self.method}{g}"
+
+
+def quantize_model(model: nn.Module, method: str | None) -> None:
+    """Put `model`'s linears in format `method` (None: back to the float originals)."""
+    originals: dict[str, nn.Module] = model.__dict__.setdefault("_float_linears", {})
+    for name, linear in originals.items():                # back to float first
+        model.set_submodule(name, linear)
+    spec = parse_quantization(method)
+    if spec is None:
+        return
+    linears = {n: m for n, m in model.named_modules()     # the 7 projections of every layer
+               if isinstance(m, (nn.Linear, QuantLinear)) and ".layers." in n}
+    for name, linear in linears.items():                  # refuse before changing anything
+        if type(linear) is not nn.Linear:
+            raise ValueError(f"quantization={method!r}: {name} is a {type(linear).__name__}, "
+                             "not a plain nn.Linear; weight-only quantization does not combine "
+                             "with LoRA or tensor-parallel linears in minivllm")
+        if spec[0] == "int4" and linear.in_features % spec[1]:
+            raise ValueError(f"quantization={method!r}: group size {spec[1]} does not divide "
+                             f"{name}'s input dimension {linear.in_features}; use a group size "
+                             f"that does (one of {list(INT4_GROUP_SIZES)})")
+    for name, linear in linears.items():
+        originals[name] = linear
+        model.set_submodule(name, QuantLinear(linear, *spec))
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Bytes of every distinct weight tensor the model holds (tied ones once), quantized or not."""
+    seen, total = set(), 0
+    for m in model.modules():
+        own = [*m.parameters(recurse=False), *m.buffers(recurse=False)]
+        if isinstance(m, QuantLinear):
+            own = [m.qweight, m.scales, m.mins, m.scales_zeros, *own]
+        for t in own:
+            if t is not None and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+    return total

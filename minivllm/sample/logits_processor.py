@@ -1,0 +1,88 @@
+"""Logits processors: per-request edits of a step's logits rows, before the Sampler draws.
+
+Every processor here is batched: it builds one tensor for the rows that ask for it and edits
+those rows at once, never a Python loop over the vocabulary. In the Sampler's order:
+
+    min_tokens     until a sequence has min_tokens new tokens, its stop tokens (EOS unless
+                   ignore_eos, and stop_token_ids) are masked to -inf: it cannot stop early
+    penalties      vLLM's three, from the token counts of each sequence (one scatter_add):
+                     repetition_penalty r   tokens seen in the prompt or the output:
+                                            logit / r if logit > 0, else logit * r
+                     frequency_penalty f    logit -= f * (times the token is in the output)
+                     presence_penalty p     logit -= p * (1 if it is in the output at all)
+    guided         the grammar's token bitmask (minivllm/structured_output/manager.py): tokens that would break
+                   the JSON schema / regex / choice go to -inf
+
+Requests that ask for none of these cost nothing: their rows are never touched, so greedy
+output of a plain request is the same bits as before the seam existed.
+
+Left out, compared with vLLM: its persistent batch (V1 keeps the token counts in tensors that
+live across steps; we count again from seq.token_ids every step, O(length) host work per
+penalized row), min_p, logit_bias, bad_words, allowed_token_ids, and user-supplied processors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.core.sequence import Sequence
+
+
+def apply_min_tokens(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: set[int]):
+    """In place: stop tokens of rows still short of min_tokens go to -inf. logits (B, V)."""
+    rows, cols = [], []
+    for i, s in enumerate(seqs):
+        p = s.params
+        if p.min_tokens and s.num_output_tokens < p.min_tokens:
+            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else eos_token_ids)
+            rows += [i] * len(stops)
+            cols += sorted(stops)
+    if rows:
+        logits[rows, cols] = float("-inf")
+
+
+def token_counts(token_lists: list[list[int]], vocab: int, device) -> torch.Tensor:
+    """How often each token occurs in each list: (R, V) int64, one scatter_add for all rows."""
+    width = max(map(len, token_lists), default=0)
+    padded = torch.full((len(token_lists), width), vocab, dtype=torch.int64)  # pad: column V
+    for r, toks in enumerate(token_lists):
+        padded[r, :len(toks)] = torch.tensor(toks, dtype=torch.int64)
+    counts = torch.zeros(len(token_lists), vocab + 1, dtype=torch.int64)
+    counts.scatter_add_(1, padded, torch.ones_like(padded))
+    return counts[:, :vocab].to(device)                               # (R, V)
+
+
+# --8<-- [start:penalties]
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """In place: vLLM's repetition, frequency and presence penalties. logits (B, V)."""
+    rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
+    if not rows:
+        return
+    vocab, device = logits.shape[-1], logits.device
+    params = [seqs[i].params for i in rows]
+    col = lambda xs: torch.tensor(xs, dtype=logits.dtype, device=device)[:, None]  # noqa: E731
+    output = token_counts([seqs[i].output_token_ids for i in rows], vocab, device)   # (R, V)
+    prompt = token_counts([seqs[i].prompt_token_ids for i in rows], vocab, device) > 0
+    x = logits[rows]                                                   # (R, V)
+    rep = col([p.repetition_penalty for p in params])
+    seen = prompt | (output > 0)
+    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)    # shrink toward 0
+    x -= col([p.frequency_penalty for p in params]) * output
+    x -= col([p.presence_penalty for p in params]) * (output > 0)
+    logits[rows] = x
+# --8<-- [end:penalties]
+
+
+def apply_logits_processors(logits: torch.Tensor, seqs: list[Sequence],
+                            eos_token_ids: set[int], guided=None) -> torch.Tensor:
+    """Every processor, in order, on a copy of logits (the caller keeps the raw rows for
+    logprobs). Returns logits itself when no row asks for anything (no copy, no change)."""
+    p = [s.params for s in seqs]
+    if not any(x.min_tokens or x.has_penalties or x.guided_decoding for x in p):
+        return logits
+    logits = logits.clone()
+    apply_min_tokens(logits, seqs, eos_token_ids)
+    apply_penalties(logits, seqs)
+    if guided is not None:
+        guided.apply_bitmask(logits, seqs)
+    return logits

@@ -1,0 +1,163 @@
+"""Guided decoding (structured output): a grammar decides which tokens may come next.
+
+A constraint (GuidedDecodingParams: a JSON schema, a regex, a list of choices, an EBNF grammar,
+or "any JSON object") is compiled by xgrammar, vLLM's default backend, into a pushdown
+automaton over the model's vocabulary. Compiling costs milliseconds to a fraction of a second
+(it precomputes, per grammar state, which of the 49,152 tokens can follow), so each constraint
+is compiled once, when the first request that names it arrives, and cached by its text.
+
+Each guided sequence then owns a GrammarMatcher, the automaton's current state. Every step:
+
+    1. the matcher catches up with the tokens its sequence gained since the last step
+       (accept_token: normally one; after speculation or a fork, what is there)
+    2. it fills one row of a bitmask, one bit per vocabulary token (49,152 bits = 1,536 int32
+       words): 1 = allowed next
+    3. xgrammar applies the whole batch's bitmask to the logits in one call: 0 bits -> -inf
+
+The matcher lives here by sequence id and reads the sequence's own tokens, which preemption
+never changes: a sequence recomputed or swapped out and back finds its matcher where it left
+it, and prefix caching and chunked prefill (which touch only the KV cache) cannot disturb it.
+A forked sample (n > 1) gets its own matcher, which catches up from the fork's tokens.
+
+Speculative decoding is refused with guided decoding (and with the other logits processors):
+its draft tokens are verified against the unprocessed distribution, so a draft could break the
+grammar; supporting it needs matcher rollback (xgrammar has one) and masks for the draft rows.
+
+Left out, compared with vLLM: compiling in a background thread pool while the request waits
+(we compile inside add_request: a new schema stalls the step loop once, ~0.1-0.3 s on a CPU),
+jump-forward decoding, the outlines / llguidance / lm-format-enforcer backends, structural
+tags (tool calling), reasoning-parser hand-off, and a cache size limit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import torch
+
+from minivllm.sampling_params import GuidedDecodingParams, SamplingParams
+from minivllm.core.sequence import Sequence
+
+
+def _reason(error: Exception) -> str:
+    """xgrammar's message without its C++ source location prefix."""
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?", "",
+                  str(error)).strip()
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """An EBNF grammar whose only sentences are the choices (vLLM builds the same)."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+class StructuredOutputManager:
+    """vLLM's name: compiles and caches grammars, holds each guided sequence's matcher, and
+    applies the step's bitmask. Importing xgrammar takes seconds, so it happens on the first
+    guided request, not at engine start."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]):
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.compiler = None
+        self.grammars: dict[tuple, object] = {}          # (kind, text) -> CompiledGrammar
+        self.matchers: dict[int, list] = {}              # seq_id -> [matcher, tokens fed]
+        self.num_compiled = 0                           # grammars compiled (cache misses)
+        self.compile_seconds = 0.0
+        self.mask_seconds = 0.0                          # fill + apply, summed over steps
+        self.num_masked_rows = 0
+
+    def load(self):
+        """Import xgrammar and prepare the vocabulary for it (once per engine); -> xgrammar."""
+        import xgrammar as xgr
+        if self.compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(
+                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.eos_token_ids)
+            self.compiler = xgr.GrammarCompiler(info, max_threads=2)
+        return xgr
+
+    @staticmethod
+    def key(g: GuidedDecodingParams) -> tuple:
+        """The cache key: (kind, the constraint as text, whitespace rule). Not sort_keys: a
+        schema's property order is the order the output must follow."""
+        value = getattr(g, g.kind)
+        text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+        return g.kind, text, g.disable_any_whitespace
+
+    # --8<-- [start:compile]
+    def compile(self, g: GuidedDecodingParams):
+        """The CompiledGrammar for g, from the cache or compiled now; ValueError with xgrammar's
+        reason if the schema, regex or grammar is invalid."""
+        key = self.key(g)
+        if key in self.grammars:
+            return self.grammars[key]
+        self.load()
+        t0 = time.perf_counter()
+        kind, text, strict_ws = key
+        try:
+            if kind == "json":
+                grammar = self.compiler.compile_json_schema(text, any_whitespace=not strict_ws)
+            elif kind == "json_object":
+                grammar = self.compiler.compile_builtin_json_grammar()
+            elif kind == "regex":
+                grammar = self.compiler.compile_regex(text)
+            elif kind == "choice":
+                grammar = self.compiler.compile_grammar(choice_grammar(g.choice))
+            else:
+                grammar = self.compiler.compile_grammar(text)
+        except Exception as e:   # noqa: BLE001 (RuntimeError mostly; a few of xgrammar's own)
+            name = {"json": "JSON schema", "regex": "regex", "grammar": "grammar"}.get(kind, kind)
+            raise ValueError(f"guided_decoding: invalid {name}: {_reason(e)}") from None
+        self.compile_seconds += time.perf_counter() - t0
+        self.num_compiled += 1
+        self.grammars[key] = grammar
+        return grammar
+    # --8<-- [end:compile]
+
+    def check(self, params: SamplingParams, speculative: bool) -> None:
+        """At add_request: refuse what this engine cannot do, compile the constraint."""
+        if speculative and (params.guided_decoding or params.has_penalties
+                            or params.min_tokens):
+            raise ValueError("guided_decoding, penalties and min_tokens are not supported with "
+                             "speculative decoding (drafts are verified against the "
+                             "unprocessed distribution); use an engine without "
+                             "speculative_config")
+        if params.guided_decoding is not None:
+            self.compile(params.guided_decoding)
+
+    def matcher(self, seq: Sequence):
+        """seq's GrammarMatcher, fed every output token it has not seen yet."""
+        entry = self.matchers.get(seq.seq_id)
+        if entry is None:
+            import xgrammar as xgr
+            grammar = self.compile(seq.params.guided_decoding)
+            entry = self.matchers[seq.seq_id] = [xgr.GrammarMatcher(grammar), 0]
+        matcher, fed = entry
+        for token in seq.output_token_ids[fed:]:
+            if not matcher.accept_token(token):
+                raise ValueError(f"token {token} breaks the {seq.params.guided_decoding.kind} "
+                                 "constraint")
+        entry[1] = seq.num_output_tokens
+        return matcher
+
+    # --8<-- [start:bitmask]
+    def apply_bitmask(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """In place: every guided row's disallowed tokens -> -inf. One bitmask for the batch,
+        (B, ceil(V / 32)) int32, filled row by row by the matchers, applied in one call."""
+        rows = [i for i, s in enumerate(seqs) if s.params.guided_decoding is not None]
+        if not rows:
+            return
+        import xgrammar as xgr
+        t0 = time.perf_counter()
+        bitmask = xgr.allocate_token_bitmask(len(seqs), self.vocab_size)  # all bits 1
+        for i in rows:
+            self.matcher(seqs[i]).fill_next_token_bitmask(bitmask, i)
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
+                                        vocab_size=self.vocab_size, indices=rows)
+        self.mask_seconds += time.perf_counter() - t0
+        self.num_masked_rows += len(rows)
+    # --8<-- [end:bitmask]
+
+    def free(self, seq: Sequence) -> None:
+        self.matchers.pop(seq.seq_id, None)

@@ -1,0 +1,97 @@
+"""Less Python per decode step: torch.compile around attention, and CUDA graphs for decode.
+
+A decode step of SmolLM2 runs ~30 layers x ~25 small ops. At batch 1 each op does little math,
+so on a GPU the step is bound by launching kernels (a few us each, from Python) rather than by
+the GPU itself. Two remedies, as in vLLM:
+
+  * torch.compile (`compilation_config=3`): each RMSNorm and each MLP is compiled by Inductor
+    with a dynamic token count, so their elementwise ops fuse (RMSNorm's 6 ops -> 1 kernel,
+    SiLU x up -> 1). One compiled graph serves every layer (torch treats the weights as
+    inputs). Attention, rotary and the residual adds stay eager.
+  * CUDA graphs (on unless `enforce_eager=True`; CUDA, Triton attention, tp=1): the whole
+    decode forward is captured once per batch-size bucket (1, 2, 4, 8, 16, 32, ... up to
+    max_num_seqs) and each decode step is one `replay()`: one launch instead of hundreds.
+    A graph replays fixed addresses and shapes, so the step's inputs are copied into static
+    buffers, a batch is padded up to its bucket (padded tokens write their K/V to slot -1,
+    which the write kernel skips), and the paged decode kernel gets a fixed partition count
+    (max_model_len) and its fixed DecodeScratch. Prefill and mixed steps run eagerly.
+
+Left out, compared with vLLM: piecewise capture of prefill graphs around attention, Inductor's
+own graph pass pipeline (fusing the all-reduce, the residual add and the norm), graphs under
+tensor parallelism, and capture-size lists or cache directories set by the user.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.models.llama import LlamaMLP, RMSNorm
+
+
+def set_compilation(model: torch.nn.Module, level: int) -> int:
+    """level 3: compile every RMSNorm and MLP in place; level 0: back to eager. Returns how
+    many modules are compiled now."""
+    modules = [m for m in model.modules() if isinstance(m, (RMSNorm, LlamaMLP))]
+    for module in modules:
+        if level:
+            module.compile(dynamic=True)
+        else:
+            module._compiled_call_impl = None     # what nn.Module.compile sets
+    return len(modules) if level else 0
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """The decode batch sizes that get a graph: powers of two below max_num_seqs, and it."""
+    sizes = [1 << i for i in range(max_num_seqs.bit_length()) if 1 << i < max_num_seqs]
+    return sizes + [max_num_seqs]
+
+
+class CUDAGraphRunner:
+    """One captured decode forward per batch-size bucket, over static input buffers."""
+
+    def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_model_len: int,
+                 block_size: int, decode_scratch, device: torch.device):
+        self.model, self.sizes = model, capture_sizes(max_num_seqs)
+        n, blocks = self.sizes[-1], -(-max_model_len // block_size)
+        i64 = dict(dtype=torch.int64, device=device)
+        self.input_ids, self.positions = torch.zeros(n, **i64), torch.zeros(n, **i64)
+        self.slot_mapping = torch.full((n,), -1, **i64)          # -1: padding, never written
+        self.seq_lens = torch.ones(n, **i64)
+        self.block_tables = torch.zeros(n, blocks, **i64)
+        self.query_start_loc = torch.arange(n + 1, **i64)         # one token per sequence
+        self.graphs, self.outputs = {}, {}
+        self.replays: dict[int, int] = {}     # bucket -> decode steps replayed (lessons, tests)
+        pool = None
+        for bs in reversed(self.sizes):       # largest first: the smaller ones share its pool
+            # max_seq_len is max_model_len, always: the decode kernel's grid must not change.
+            md = AttentionMetadata(self.slot_mapping[:bs], self.query_start_loc[:bs + 1],
+                                   self.seq_lens[:bs], self.block_tables[:bs], max_query_len=1,
+                                   max_seq_len=max_model_len, decode_scratch=decode_scratch)
+            self.model(self.input_ids[:bs], self.positions[:bs], md)   # warm up: JIT, allocator
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[bs] = self.model(self.input_ids[:bs], self.positions[:bs], md)
+            pool, self.graphs[bs] = graph.pool(), graph
+
+    def can_run(self, input_ids: torch.Tensor, md: AttentionMetadata) -> bool:
+        return md.max_query_len == 1 and input_ids.shape[0] <= self.sizes[-1]
+
+    # --8<-- [start:replay]
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
+            md: AttentionMetadata) -> torch.Tensor:
+        """One decode step: copy its inputs into the static buffers, replay, (n, hidden)."""
+        n = input_ids.shape[0]
+        bs = next(size for size in self.sizes if size >= n)        # pad up to the bucket
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(md.slot_mapping)
+        self.slot_mapping[n:bs].fill_(-1)                          # padding writes nothing
+        self.seq_lens[:n].copy_(md.seq_lens)
+        self.seq_lens[n:bs].fill_(1)
+        self.block_tables[:n, :md.block_tables.shape[1]].copy_(md.block_tables)
+        self.graphs[bs].replay()
+        self.replays[bs] = self.replays.get(bs, 0) + 1
+        return self.outputs[bs][:n]
+    # --8<-- [end:replay]

@@ -1,0 +1,266 @@
+"""ModelRunner: owns the model and the KV pool, and turns a scheduled batch into tokens.
+
+Each step it flattens the scheduled sequences into the four tensors every paged engine builds:
+
+    input_ids     (T,)   the new tokens of every sequence, concatenated
+    positions     (T,)   each token's position in its own sequence (RoPE needs it)
+    slot_mapping  (T,)   where each new token's K/V goes in the pool
+    block_tables  (B, max_blocks)   where each sequence's earlier K/V already is
+
+then runs the model once and computes logits only for the last token of each sequence that
+will sample this step; the engine hands those rows to the Sampler. A sequence verifying k draft
+tokens (speculative decoding) computes them after its own tokens and gets k + 1 rows.
+
+The weights are loaded once; the KV pool (`init_kv_cache`) is sized and allocated per engine
+configuration, so LLMEngine.reconfigure can rebuild it over the same weights.
+
+With tensor parallelism (minivllm/distributed/parallel.py) every rank holds a ModelRunner over its shard
+of the weights and its share of the KV heads; `execute_model` is the part all ranks run.
+
+Decode steps on CUDA replay CUDA graphs, and torch.compile is an option (minivllm/worker/compilation.py).
+
+Left out, compared with vLLM: persistent input buffers reused across prefill steps, pipelined
+(async) scheduling and multi-modal inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from minivllm.attention.layer import resolve_attention_backend
+
+from minivllm.attention.metadata import AttentionMetadata
+from minivllm.worker.compilation import CUDAGraphRunner, set_compilation
+from minivllm.config import EngineConfig, ModelConfig
+from minivllm.core.kv_cache import allocate_kv_cache, kv_bytes_per_token
+from minivllm.models.loader import load_weights
+from minivllm.lora.models import LoRAManager
+from minivllm.models import LlamaForCausalLM
+from minivllm.quantization.weight_only import quantize_model
+from minivllm.sample.sampler import Sampler
+from minivllm.sampling_params import SamplingParams
+from minivllm.core.sequence import Sequence, SequenceGroup
+
+logger = logging.getLogger("minivllm")
+
+DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the pool
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
+                 device: torch.device, dtype: torch.dtype, tp=None):
+        self.config = model_config
+        self.device, self.dtype = device, dtype
+        # Tensor parallelism: tp is this rank's TensorParallelGroup (None: one process). The
+        # KV pool holds this rank's KV heads only, so it is sized from kv_config.
+        self.tp, self.tp_size = tp, tp.size if tp else 1
+        self.kv_config = model_config
+        # Before the model is built: building it may import Triton (through torch), and on a CPU
+        # Triton must see TRITON_INTERPRET=1 before that (see minivllm/__init__.py).
+        resolve_attention_backend(engine_config.attention_backend, device, dtype)
+        with torch.device("meta"):          # no time wasted on random init of real weights
+            model = LlamaForCausalLM(model_config)
+            if tp is not None:
+                from minivllm.distributed.parallel import parallelize
+                self.kv_config = parallelize(model, model_config, tp)
+        model = model.to_empty(device=device).to(dtype)
+        if model_config.tie_word_embeddings:  # to_empty breaks the tie: restore it
+            model.lm_head.weight = model.model.embed_tokens.weight
+        load_weights(model, path)
+        self.model = model.eval()
+        self.sampler = Sampler(device)
+        self.quantization = self.lora_manager = None
+        self.init_kv_cache(engine_config)
+
+    def init_kv_cache(self, engine_config: EngineConfig) -> None:
+        """Size and allocate the KV pool (and the swap pool) for engine_config, replacing any
+        pool from an earlier configuration. The weights stay as they are."""
+        if engine_config.tensor_parallel_size != self.tp_size:
+            raise ValueError(f"tensor_parallel_size is fixed when the engine starts (here "
+                             f"{self.tp_size}), got {engine_config.tensor_parallel_size}: "
+                             "start a new LLM for another size")
+        if engine_config.quantization != self.quantization:    # weights in the asked format
+            quantize_model(self.model, engine_config.quantization)   # (minivllm/quantization/weight_only.py)
+            self.quantization = engine_config.quantization
+        self.engine_config = engine_config
+        self.cuda_graphs = None
+        self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.attention_backend = resolve_attention_backend(engine_config.attention_backend,
+                                                           self.device, self.dtype)
+        if self.lora_manager:                # LoRA slots (minivllm/lora/models.py), before KV sizing
+            self.lora_manager.unwrap()
+        self.lora_manager = (LoRAManager(self.model, engine_config, self.device)
+                             if engine_config.enable_lora else None)
+        # The Triton decode kernel's partial results: one fixed buffer for the engine's largest
+        # decode batch (max_num_seqs sequences of max_model_len tokens), before the KV pool
+        # takes what memory is left.
+        if self.attention_backend == "triton":
+            from minivllm.attention.triton_attention import DecodeScratch
+            self.decode_scratch = DecodeScratch.allocate(
+                engine_config.max_num_seqs, self.kv_config.num_attention_heads,
+                self.kv_config.head_dim, engine_config.max_model_len, self.device)
+        self.model.model.rotary_emb.build(engine_config.max_model_len, self.device, self.dtype)
+        # The KV pool. "paged": blocks of block_size tokens; "contiguous": one slab of
+        # max_model_len tokens per sequence (lesson 01's baseline), addressed the same way.
+        self.kv_layout = engine_config.kv_layout
+        self.block_size = (engine_config.block_size if self.kv_layout == "paged"
+                           else engine_config.max_model_len)
+        self.kv_cache_dtype = engine_config.kv_cache_dtype
+        self.block_bytes = (kv_bytes_per_token(self.kv_config, self.dtype, self.kv_cache_dtype)
+                            * self.block_size)
+        self.num_blocks = self._num_kv_blocks()
+        if self.tp is not None:             # every rank's pool has the same number of blocks
+            self.num_blocks = self.tp.all_reduce_min(self.num_blocks)
+        self.kv_cache = allocate_kv_cache(self.kv_config, self.num_blocks, self.block_size,
+                                          self.dtype, self.device, self.kv_cache_dtype)
+        self._bind_kv_cache(self.kv_cache)
+        logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
+                    self.num_blocks, self.block_size, self.num_blocks * self.block_size,
+                    self.kv_cache.numel() * self.kv_cache.element_size() / 2**20, self.kv_layout)
+        # The swap pool: same layout, in host memory (pinned, so copies can be asynchronous).
+        self.num_cpu_blocks = 0
+        if engine_config.preemption_mode == "swap":
+            self.num_cpu_blocks = engine_config.swap_space // self.block_bytes
+            self.cpu_kv_cache = allocate_kv_cache(self.kv_config, self.num_cpu_blocks,
+                                                  self.block_size, self.dtype, torch.device("cpu"),
+                                                  self.kv_cache_dtype)
+            if self.device.type == "cuda":
+                self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
+        # Fewer launches per step (minivllm/worker/compilation.py): torch.compile, then decode graphs
+        # over this pool (a graph records the pool's addresses, so a new pool recaptures).
+        self.num_compiled_modules = set_compilation(self.model, engine_config.compilation_config)
+        if (self.device.type == "cuda" and not engine_config.enforce_eager and self.tp is None
+                and self.attention_backend == "triton"):
+            self.cuda_graphs = CUDAGraphRunner(
+                self.model, engine_config.max_num_seqs, engine_config.max_model_len,
+                self.block_size, self.decode_scratch, self.device)
+
+    def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        for i, attn in enumerate(self.model.attention_layers()):
+            attn.k_cache, attn.v_cache = kv_cache[i, 0], kv_cache[i, 1]
+            attn.backend = self.attention_backend
+            attn.kv_cache_dtype = self.kv_cache_dtype
+
+    def _num_kv_blocks(self) -> int:
+        """How many blocks the pool gets (see EngineConfig for the rules)."""
+        ec = self.engine_config
+        if ec.num_kv_blocks is not None:
+            return ec.num_kv_blocks
+        if ec.kv_cache_memory is not None:
+            budget = ec.kv_cache_memory
+        elif self.device.type == "cuda":
+            budget = self._profile_kv_budget()
+        else:
+            budget = DEFAULT_CPU_KV_CACHE_MEMORY
+        num_blocks = budget // self.block_bytes
+        if num_blocks < 1:
+            raise ValueError(f"the KV budget ({budget / 2**20:.1f} MiB) holds no block of "
+                             f"{self.block_bytes / 2**20:.2f} MiB; raise kv_cache_memory or lower "
+                             "max_model_len / block_size")
+        return num_blocks
+
+    @torch.inference_mode()
+    def _profile_kv_budget(self) -> int:
+        """CUDA: what is left for KV after weights and the peak activations of the largest
+        step (a prefill of max_num_batched_tokens), within gpu_memory_utilization."""
+        n = min(self.engine_config.max_num_batched_tokens, self.engine_config.max_model_len)
+        scratch = allocate_kv_cache(self.kv_config, -(-n // self.block_size), self.block_size,
+                                    self.dtype, self.device, self.kv_cache_dtype)
+        self._bind_kv_cache(scratch)
+        seq = SequenceGroup("profile", None, [0] * n, SamplingParams(), -1).seqs[0]
+        seq.block_table = list(range(scratch.shape[2]))
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self.prompt_logits(seq)
+        torch.cuda.synchronize(self.device)
+        activations = torch.cuda.max_memory_allocated(self.device) - before
+        del scratch
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        used_by_others = total - free
+        budget = int(total * self.engine_config.gpu_memory_utilization - used_by_others
+                     - activations)
+        logger.info("profiled a %d-token step: %.0f MiB of activations; %.0f MiB left for KV",
+                    n, activations / 2**20, budget / 2**20)
+        return budget
+
+    # --8<-- [start:prepare]
+    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]):
+        """Flatten the step's work into input_ids, positions and attention metadata."""
+        input_ids, positions, slot_mapping, query_start_loc, seq_lens = [], [], [], [0], []
+        bs = self.block_size
+        for seq, n in zip(seqs, num_new_tokens):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            input_ids += (seq.token_ids + seq.spec_token_ids)[start:end]   # drafts last
+            positions += range(start, end)
+            slot_mapping += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
+            query_start_loc.append(query_start_loc[-1] + n)
+            seq_lens.append(end)
+        if self.lora_manager:                # each token's adapter slot, once for every layer
+            self.lora_manager.set_batch([s.lora_int_id for s in seqs], num_new_tokens,
+                                        self.device)
+        max_blocks = max(len(s.block_table) for s in seqs)
+        block_tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs]
+        as_tensor = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
+        md = AttentionMetadata(
+            slot_mapping=as_tensor(slot_mapping), query_start_loc=as_tensor(query_start_loc),
+            seq_lens=as_tensor(seq_lens), block_tables=as_tensor(block_tables),
+            max_query_len=max(num_new_tokens), max_seq_len=max(seq_lens),
+            decode_scratch=self.decode_scratch)
+        return as_tensor(input_ids), as_tensor(positions), md
+    # --8<-- [end:prepare]
+
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]], src_cache=None, dst_cache=None) -> None:
+        """Block dst becomes a copy of block src, in every layer: copy-on-write within the
+        device pool, or a swap between the device pool and the host pool."""
+        if pairs:
+            src_cache = self.kv_cache if src_cache is None else src_cache
+            dst_cache = self.kv_cache if dst_cache is None else dst_cache
+            src, dst = map(list, zip(*pairs))
+            dst_cache[:, :, dst] = src_cache[:, :, src].to(dst_cache.device)
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        self.copy_blocks(pairs, self.kv_cache, self.cpu_kv_cache)
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        self.copy_blocks(pairs, self.cpu_kv_cache, self.kv_cache)
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], num_new_tokens: list[int]):
+        """One forward pass. Returns the indices (into seqs) of the sequences that sample this
+        step, those whose new tokens reach their end (a prefill chunk in the middle samples
+        nothing), and their logits, (S, vocab) float32: one row per sequence, its last, or
+        k + 1 rows for a sequence verifying k draft tokens, the last row last."""
+        input_ids, positions, md = self.prepare(seqs, num_new_tokens)
+        sampling = [i for i, (s, n) in enumerate(zip(seqs, num_new_tokens))
+                    if s.num_computed_tokens + n == len(s) + len(s.spec_token_ids)]
+        rows = md.query_start_loc[1:][sampling] - 1 if sampling else None
+        drafts = [len(seqs[i].spec_token_ids) for i in sampling]
+        if any(drafts):                     # the rows that verify each draft, then the last
+            rows = torch.cat([torch.arange(r - k, r + 1, device=rows.device)
+                              for r, k in zip(rows.tolist(), drafts)])
+        logits = self.execute_model(input_ids, positions, md, rows)   # (S + drafts, vocab)
+        return sampling, logits
+
+    def execute_model(self, input_ids, positions, md, rows) -> torch.Tensor | None:
+        """The forward pass and the logits of `rows` (None: no logits). Under tensor
+        parallelism every rank runs this, in step, on the same inputs."""
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(input_ids, md):
+            hidden = self.cuda_graphs.run(input_ids, positions, md)    # decode: one replay
+        else:
+            hidden = self.model(input_ids, positions, md)              # (T, hidden)
+        return None if rows is None else self.model.compute_logits(hidden[rows])
+
+    @torch.inference_mode()
+    def prompt_logits(self, seq: Sequence) -> torch.Tensor:
+        """Logits at every position of seq's uncomputed tokens: (n, vocab). For scoring and
+        for checking the model against a reference; the serving path never needs them."""
+        n = seq.num_uncomputed_tokens
+        input_ids, positions, md = self.prepare([seq], [n])
+        return self.execute_model(input_ids, positions, md, torch.arange(n, device=self.device))
