@@ -1,4 +1,6 @@
-"""What a request gets back: RequestOutput with one CompletionOutput per sample (vLLM's shape).
+"""What comes out: what a request gets back (RequestOutput with one CompletionOutput per sample,
+vLLM twin: vllm/outputs.py), and what one forward pass hands the scheduler (ModelRunnerOutput,
+vLLM twin: vllm/v1/outputs.py).
 
 Left out, compared with vLLM: prompt logprobs, cumulative logprobs, and the delta / final-only
 output kinds (outputs here are always cumulative).
@@ -57,3 +59,27 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     inter_token_latencies: list[float] = field(default_factory=list)   # once finished
     error: str | None = None      # why the engine failed this request (finish_reason "abort")
+
+
+# One drawn token: (token id, its logprobs entry {token_id: logprob}, or None if not asked for).
+Draw = tuple[int, "dict[int, float] | None"]
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """What one step's forward pass and sampling produced, for Scheduler.update_from_output.
+
+    sampled[seq_id]   the tokens that sequence appends this step, in order: one, or with
+                      speculative decoding the drafts the target accepted and then one more
+    forked[seq_id]    a sequence whose prompt is now computed, of a request with n > 1 samples:
+                      the first token of each other sample (indices 1..n-1), drawn from the
+                      same logits row; update_from_output forks the samples and appends them
+    errors            request_id -> why sampling failed (that request alone is aborted)
+
+    A sequence that ran a prefill chunk short of its prompt's end samples nothing: it is in
+    none of the dicts.
+    """
+
+    sampled: dict[int, list[Draw]] = field(default_factory=dict)
+    forked: dict[int, list[Draw]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)

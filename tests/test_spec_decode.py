@@ -16,7 +16,8 @@ from minivllm import LLM, SamplingParams
 from minivllm.core.block_manager import cdiv
 from minivllm.config import EngineConfig
 from minivllm.spec_decode.draft_model import first_layers_checkpoint
-from minivllm.spec_decode.decoder import NgramProposer, greedy_accept, rejection_sample
+from minivllm.sample.rejection_sampler import greedy_accept, rejection_sample
+from minivllm.spec_decode.ngram_proposer import NgramProposer
 from minivllm.workloads import Request, serve
 
 

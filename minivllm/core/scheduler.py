@@ -1,4 +1,6 @@
-"""Scheduler: every step, decide which sequences run and how many new tokens each computes.
+"""Scheduler: every step, decide which sequences run and how many new tokens each computes
+(`schedule`), then apply what the model produced (`update_from_output`). vLLM twin:
+vllm/v1/core/sched/scheduler.py.
 
 Two queues, as in vLLM: `waiting` (not yet admitted, or preempted) and `running` (holding KV
 blocks). Each step has a token budget, max_num_batched_tokens, and a sequence cap,
@@ -9,7 +11,7 @@ budget, the cap and the free blocks allow. One forward pass can therefore carry 
 prefill chunks together.
 
 With speculative decoding a decoding sequence may bring draft tokens (seq.spec_token_ids, set
-by minivllm/spec_decode/decoder.py before the step): they are verified in the same forward, so each one
+by minivllm/spec_decode/ before the step): they are verified in the same forward, so each one
 costs a token of budget and a lookahead slot. Drafts get only what the budget leaves once every
 later running sequence has its one token, and only free blocks: speculation never preempts.
 
@@ -25,6 +27,13 @@ two policies:
 `scheduling="static"` turns continuous batching off: a batch is admitted only when the
 previous one has completely finished (the baseline of lesson 04).
 
+After the forward pass, `update_from_output` is the one place where a step's results change
+the sequences: computed tokens advance (full blocks enter the prefix cache), the samples of an
+n > 1 request are forked, sampled tokens are appended (with speculation: the accepted drafts
+and one more, the rejected drafts' slots rolled back), stop tokens and lengths are checked,
+and finished sequences give their blocks back. Stop *strings* need text, so they are checked
+after detokenizing (engine/output_processor.py), which finishes a sequence through `finish`.
+
 Left out, compared with vLLM: priority scheduling, V1's single token-level schedule (vLLM V1
 treats prefill and decode alike as "tokens to compute"; minivllm keeps the V0-style split
 into running / swapped / waiting, which is easier to watch), async scheduling that overlaps
@@ -33,12 +42,14 @@ the next schedule with the current forward pass, and V1's token-level budget for
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from minivllm.config import EngineConfig
 from minivllm.core.sequence import Sequence, SequenceStatus
+from minivllm.outputs import Draw, ModelRunnerOutput
 
 
 @dataclass(slots=True)
@@ -61,6 +72,8 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)     # recomputed or swapped out
     swapped_out: list[Sequence] = field(default_factory=list)   # of those, swapped out
     swapped_in: list[Sequence] = field(default_factory=list)
+    # Finished (or aborted) since the last step: the runner drops their sampling state.
+    finished_seqs: list[Sequence] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -75,16 +88,45 @@ class SchedulerOutput:
         return sum(n for n, p in zip(self.num_new_tokens, self.is_prefill) if not p)
 
 
+@dataclass(slots=True)
+class SpecDecodingStats:
+    """Speculative decoding's counters, kept by update_from_output (vLLM's SpecDecodingStats)."""
+
+    num_drafts: int = 0             # verifications: sequences that proposed, summed over steps
+    num_draft_tokens: int = 0       # draft tokens verified
+    num_accepted_tokens: int = 0    # ... and accepted
+    num_accepted_this_step: int = 0
+
+
+def check_stop(seq: Sequence, eos_token_ids: set[int], max_model_len: int
+               ) -> SequenceStatus | None:
+    """After appending a token: a stop token ends seq, so do max_tokens and max_model_len.
+    (Stop strings need the text: engine/output_processor.py checks them.)"""
+    params, token = seq.params, seq.token_ids[-1]
+    if token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids):
+        return SequenceStatus.FINISHED_STOPPED
+    if seq.num_output_tokens >= params.max_tokens or len(seq) >= max_model_len:
+        return SequenceStatus.FINISHED_LENGTH
+    return None
+
+
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager, cpu_block_manager=None):
+    def __init__(self, config: EngineConfig, block_manager, cpu_block_manager=None,
+                 eos_token_ids: set[int] = frozenset(), seq_ids=None):
+        """eos_token_ids: the model's end-of-sequence tokens (stop unless ignore_eos).
+        seq_ids: the engine's id counter, so that forked samples get ids unique in it."""
         self.config = config
         self.block_manager = block_manager
         self.cpu_block_manager = cpu_block_manager       # the swap pool, if swapping is on
+        self.eos_token_ids = set(eos_token_ids)
+        self.seq_ids = seq_ids if seq_ids is not None else itertools.count()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
+        self.finished_seqs: list[Sequence] = []          # since the last scheduled step
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
+        self.spec_decoding_stats = SpecDecodingStats()
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -104,7 +146,8 @@ class Scheduler:
 
     # --8<-- [start:schedule]
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = SchedulerOutput(finished_seqs=self.finished_seqs)   # for the runner to forget
+        self.finished_seqs = []
         budget = self.config.max_num_batched_tokens
         bm = self.block_manager
 
@@ -163,13 +206,89 @@ class Scheduler:
         return out
     # --8<-- [end:schedule]
 
+    # --8<-- [start:update_from_output]
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[Sequence]:
+        """Apply one step's results; returns the sequences that got new tokens (forked samples
+        included), for output processing."""
+        so, bm = scheduler_output, self.block_manager
+        self.spec_decoding_stats.num_accepted_this_step = 0
+        for seq, n in zip(so.seqs, so.num_new_tokens):
+            seq.num_computed_tokens += n - len(seq.spec_token_ids)   # drafts: once accepted
+            bm.cache_computed_blocks(seq)                # full blocks become reusable
+        updated = []
+        for seq in so.seqs:
+            if seq.request_id in runner_output.errors or seq.is_finished:
+                continue
+            draws = runner_output.sampled.get(seq.seq_id)
+            children = []
+            if seq.seq_id in runner_output.forked:       # n > 1: the other samples start now
+                children = seq.group.fork(self.seq_ids)
+                self._fork(seq, children)
+            if draws is not None:
+                self._count_accepted(seq, len(draws) - 1)
+                self._append(seq, draws)
+                updated.append(seq)
+            for child, draw in zip(children, runner_output.forked.get(seq.seq_id, [])):
+                self._append(child, [draw])
+                updated.append(child)
+        for seq in so.seqs:                              # roll back the rejected drafts' slots
+            if seq.spec_token_ids and not seq.is_finished:
+                seq.num_computed_tokens = len(seq) - 1   # the newest token has no K/V yet
+                bm.free_lookahead_slots(seq)
+            seq.spec_token_ids = []
+        for request_id, error in runner_output.errors.items():
+            group = next(s.group for s in so.seqs if s.request_id == request_id)
+            group.error = error
+            self.finish_group(group, SequenceStatus.FINISHED_ABORTED)
+        return updated
+    # --8<-- [end:update_from_output]
+
+    def _append(self, seq: Sequence, draws: list[Draw]) -> None:
+        """Append seq's new tokens in order, up to the first that stops it."""
+        for token_id, logprobs in draws:
+            seq.append_token(token_id, logprobs)
+            status = check_stop(seq, self.eos_token_ids, self.config.max_model_len)
+            if status is not None:
+                self.finish(seq, status)
+                return
+
+    def _count_accepted(self, seq: Sequence, num_accepted: int) -> None:
+        if seq.spec_token_ids:
+            stats = self.spec_decoding_stats
+            stats.num_drafts += 1
+            stats.num_draft_tokens += len(seq.spec_token_ids)
+            stats.num_accepted_tokens += num_accepted
+            stats.num_accepted_this_step += num_accepted
+            seq.metrics.num_draft_tokens += len(seq.spec_token_ids)
+            seq.metrics.num_accepted_tokens += num_accepted
+
+    def add_prefilled(self, seq: Sequence, load_kv, first_token: Draw) -> bool:
+        """Admit a sequence whose prompt another engine prefilled (prefill/decode
+        disaggregation): the admission checks of `schedule` (a sequence slot, free blocks, an
+        adapter slot), blocks for its prompt (prefix-cache hits count as computed),
+        load_kv(seq) writes the rest of the prompt's K/V into them, then it runs from its first
+        token on. False, with nothing changed, when there is no room for it now."""
+        if (len(self.running) + 1 + seq.group.num_unforked > self.config.max_num_seqs
+                or not self.block_manager.can_allocate(seq) or not self._lora_fits(seq)):
+            return False
+        self.block_manager.allocate(seq)
+        load_kv(seq)
+        seq.num_computed_tokens = len(seq)
+        self.block_manager.cache_computed_blocks(seq)
+        seq.status = SequenceStatus.RUNNING
+        seq.metrics.first_scheduled_time = time.perf_counter()
+        seq.append_token(*first_token)       # the producer has checked its stop conditions
+        self.running.append(seq)
+        return True
+
     def _lora_fits(self, seq: Sequence) -> bool:
         """At most max_loras distinct adapters run at once: each needs a slot in the model."""
         active = {s.lora_int_id for s in self.running} - {0}
         return seq.lora_int_id in active or not seq.lora_int_id or \
             len(active) < self.config.max_loras
 
-    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+    def _fork(self, parent: Sequence, children: list[Sequence]) -> None:
         """Parallel sampling: `children` join running, sharing every block of `parent`."""
         for child in children:
             self.block_manager.fork(parent, child)
@@ -196,8 +315,24 @@ class Scheduler:
         out.preempted.append(seq)
         self.num_preemptions += 1
 
+    def finish_on_stop_string(self, seq: Sequence) -> None:
+        """Its text reached a stop string (found by the output processor). A sequence that
+        finished on its length with that same token is relabelled: the stop string wins."""
+        if seq.is_finished:
+            seq.status = SequenceStatus.FINISHED_STOPPED
+        else:
+            self.finish(seq, SequenceStatus.FINISHED_STOPPED)
+
+    def finish_group(self, group, status: SequenceStatus) -> None:
+        """Finish every sample of a request that has not finished yet."""
+        for seq in group.seqs:
+            if not seq.is_finished:
+                self.finish(seq, status)
+
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
         """Take a sequence out of the engine for good and return its blocks."""
+        seq.metrics.finished_time = time.perf_counter()
+        self.finished_seqs.append(seq)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

@@ -73,7 +73,7 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.num_cached_blocks = 0
         self.extra_keys: tuple = ()
-        self.detokenizer = None                  # IncrementalDetokenizer, set by the engine
+        self.detokenizer = None                  # IncrementalDetokenizer (OutputProcessor's)
         self.output_text = ""                    # the text so far (cut at a stop string)
         self.stop_string: str | None = None      # the stop string that finished it, if any
         self.output_logprobs: list[dict[int, float]] = []
@@ -98,11 +98,6 @@ class Sequence:
     def lora_int_id(self) -> int:
         """The request's LoRA adapter id (minivllm/lora/models.py), 0 for the base model."""
         return self.group.lora_request.lora_int_id if self.group.lora_request else 0
-
-    @property
-    def seed(self) -> int | None:
-        """Sample i of a seeded request draws with seed + i: reproducible in any batch."""
-        return None if self.params.seed is None else self.params.seed + self.index
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -138,6 +133,16 @@ class Sequence:
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         self.metrics.token_times.append(now)
+
+    def truncate(self, num_tokens: int) -> None:
+        """Drop the tokens after the first num_tokens (a stop string ended the sequence at a
+        token that a speculative step had already followed with others)."""
+        dropped = len(self.token_ids) - num_tokens
+        if dropped > 0:
+            del self.token_ids[num_tokens:]
+            del self.metrics.token_times[len(self.metrics.token_times) - dropped:]
+            if self.output_logprobs:
+                del self.output_logprobs[len(self.output_logprobs) - dropped:]
 
 
 class SequenceGroup:

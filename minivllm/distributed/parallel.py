@@ -223,7 +223,7 @@ def _execute_message(runner: ModelRunner, m: dict) -> None:
                            t(m["block_tables"]), m["max_query_len"], m["max_seq_len"],
                            decode_scratch=runner.decode_scratch)
     rows = None if m["rows"] is None else t(m["rows"])
-    runner.execute_model(t(m["input_ids"]), t(m["positions"]), md, rows)
+    runner.forward(t(m["input_ids"]), t(m["positions"]), md, rows)
 
 
 def _worker_main(rank, size, port, backend, model_config, engine_config, path, device_type,
@@ -251,7 +251,7 @@ def _worker_main(rank, size, port, backend, model_config, engine_config, path, d
                     continue
                 if method == "shutdown":
                     return
-                if method == "execute_model":
+                if method == "forward":
                     _execute_message(runner, *args)
                 elif method == "copy_blocks":        # caches named, not sent
                     pairs, src, dst = args
@@ -278,7 +278,7 @@ class TensorParallelRunner(ModelRunner):
     runs on its shard, sends the same thing to every worker."""
 
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, sampler=None):
         n = engine_config.tensor_parallel_size
         check_tensor_parallel(model_config, n)
         if device.type == "cuda" and torch.cuda.device_count() < n:
@@ -310,7 +310,7 @@ class TensorParallelRunner(ModelRunner):
         try:
             self._wait_for("started")
             super().__init__(model_config, engine_config, path, device, dtype,
-                             tp=TensorParallelGroup(0, n, store, backend))
+                             tp=TensorParallelGroup(0, n, store, backend), sampler=sampler)
             self.rank_weight_bytes = [weight_bytes(self.model)] + self._wait_for("ready")
         except RuntimeError as e:          # say which worker failed, and why, if one did
             self._explain(e, "tensor-parallel start failed")
@@ -372,10 +372,10 @@ class TensorParallelRunner(ModelRunner):
             self._send("copy_blocks", pairs, src, dst)
         super().copy_blocks(pairs, src_cache, dst_cache)
 
-    def execute_model(self, input_ids, positions, md, rows):
-        self._send("execute_model", _step_message(input_ids, positions, md, rows))
+    def forward(self, input_ids, positions, md, rows):
+        self._send("forward", _step_message(input_ids, positions, md, rows))
         try:
-            return super().execute_model(input_ids, positions, md, rows)
+            return super().forward(input_ids, positions, md, rows)
         except RuntimeError as e:          # a collective failed: a peer died or timed out
             self._explain(e, "tensor-parallel step failed")
 

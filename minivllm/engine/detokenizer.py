@@ -35,12 +35,14 @@ class IncrementalDetokenizer:
         self.text = ""
         self.prefix_offset = start    # the window starts here...
         self.read_offset = start      # ...and tokens before this are already in `text`
+        self.num_tokens = start       # tokens seen by update() (text may still wait on some)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
 
     def update(self, token_ids: list[int], final: bool = False) -> str:
         """`token_ids`: the sequence's tokens so far. Appends to and returns the new text."""
+        self.num_tokens = len(token_ids)
         if self.read_offset >= len(token_ids):
             return ""
         seen = self._decode(token_ids[self.prefix_offset:self.read_offset])

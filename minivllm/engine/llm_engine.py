@@ -1,14 +1,18 @@
-"""LLMEngine: the loop that turns requests into tokens, one iteration at a time.
+"""LLMEngine: the loop that turns requests into tokens, one iteration at a time (vLLM twin:
+vllm/v1/engine/llm_engine.py with vllm/v1/engine/core.py's step folded in).
 
     add_request(...)   tokenize, validate, make a SequenceGroup, queue it
-    step()             schedule -> run the model once -> append tokens, finish, free blocks
-                       -> a RequestOutput for every request that made progress (streaming)
+    step()             schedule -> execute_model -> update_from_output -> outputs: one owner
+                       per phase; a RequestOutput for every request that made progress
     abort_request(id)  finish a request now and return its blocks
     reconfigure(...)   new EngineConfig values (token budget, pool size, ...) over the same
                        weights, checked exactly like a fresh engine's
     trace()            record a StepRecord per step (what ran, how long, the engine after)
 
 LLM (minivllm/llm.py) is the offline front end on top: add everything, step until done.
+Add-ons meet the step at named seams only: speculative decoding's `propose` before scheduling
+(the other seams are inside the scheduler and the runner: minivllm/spec_decode/__init__.py),
+and the KV connector (minivllm/distributed/kv_transfer/) through add_prefilled_request.
 
 One request's fault stays that request's: an exception while sampling, detokenizing or
 checking its stop conditions finishes it with finish_reason "abort" and the error in its
@@ -32,18 +36,18 @@ import torch
 
 from minivllm.core.block_manager import BlockManager
 from minivllm.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
-from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.structured_output.manager import StructuredOutputManager
 from minivllm.core.kv_cache import ContiguousAllocator
 from minivllm.models.loader import load_hf_config, load_tokenizer, resolve_model_path
 from minivllm.worker.model_runner import ModelRunner
-from minivllm.engine.output_processor import check_stop, request_output
+from minivllm.engine.output_processor import OutputProcessor, request_output
 from minivllm.outputs import RequestOutput
 from minivllm.distributed.parallel import TensorParallelRunner
 from minivllm.engine.processor import validate_request
 from minivllm.sampling_params import SamplingParams
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
 from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from minivllm.sample.sampler import Sampler
 from minivllm.spec_decode.decoder import SpeculativeDecoder
 from minivllm.engine.stats import EngineStats, ScheduledSeq, StepRecord
 
@@ -63,17 +67,17 @@ class LLMEngine:
         self.eos_token_ids = set(self.model_config.eos_token_id)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        runner_cls = ModelRunner if config.tensor_parallel_size == 1 else TensorParallelRunner
-        self.runner = runner_cls(self.model_config, config, self.model_path, self.device,
-                                 self.dtype)
         self.structured_output = StructuredOutputManager(   # logits processors' engine state
             self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
-        self.runner.sampler.guided = self.structured_output
-        self.runner.sampler.eos_token_ids = self.eos_token_ids
+        sampler = Sampler(self.device, self.eos_token_ids, self.structured_output)
+        runner_cls = ModelRunner if config.tensor_parallel_size == 1 else TensorParallelRunner
+        self.runner = runner_cls(self.model_config, config, self.model_path, self.device,
+                                 self.dtype, sampler=sampler)
+        self.output_processor = OutputProcessor(self.tokenizer)
         self._seq_ids = itertools.count()
         self._traces: list[list[StepRecord]] = []
         self._init_state(config)
-        self.kv_connector = None             # prefill/decode disaggregation: minivllm/distributed/kv_transfer/kv_connector.py
+        self.kv_connector = None             # prefill/decode disaggregation (kv_transfer/)
         if config.kv_transfer_config is not None:
             from minivllm.distributed.kv_transfer.kv_connector import KVConnector
             self.kv_connector = KVConnector(self)     # meets the other role, or refuses
@@ -108,11 +112,11 @@ class LLMEngine:
             self.block_manager = ContiguousAllocator(runner.num_blocks, config.max_model_len)
         self.cpu_block_manager = (BlockManager(runner.num_cpu_blocks, config.block_size)
                                   if runner.num_cpu_blocks else None)
-        self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager)
+        self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager,
+                                   self.eos_token_ids, self._seq_ids)
         self.spec_decoder = (SpeculativeDecoder(config.speculative_config, runner)
                              if config.speculative_config else None)
         self.requests: dict[str, SequenceGroup] = {}
-        self.runner.sampler.generators.clear()
         self.num_steps = 0
         self.last_scheduler_output: SchedulerOutput | None = None
 
@@ -173,57 +177,34 @@ class LLMEngine:
             self.runner.lora_manager.add_lora(lora_request)
         group = SequenceGroup(request_id, text, token_ids, params, next(self._seq_ids))
         if lora_request is not None:         # its own prefix-cache namespace too
-            group.lora_request, group.seqs[0].extra_keys = lora_request, (lora_request.lora_int_id,)
-        self._start_detokenizer(group.seqs[0])
+            group.lora_request = lora_request
+            group.seqs[0].extra_keys = (lora_request.lora_int_id,)
         self.scheduler.add(group.seqs[0])
         self.requests[request_id] = group
 
     def add_prefilled_request(self, request_id: str, prompt_token_ids: list[int],
                               params: SamplingParams, first_token: int, load_kv,
                               first_logprobs: dict[int, float] | None = None) -> bool:
-        """A request whose prompt another engine prefilled (minivllm/distributed/kv_transfer/kv_connector.py): take blocks for
-        its prompt (prefix-cache hits count as computed), let load_kv(seq) write the rest of
-        the prompt's K/V into them, and run it from its first token on, as if prefilled here.
-        False, with nothing changed, when the pool or the batch has no room for it now."""
+        """A request whose prompt another engine prefilled (minivllm/distributed/kv_transfer/):
+        the scheduler admits it with its normal checks, load_kv(seq) writes the prompt's K/V,
+        and it runs from its first token on, as if prefilled here. False, with nothing
+        changed, when the pool or the batch has no room for it now."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         validate_request(prompt_token_ids + [first_token], params, self.config,
                          self.model_config, self.block_manager)
         group = SequenceGroup(request_id, None, prompt_token_ids, params, next(self._seq_ids))
-        seq, bm = group.seqs[0], self.block_manager
-        if not bm.can_allocate(seq) or len(self.scheduler.running) >= self.config.max_num_seqs:
+        seq = group.seqs[0]
+        if not self.scheduler.add_prefilled(seq, load_kv, (first_token, first_logprobs)):
             return False
-        bm.allocate(seq)
-        load_kv(seq)
-        seq.num_computed_tokens = len(seq)
-        bm.cache_computed_blocks(seq)
-        self._start_detokenizer(seq)
-        seq.status, seq.metrics.first_scheduled_time = SequenceStatus.RUNNING, time.perf_counter()
-        seq.append_token(first_token, first_logprobs)
-        # Detokenize the first token (the producer has checked its stop conditions).
-        check_stop(seq, self.eos_token_ids, self.config.max_model_len)
-        self.scheduler.running.append(seq)
+        self.output_processor.detokenize(seq)       # the first token's text
         self.requests[request_id] = group
         return True
-
-    def _start_detokenizer(self, seq: Sequence) -> None:
-        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, seq.params.skip_special_tokens,
-                                                 start=seq.num_prompt_tokens)
 
     def abort_request(self, request_id: str) -> None:
         group = self.requests.pop(request_id, None)
         if group is not None:
-            self._finish_group(group, SequenceStatus.FINISHED_ABORTED)
-
-    def _finish_group(self, group: SequenceGroup, status: SequenceStatus) -> None:
-        for seq in group.seqs:
-            if not seq.is_finished:
-                self._finish(seq, status)
-
-    def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
-        self.scheduler.finish(seq, status)
-        self.runner.sampler.free(seq)
-        seq.metrics.finished_time = time.perf_counter()
+            self.scheduler.finish_group(group, SequenceStatus.FINISHED_ABORTED)
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
@@ -253,7 +234,13 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
             prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0,
-            **(self.spec_decoder.stats() if self.spec_decoder else {}))
+            **(self._spec_decode_stats() if self.spec_decoder else {}))
+
+    def _spec_decode_stats(self) -> dict[str, int]:
+        s = self.scheduler.spec_decoding_stats
+        return {"spec_decode_num_drafts": s.num_drafts,
+                "spec_decode_num_draft_tokens": s.num_draft_tokens,
+                "spec_decode_num_accepted_tokens": s.num_accepted_tokens}
 
     def list_loras(self) -> set[int]:
         """The ids of the LoRA adapters now in the engine's slots (vLLM's name)."""
@@ -277,87 +264,43 @@ class LLMEngine:
     # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
-        if self.spec_decoder:                    # draft tokens first (minivllm/spec_decode/decoder.py)
+        if self.spec_decoder:                    # seam: draft tokens first (spec_decode/)
             self.spec_decoder.propose(self.scheduler.running)
-        batch = self.scheduler.schedule()
-        self.last_scheduler_output = batch
-        if not batch.seqs:
+        # 1. Schedule: which sequences run, how many tokens each, which blocks move.
+        scheduler_output = self.scheduler.schedule()
+        self.last_scheduler_output = scheduler_output
+        # 2. Execute: block copies, one forward pass, the sampled tokens.
+        runner_output = self.runner.execute_model(scheduler_output)
+        if not scheduler_output.seqs:
             if self.scheduler.has_unfinished():      # admission checks make this unreachable
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
             return []
-        self.runner.swap_out(batch.blocks_to_swap_out)   # before their blocks are reused
-        self.runner.swap_in(batch.blocks_to_swap_in)
-        self.runner.copy_blocks(batch.blocks_to_copy)
-        rows, logits = self.runner.run(batch.seqs, batch.num_new_tokens)
-        if self.spec_decoder and rows:           # one row per sequence; draft rows set aside
-            logits = self.spec_decoder.take_draft_logits([batch.seqs[i] for i in rows], logits)
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n - len(seq.spec_token_ids)   # drafts: once accepted
-            self.block_manager.cache_computed_blocks(seq)    # full blocks become reusable
-        # Each sampling row serves its sequence, and, when that sequence has just prefilled a
-        # prompt with n > 1 samples, the samples forked from it (same row, own generators).
-        samplers, sample_rows = [], []
-        for row, i in enumerate(rows):
-            seq = batch.seqs[i]
-            children = seq.group.fork(self._seq_ids) if seq.group.num_unforked else []
-            if children:
-                self.scheduler.fork(seq, children)
-                for child in children:
-                    self._start_detokenizer(child)
-            samplers += [seq, *children]
-            sample_rows += [row] * (1 + len(children))
-        errors = self._sample_and_append(logits[sample_rows] if samplers else None, samplers)
-        if self.spec_decoder:                    # roll back the rejected drafts' slots
-            self.spec_decoder.finish_step(batch.seqs, self.block_manager)
-        touched = {seq.request_id for seq in batch.seqs}
+        # 3. Update: append, fork, accept drafts, stop on tokens and length, free blocks.
+        updated = self.scheduler.update_from_output(scheduler_output, runner_output)
+        # 4. Outputs: text and stop strings, then a RequestOutput per request that moved.
+        errors = dict(runner_output.errors)
+        for seq in updated:
+            if seq.group.error is not None:          # another sample of it failed just now
+                continue
+            try:
+                if self.output_processor.detokenize(seq):
+                    self.scheduler.finish_on_stop_string(seq)
+            except Exception as e:                   # noqa: BLE001 (this request alone)
+                errors[seq.request_id] = f"output processing failed: {e!r}"
+                seq.group.error = errors[seq.request_id]
+                self.scheduler.finish_group(seq.group, SequenceStatus.FINISHED_ABORTED)
+        for request_id, error in errors.items():
+            logger.error("request %s failed and was aborted: %s", request_id, error)
+        touched = {seq.request_id for seq in scheduler_output.seqs}
         outputs = [request_output(self.requests[rid]) for rid in touched if rid in self.requests]
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]
         self.num_steps += 1
         if self._traces:
-            self._record(batch, outputs, errors, t0)
+            self._record(scheduler_output, outputs, errors, t0)
         return outputs
     # --8<-- [end:step]
-
-    def _sample_and_append(self, logits, seqs: list[Sequence]) -> dict[str, str]:
-        """Sample every row, append the tokens, check stops. A failure confined to some
-        requests fails those requests only; returns {request_id: error}."""
-        if not seqs:
-            return {}
-        errors: dict[str, str] = {}
-        try:
-            drawn = list(zip(*self.runner.sampler(logits, seqs)))
-        except Exception:                          # find the rows at fault, one at a time
-            drawn = []
-            for i, seq in enumerate(seqs):
-                try:
-                    token_ids, logprobs = self.runner.sampler(logits[i:i + 1], [seq])
-                    drawn.append((token_ids[0], logprobs[0]))
-                except Exception as e:             # noqa: BLE001 (isolate, report, go on)
-                    drawn.append(None)
-                    errors[seq.request_id] = f"sampling failed: {e!r}"
-        for seq, draw in zip(seqs, drawn):
-            if seq.request_id in errors or seq.is_finished:
-                continue
-            try:                                   # drafts: the accepted ones, then one more
-                for token in (self.spec_decoder.accept(seq, draw, self.runner.sampler)
-                              if seq.spec_token_ids else [draw]):
-                    seq.append_token(*token)
-                    if (status := check_stop(seq, self.eos_token_ids,
-                                              self.config.max_model_len)) is not None:
-                        break
-            except Exception as e:                 # noqa: BLE001
-                errors[seq.request_id] = f"output processing failed: {e!r}"
-                continue
-            if status is not None:
-                self._finish(seq, status)
-        for request_id, error in errors.items():
-            group = self.requests[request_id]
-            group.error = error
-            logger.error("request %s failed and was aborted: %s", request_id, error)
-            self._finish_group(group, SequenceStatus.FINISHED_ABORTED)
-        return errors
 
     def _record(self, batch: SchedulerOutput, outputs: list[RequestOutput],
                 errors: dict[str, str], t0: float) -> None:
@@ -372,6 +315,6 @@ class LLMEngine:
             swapped_in=rids(batch.swapped_in), num_blocks_copied=len(batch.blocks_to_copy),
             finished=[o.request_id for o in outputs if o.finished],
             duration=time.perf_counter() - t0, stats=self.stats(), start_time=t0, errors=errors,
-            num_accepted_tokens=getattr(self.spec_decoder, "num_accepted_this_step", 0))
+            num_accepted_tokens=self.scheduler.spec_decoding_stats.num_accepted_this_step)
         for steps in self._traces:
             steps.append(record)

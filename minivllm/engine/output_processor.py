@@ -1,33 +1,48 @@
-"""Tokens out (vLLM V1's OutputProcessor): detokenize each new token, decide whether its
-sequence is done (stop token, stop string, length), and build the RequestOutput a caller sees.
+"""Tokens out (vLLM twin: vllm/v1/engine/output_processor.py): detokenize each new token, find
+stop strings, and build the RequestOutput a caller sees. Stop tokens and lengths were checked by
+the scheduler (Scheduler.update_from_output) when the tokens were appended; a stop string needs
+the text, so it is found here, and the engine then finishes the sequence through the scheduler.
+
+Left out, compared with vLLM: running in a separate process from the engine core, and the
+DELTA / FINAL_ONLY output kinds.
 """
 
 from __future__ import annotations
 
-from minivllm.engine.detokenizer import find_stop_string
+from minivllm.engine.detokenizer import IncrementalDetokenizer, find_stop_string
 from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
-def check_stop(seq: Sequence, eos_token_ids: set[int], max_model_len: int
-               ) -> SequenceStatus | None:
-    """Detokenize seq's newest token, then decide whether seq is done."""
-    params, token = seq.params, seq.token_ids[-1]
-    stop_token = token in params.stop_token_ids or (not params.ignore_eos
-                                                    and token in eos_token_ids)
-    length = seq.num_output_tokens >= params.max_tokens or len(seq) >= max_model_len
-    new_text = seq.detokenizer.update(seq.token_ids, final=stop_token or length)
-    seq.output_text = seq.detokenizer.text
-    if stop_token:
-        return SequenceStatus.FINISHED_STOPPED
-    hit = params.stop and new_text and find_stop_string(
-        seq.output_text, new_text, params.stop, params.include_stop_str_in_output)
-    if hit:
-        seq.output_text, seq.stop_string = hit
-        return SequenceStatus.FINISHED_STOPPED
-    if length:
-        return SequenceStatus.FINISHED_LENGTH
-    return None
+class OutputProcessor:
+    """Text for every sequence that got tokens this step, and the stop strings found in it."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def detokenize(self, seq: Sequence) -> bool:
+        """Detokenize seq's tokens appended since the last call, one at a time; True when a
+        stop string ended it: its text is cut there and any later token of the same step (a
+        speculative step appends several) is dropped."""
+        det = seq.detokenizer
+        if det is None:
+            det = seq.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, seq.params.skip_special_tokens, start=seq.num_prompt_tokens)
+        params, end = seq.params, len(seq)
+        for n in range(det.num_tokens + 1, end + 1):
+            # The token that ended a sequence (stop token, length) flushes held-back text.
+            final = n == end and seq.is_finished
+            new_text = det.update(seq.token_ids[:n], final=final)
+            seq.output_text = det.text
+            if final and seq.status is SequenceStatus.FINISHED_STOPPED:
+                return False                 # a stop token: its text ends no stop string
+            hit = params.stop and new_text and find_stop_string(
+                seq.output_text, new_text, params.stop, params.include_stop_str_in_output)
+            if hit:
+                seq.output_text, seq.stop_string = hit
+                seq.truncate(n)
+                return True
+        return False
 
 
 def request_output(group: SequenceGroup) -> RequestOutput:

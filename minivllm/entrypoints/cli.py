@@ -122,7 +122,6 @@ def serve(args: argparse.Namespace) -> None:
 def disagg(argv: list[str]) -> None:
     """`minivllm disagg`: both roles here (default), or one role of a two-machine pair."""
     from minivllm.distributed.kv_transfer import disagg_llm
-    from minivllm.distributed.kv_transfer.kv_connector import run_decode_role
     from minivllm.sampling_params import SamplingParams
     p = argparse.ArgumentParser(prog="minivllm disagg", description=disagg_llm.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,7 +143,7 @@ def disagg(argv: list[str]) -> None:
     if args.role == "consumer":
         config = {"kv_role": "kv_consumer", "kv_ip": args.kv_ip, "kv_port": args.kv_port,
                   "kv_connector_extra_config": {"timeout": args.timeout}}
-        return run_decode_role(args.model, {**kwargs, "kv_transfer_config": config})
+        return disagg_llm.run_decode_role(args.model, {**kwargs, "kv_transfer_config": config})
     llm = (disagg_llm.launch(args.model, **where, **kwargs) if args.role == "both"
            else disagg_llm.DisaggLLM(args.model, **where, **kwargs))
     with llm:

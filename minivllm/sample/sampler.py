@@ -6,10 +6,10 @@ minivllm/sample/logits_processor.py); then temperature, top-k and top-p reshape 
 with its own torch.Generator. Drawing is the "exponential race": argmax(p / E) with E ~ Exp(1)
 picks token i with probability p_i, exactly like multinomial, but without a host sync on GPUs.
 
-Each sample draws from its own torch.Generator, kept here by sequence id (seeded with the
-request's seed + the sample's index, or from the OS), so its tokens do not depend on what else
-shares the batch: a seeded request is reproducible in any company. The engine calls `free`
-when a sequence finishes.
+Each sample draws from its own torch.Generator, kept here by (request, sample index) (seeded
+with the request's seed + the sample's index, or from the OS), so its tokens do not depend on
+what else shares the batch: a seeded request is reproducible in any company. The ModelRunner
+calls `free` for the sequences the scheduler reports finished.
 
 Left out, compared with vLLM: min_p, logit_bias, user-supplied logits processors, and batched
 (FlashInfer) top-k/top-p kernels.
@@ -65,38 +65,67 @@ def logprobs_entry(raw_logprobs: torch.Tensor, token_id: int, num: int) -> dict[
 
 
 class Sampler:
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.generators: dict[int, torch.Generator] = {}      # seq_id -> its generator
-        self.eos_token_ids: set[int] = set()   # min_tokens holds them back (set by the engine)
-        self.guided = None                     # StructuredOutputManager (set by the engine)
+    """Draws every sampling row of a step. Its state is its own: the random generator of each
+    sample, and what it was given at construction (the tokens min_tokens holds back, and the
+    StructuredOutputManager whose bitmask guided rows get; None: no guided decoding)."""
 
-    def generator(self, seq: Sequence) -> torch.Generator:
-        g = self.generators.get(seq.seq_id)
+    def __init__(self, device: torch.device, eos_token_ids: set[int] = frozenset(),
+                 structured_output=None):
+        self.device = device
+        self.eos_token_ids = set(eos_token_ids)
+        self.structured_output = structured_output
+        # (request_id, sample index) -> its generator. Keyed by sample, not by Sequence: the
+        # first token of a forked sample (n > 1) is drawn before its Sequence exists.
+        self.generators: dict[tuple[str, int], torch.Generator] = {}
+
+    def generator(self, seq: Sequence, index: int | None = None) -> torch.Generator:
+        """The generator of sample `index` (default: seq's own) of seq's request."""
+        index = seq.index if index is None else index
+        g = self.generators.get((seq.request_id, index))
         if g is None:
-            g = self.generators[seq.seq_id] = torch.Generator(device=self.device)
-            if seq.seed is None:
+            g = self.generators[(seq.request_id, index)] = torch.Generator(device=self.device)
+            if seq.params.seed is None:
                 g.seed()
             else:
-                g.manual_seed(seq.seed)
+                g.manual_seed(seq.params.seed + index)    # sample i of a seeded request
         return g
 
-    def free(self, seq: Sequence) -> None:
-        self.generators.pop(seq.seq_id, None)
-        if self.guided is not None:
-            self.guided.free(seq)
+    def get_generator_state(self, seq: Sequence) -> torch.Tensor | None:
+        """seq's generator state, None if it has drawn nothing (disaggregation sends it)."""
+        g = self.generators.get((seq.request_id, seq.index))
+        return None if g is None else g.get_state()
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]):
-        """logits: (B, V) float32, row i for seqs[i] -> (token ids, per-token logprob dicts)."""
+    def set_generator_state(self, seq: Sequence, state: torch.Tensor) -> None:
+        """Take over another engine's generator for seq (the disaggregation consumer)."""
+        self.generator(seq).set_state(state)
+
+    def free(self, seq: Sequence) -> None:
+        """seq has finished: drop its generator (and its grammar matcher)."""
+        self.generators.pop((seq.request_id, seq.index), None)
+        if self.structured_output is not None:
+            self.structured_output.free(seq)
+
+    def reset(self) -> None:
+        """A new engine configuration: no sample from before survives it."""
+        self.generators.clear()
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
+                 indices: list[int] | None = None):
+        """logits: (B, V) float32, row i for seqs[i] -> (token ids, per-token logprob dicts).
+        indices[i]: which sample of seqs[i]'s request row i draws for (default: seqs[i]'s
+        own); a forked sample's first token is drawn from its parent's row this way."""
+        indices = [s.index for s in seqs] if indices is None else indices
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
         raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
-        logits = apply_logits_processors(logits, seqs, self.eos_token_ids, self.guided)
+        logits = apply_logits_processors(logits, seqs, self.eos_token_ids,
+                                         self.structured_output)
         tokens = logits.argmax(dim=-1)                      # greedy rows are done here
         sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if sampled:
             probs = sampling_probs(logits[sampled], [seqs[i].params for i in sampled])
             for j, i in enumerate(sampled):
-                noise = torch.empty_like(probs[j]).exponential_(generator=self.generator(seqs[i]))
+                g = self.generator(seqs[i], indices[i])
+                noise = torch.empty_like(probs[j]).exponential_(generator=g)
                 tokens[i] = (probs[j] / noise).argmax()
 
         token_ids = tokens.tolist()

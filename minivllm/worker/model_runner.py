@@ -1,28 +1,36 @@
-"""ModelRunner: owns the model and the KV pool, and turns a scheduled batch into tokens.
+"""ModelRunner: owns the model and the KV pool, and turns a scheduled batch into sampled tokens
+(vLLM twin: vllm/v1/worker/gpu_model_runner.py).
 
-Each step it flattens the scheduled sequences into the four tensors every paged engine builds:
+`execute_model(scheduler_output)` is one step's work on the device:
 
-    input_ids     (T,)   the new tokens of every sequence, concatenated
-    positions     (T,)   each token's position in its own sequence (RoPE needs it)
-    slot_mapping  (T,)   where each new token's K/V goes in the pool
-    block_tables  (B, max_blocks)   where each sequence's earlier K/V already is
+    1. block copies   swap out, swap in, copy-on-write (the scheduler decided them)
+    2. prepare        flatten the scheduled sequences into the four tensors every paged engine
+                      builds:
+                        input_ids     (T,)   the new tokens of every sequence, concatenated
+                        positions     (T,)   each token's position in its own sequence (RoPE)
+                        slot_mapping  (T,)   where each new token's K/V goes in the pool
+                        block_tables  (B, max_blocks)   where each sequence's earlier K/V is
+    3. forward        the model once, and logits only for the last token of each sequence that
+                      samples this step (a prefill chunk short of its prompt's end samples
+                      nothing); k + 1 rows for a sequence verifying k draft tokens
+    4. sample         the Sampler draws each row (and, for a request with n > 1 samples whose
+                      prompt is now computed, the other samples' first tokens from the same
+                      row); the rejection sampler keeps the accepted drafts
 
-then runs the model once and computes logits only for the last token of each sequence that
-will sample this step; the engine hands those rows to the Sampler. A sequence verifying k draft
-tokens (speculative decoding) computes them after its own tokens and gets k + 1 rows.
+and returns a ModelRunnerOutput (minivllm/outputs.py) that Scheduler.update_from_output applies.
 
 The weights are loaded once; the KV pool (`init_kv_cache`) is sized and allocated per engine
 configuration, so LLMEngine.reconfigure can rebuild it over the same weights.
 
-With tensor parallelism (minivllm/distributed/parallel.py) every rank holds a ModelRunner over its shard
-of the weights and its share of the KV heads; `execute_model` is the part all ranks run.
+With tensor parallelism (minivllm/distributed/) every rank holds a ModelRunner over its shard of
+the weights and its share of the KV heads; `forward` is the part all ranks run, in step.
 
-Decode steps on CUDA replay CUDA graphs, and torch.compile is an option (minivllm/worker/compilation.py).
+Decode steps on CUDA replay CUDA graphs, and torch.compile is an option
+(minivllm/worker/compilation.py).
 
 Left out, compared with vLLM: persistent input buffers reused across prefill steps, pipelined
 (async) scheduling and multi-modal inputs.
 """
-
 from __future__ import annotations
 
 import logging
@@ -30,18 +38,20 @@ import logging
 import torch
 
 from minivllm.attention.layer import resolve_attention_backend
-
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.worker.compilation import CUDAGraphRunner, set_compilation
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.core.kv_cache import allocate_kv_cache, kv_bytes_per_token
-from minivllm.models.loader import load_weights
+from minivllm.core.scheduler import SchedulerOutput
+from minivllm.core.sequence import Sequence, SequenceGroup
 from minivllm.lora.models import LoRAManager
 from minivllm.models import LlamaForCausalLM
+from minivllm.models.loader import load_weights
+from minivllm.outputs import ModelRunnerOutput
 from minivllm.quantization.weight_only import quantize_model
+from minivllm.sample.rejection_sampler import accept_drafts
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
-from minivllm.core.sequence import Sequence, SequenceGroup
+from minivllm.worker.compilation import CUDAGraphRunner, set_compilation
 
 logger = logging.getLogger("minivllm")
 
@@ -50,7 +60,9 @@ DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the p
 
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
-                 device: torch.device, dtype: torch.dtype, tp=None):
+                 device: torch.device, dtype: torch.dtype, tp=None, sampler: Sampler | None = None):
+        """sampler: the engine's (it knows the EOS tokens and the structured-output manager);
+        a runner that never samples (a tensor-parallel worker, the draft model) needs none."""
         self.config = model_config
         self.device, self.dtype = device, dtype
         # Tensor parallelism: tp is this rank's TensorParallelGroup (None: one process). The
@@ -70,7 +82,7 @@ class ModelRunner:
             model.lm_head.weight = model.model.embed_tokens.weight
         load_weights(model, path)
         self.model = model.eval()
-        self.sampler = Sampler(device)
+        self.sampler = sampler if sampler is not None else Sampler(device)
         self.quantization = self.lora_manager = None
         self.init_kv_cache(engine_config)
 
@@ -85,6 +97,7 @@ class ModelRunner:
             quantize_model(self.model, engine_config.quantization)   # (minivllm/quantization/weight_only.py)
             self.quantization = engine_config.quantization
         self.engine_config = engine_config
+        self.sampler.reset()                 # no sample's generator outlives its pool
         self.cuda_graphs = None
         self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
         if self.device.type == "cuda":
@@ -231,6 +244,22 @@ class ModelRunner:
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
         self.copy_blocks(pairs, self.cpu_kv_cache, self.kv_cache)
 
+    # --8<-- [start:execute_model]
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One step: the scheduler's block copies, one forward pass, the sampled tokens."""
+        so = scheduler_output
+        for seq in so.finished_seqs:         # done since the last step: no more draws
+            self.sampler.free(seq)
+        self.swap_out(so.blocks_to_swap_out)                  # before their blocks are reused
+        self.swap_in(so.blocks_to_swap_in)
+        self.copy_blocks(so.blocks_to_copy)
+        if not so.seqs:
+            return ModelRunnerOutput()
+        sampling, logits = self.run(so.seqs, so.num_new_tokens)
+        return self.sample([so.seqs[i] for i in sampling], logits)
+    # --8<-- [end:execute_model]
+
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_new_tokens: list[int]):
         """One forward pass. Returns the indices (into seqs) of the sequences that sample this
@@ -245,10 +274,10 @@ class ModelRunner:
         if any(drafts):                     # the rows that verify each draft, then the last
             rows = torch.cat([torch.arange(r - k, r + 1, device=rows.device)
                               for r, k in zip(rows.tolist(), drafts)])
-        logits = self.execute_model(input_ids, positions, md, rows)   # (S + drafts, vocab)
+        logits = self.forward(input_ids, positions, md, rows)   # (S + drafts, vocab)
         return sampling, logits
 
-    def execute_model(self, input_ids, positions, md, rows) -> torch.Tensor | None:
+    def forward(self, input_ids, positions, md, rows) -> torch.Tensor | None:
         """The forward pass and the logits of `rows` (None: no logits). Under tensor
         parallelism every rank runs this, in step, on the same inputs."""
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(input_ids, md):
@@ -257,10 +286,68 @@ class ModelRunner:
             hidden = self.model(input_ids, positions, md)              # (T, hidden)
         return None if rows is None else self.model.compute_logits(hidden[rows])
 
+    # --8<-- [start:sample]
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor | None) -> ModelRunnerOutput:
+        """Draw the tokens of the sequences that sample this step. logits: their rows from
+        `run`, one per sequence, or k + 1 for a sequence verifying k drafts (its last row
+        last). One draw per row for each sequence, plus, for a sequence whose prompt is now
+        computed and whose request asks for n > 1 samples, one per other sample, from the same
+        row with that sample's own generator. A failure confined to some requests fails those
+        requests alone (output.errors); the others go on."""
+        out = ModelRunnerOutput()
+        if not seqs:
+            return out
+        last, draft_rows, start = [], {}, 0
+        for seq in seqs:
+            k = len(seq.spec_token_ids)
+            if k:                            # the draft rows wait for the rejection sampler
+                draft_rows[seq.seq_id] = logits[start:start + k]
+            last.append(start + k)
+            start += k + 1
+        rows, row_seqs, indices = [], [], []
+        for seq, row in zip(seqs, last):
+            forks = range(len(seq.group.seqs), seq.params.n) if seq.group.num_unforked else []
+            for index in [seq.index, *forks]:
+                rows.append(row)
+                row_seqs.append(seq)
+                indices.append(index)
+        draws = self._draw(logits[rows], row_seqs, indices, out.errors)
+        for seq, index, draw in zip(row_seqs, indices, draws):
+            if seq.request_id in out.errors:
+                continue
+            if index != seq.index:                                  # a sample to fork
+                out.forked.setdefault(seq.seq_id, []).append(draw)
+            elif seq.seq_id in draft_rows:                          # drafts, then one more
+                try:
+                    out.sampled[seq.seq_id] = accept_drafts(
+                        seq, draft_rows[seq.seq_id], draw, self.sampler.generator(seq))
+                except Exception as e:                              # noqa: BLE001
+                    out.errors[seq.request_id] = f"output processing failed: {e!r}"
+            else:
+                out.sampled[seq.seq_id] = [draw]
+        return out
+    # --8<-- [end:sample]
+
+    def _draw(self, logits, seqs, indices, errors: dict[str, str]) -> list:
+        """The Sampler over every row at once; if that fails, row by row, to find the rows at
+        fault (their requests go into `errors`, their draws are None)."""
+        try:
+            return list(zip(*self.sampler(logits, seqs, indices)))
+        except Exception:                                           # noqa: BLE001
+            draws = []
+            for i, (seq, index) in enumerate(zip(seqs, indices)):
+                try:
+                    token_ids, logprobs = self.sampler(logits[i:i + 1], [seq], [index])
+                    draws.append((token_ids[0], logprobs[0]))
+                except Exception as e:                              # noqa: BLE001
+                    draws.append(None)
+                    errors.setdefault(seq.request_id, f"sampling failed: {e!r}")
+            return draws
+
     @torch.inference_mode()
     def prompt_logits(self, seq: Sequence) -> torch.Tensor:
         """Logits at every position of seq's uncomputed tokens: (n, vocab). For scoring and
         for checking the model against a reference; the serving path never needs them."""
         n = seq.num_uncomputed_tokens
         input_ids, positions, md = self.prepare([seq], [n])
-        return self.execute_model(input_ids, positions, md, torch.arange(n, device=self.device))
+        return self.forward(input_ids, positions, md, torch.arange(n, device=self.device))

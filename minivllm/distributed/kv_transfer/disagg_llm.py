@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -32,8 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.multiprocessing as mp
 
-from minivllm.distributed.kv_transfer.kv_connector import (ABORT, BYE, ERROR, OUTPUTS, REJECT, REPORT, SHUTDOWN,
-                             run_decode_role)
+from minivllm.distributed.kv_transfer.kv_connector import (ABORT, BYE, ERROR, OUTPUTS, REJECT,
+                                                           REPORT, SHUTDOWN, serve_decode)
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.outputs import RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -280,3 +281,12 @@ def launch(model: str | None = None, *, kv_ip: str = "127.0.0.1", kv_port: int |
             proc.kill()
         raise
 # --8<-- [end:launch]
+
+
+def run_decode_role(model: str | None, engine_kwargs: dict, spawned: bool = False) -> None:
+    """A consumer process: build the engine (which meets the producer), serve, exit. A spawned
+    one leaves Ctrl-C to its front, which stops it (or it stops when the front is gone)."""
+    if spawned:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    serve_decode(LLMEngine(model, **engine_kwargs))

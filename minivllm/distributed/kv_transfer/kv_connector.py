@@ -40,7 +40,6 @@ import json
 import logging
 import pickle
 import queue
-import signal
 import socket
 import threading
 import time
@@ -50,7 +49,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling_params import SamplingParams
 from minivllm.core.sequence import SequenceGroup
 
@@ -61,7 +59,7 @@ KV, OUTPUTS, REJECT, ABORT, SHUTDOWN, BYE, ERROR, REPORT, HAVE = range(9)   # me
 class KVConnector:
     """One role's end of the connection; made by LLMEngine from config.kv_transfer_config."""
 
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine):
         self.engine, cfg = engine, engine.config.kv_transfer_config
         self.role, self.rank, self.peer = cfg.kv_role, cfg.rank, 1 - cfg.rank
         self.peer_role = ("kv_producer", "kv_consumer")[self.peer]
@@ -176,14 +174,14 @@ class KVConnector:
         generator and its prompt's K/V (the P prompt tokens, every layer, less those the
         consumer's prefix cache holds)."""
         t0, runner, n = time.perf_counter(), self.engine.runner, seq.num_prompt_tokens
-        g = runner.sampler.generators.get(seq.seq_id)
+        generator_state = runner.sampler.get_generator_state(seq)
         blocks = runner.kv_cache[:, :, seq.block_table]          # (L, 2, nb, bs, kvh, hd)
         kv = blocks.flatten(2, 3)[:, :, :n].to(self.kv_device)    # (L, 2, P, kvh, hd)
         self.send(KV, {"request_id": seq.request_id, "prompt_token_ids": seq.prompt_token_ids,
                        "params": seq.params, "first_token": seq.token_ids[n],
                        "first_logprobs": seq.output_logprobs[0] if seq.output_logprobs
                        else None, "kv_shape": tuple(kv.shape),
-                       "generator": None if g is None else g.get_state()}, kv)
+                       "generator": generator_state}, kv)
         self.num_sent += 1
         self.transfer_seconds += time.perf_counter() - t0
 
@@ -212,13 +210,13 @@ class KVConnector:
             pool[:, :, torch.tensor(slots, device=pool.device, dtype=torch.long)] = \
                 kv[:, :, start - cached:].to(pool.device)
             if meta["generator"] is not None:
-                runner.sampler.generator(seq).set_state(meta["generator"])
+                runner.sampler.set_generator_state(seq, meta["generator"])
         return load_kv
     # --8<-- [end:send_kv]
 
 
 # --8<-- [start:serve_decode]
-def serve_decode(engine: LLMEngine) -> dict:
+def serve_decode(engine) -> dict:
     """The consumer's loop: admit transferred requests when their blocks fit, decode, stream
     outputs back, until the producer says stop (or is gone). Returns the final report."""
     conn, pending, error = engine.kv_connector, deque(), None
@@ -264,7 +262,7 @@ def serve_decode(engine: LLMEngine) -> dict:
 # --8<-- [end:serve_decode]
 
 
-def _report(engine: LLMEngine, counts: dict, error: str | None) -> dict:
+def _report(engine, counts: dict, error: str | None) -> dict:
     """The consumer's counters: bytes in, steps (and those that prefilled), its pool."""
     conn, bm = engine.kv_connector, engine.block_manager
     return {"bytes_received": conn.bytes_received, "num_received": conn.num_received,
@@ -272,12 +270,3 @@ def _report(engine: LLMEngine, counts: dict, error: str | None) -> dict:
             "num_blocks": bm.num_blocks, "num_free_blocks": bm.num_free_blocks,
             "num_referenced_blocks": sum(c > 0 for c in bm.ref_counts),
             "stats": dataclasses.asdict(engine.stats()), "error": error}
-
-
-def run_decode_role(model: str | None, engine_kwargs: dict, spawned: bool = False) -> None:
-    """A consumer process: build the engine (which meets the producer), serve, exit. A spawned
-    one leaves Ctrl-C to its front, which stops it (or it stops when the front is gone)."""
-    if spawned:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    serve_decode(LLMEngine(model, **engine_kwargs))
