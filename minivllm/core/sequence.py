@@ -154,14 +154,17 @@ class SequenceGroup:
     """
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: SamplingParams, first_seq_id: int):
+                 params: SamplingParams, first_seq_id: int, lora_request=None):
         self.request_id = request_id
         self.prompt = prompt
         self.params = params
         self.arrival_time = time.perf_counter()
         self.error: str | None = None            # why the engine failed this request, if it did
-        self.lora_request = None                 # LoRARequest, or None for the base model
-        self.seqs = [Sequence(first_seq_id, self, 0, prompt_token_ids, len(prompt_token_ids))]
+        self.lora_request = lora_request         # LoRARequest, or None for the base model
+        first = Sequence(first_seq_id, self, 0, prompt_token_ids, len(prompt_token_ids))
+        if lora_request is not None:             # its own prefix-cache namespace too
+            first.extra_keys = (lora_request.lora_int_id,)
+        self.seqs = [first]
 
     def __repr__(self) -> str:
         return f"SequenceGroup({self.request_id!r}, n={self.params.n}, seqs={self.seqs})"

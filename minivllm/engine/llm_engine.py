@@ -175,10 +175,8 @@ class LLMEngine:
                 raise ValueError(f"{lora_request} was given, but LoRA is off: start the engine "
                                  "with enable_lora=True (and max_loras, max_lora_rank)")
             self.runner.lora_manager.add_lora(lora_request)
-        group = SequenceGroup(request_id, text, token_ids, params, next(self._seq_ids))
-        if lora_request is not None:         # its own prefix-cache namespace too
-            group.lora_request = lora_request
-            group.seqs[0].extra_keys = (lora_request.lora_int_id,)
+        group = SequenceGroup(request_id, text, token_ids, params, next(self._seq_ids),
+                              lora_request)
         self.scheduler.add(group.seqs[0])
         self.requests[request_id] = group
 
@@ -278,8 +276,18 @@ class LLMEngine:
         # 3. Update: append, fork, accept drafts, stop on tokens and length, free blocks.
         updated = self.scheduler.update_from_output(scheduler_output, runner_output)
         # 4. Outputs: text and stop strings, then a RequestOutput per request that moved.
-        errors = dict(runner_output.errors)
-        for seq in updated:
+        errors = self._detokenize(updated, dict(runner_output.errors))
+        outputs = self._request_outputs(scheduler_output)
+        self.num_steps += 1
+        if self._traces:
+            self._record(scheduler_output, outputs, errors, t0)
+        return outputs
+    # --8<-- [end:step]
+
+    def _detokenize(self, seqs: list[Sequence], errors: dict[str, str]) -> dict[str, str]:
+        """Text for the sequences that got tokens; a stop string finishes its sequence. A
+        failure here fails that request alone. Returns errors, with this phase's added."""
+        for seq in seqs:
             if seq.group.error is not None:          # another sample of it failed just now
                 continue
             try:
@@ -291,16 +299,16 @@ class LLMEngine:
                 self.scheduler.finish_group(seq.group, SequenceStatus.FINISHED_ABORTED)
         for request_id, error in errors.items():
             logger.error("request %s failed and was aborted: %s", request_id, error)
+        return errors
+
+    def _request_outputs(self, scheduler_output: SchedulerOutput) -> list[RequestOutput]:
+        """A RequestOutput for every request that ran this step; finished ones leave."""
         touched = {seq.request_id for seq in scheduler_output.seqs}
         outputs = [request_output(self.requests[rid]) for rid in touched if rid in self.requests]
         for out in outputs:
             if out.finished:
                 del self.requests[out.request_id]
-        self.num_steps += 1
-        if self._traces:
-            self._record(scheduler_output, outputs, errors, t0)
         return outputs
-    # --8<-- [end:step]
 
     def _record(self, batch: SchedulerOutput, outputs: list[RequestOutput],
                 errors: dict[str, str], t0: float) -> None:
