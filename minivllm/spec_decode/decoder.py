@@ -48,7 +48,6 @@ from minivllm.sample.sampler import Sampler, logprobs_entry, sampling_probs
 from minivllm.core.sequence import Sequence
 
 
-# --8<-- [start:ngram]
 class NgramProposer:
     """Prompt lookup decoding (Saxena 2023; vLLM's method "ngram")."""
 
@@ -73,10 +72,8 @@ class NgramProposer:
 
     def drop(self, seq_id: int) -> None:
         """No per-sequence state to free (the draft-model proposer has some)."""
-# --8<-- [end:ngram]
 
 
-# --8<-- [start:accept]
 def greedy_accept(target_logits: torch.Tensor, draft_token_ids: list[int]):
     """Greedy: the longest prefix of drafts equal to the target's argmax. target_logits
     (k, V): the target's logits at each draft's position. Returns (number accepted, the
@@ -109,7 +106,6 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor,
     if residual.sum() <= 0:                                     # p == q up to rounding
         residual = target_probs[i]
     return i, int(torch.multinomial(residual, 1, generator=generator))
-# --8<-- [end:accept]
 
 
 class SpeculativeDecoder:
