@@ -226,7 +226,6 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return out
 
 
-# --8<-- [start:reference]
 def flash_attention_reference(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
                               scale) -> torch.Tensor:
     """The naive version, one sequence at a time: gather K/V through the block table, build the
@@ -244,7 +243,6 @@ def flash_attention_reference(q, k_cache, v_cache, query_start_loc, seq_lens, bl
         scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
         out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
     return out
-# --8<-- [end:reference]
 
 
 # ------------------------------------------------------------------------------ test + benchmark

@@ -39,7 +39,6 @@ import triton
 import triton.language as tl
 
 
-# --8<-- [start:bgmv]
 @triton.jit
 def _bgmv_shrink_kernel(
     X, A, Buf,                 # x: (T, K); A: (S, R, K); buf: (T, R) fp32
@@ -86,10 +85,8 @@ def _bgmv_expand_kernel(
     y_ptr = Y + t * stride_yt + offs_n
     y = tl.load(y_ptr, mask=offs_n < N, other=0.0)
     tl.store(y_ptr, (y.to(tl.float32) + delta).to(y.dtype), mask=offs_n < N)
-# --8<-- [end:bgmv]
 
 
-# --8<-- [start:sgmv]
 @triton.jit
 def _sgmv_shrink_kernel(
     X, A, Buf,                 # as in BGMV
@@ -144,7 +141,6 @@ def _sgmv_expand_kernel(
     y_ptr = Y + rows[:, None] * stride_yt + offs_n[None, :]
     y = tl.load(y_ptr, mask=mask, other=0.0)
     tl.store(y_ptr, (y.to(tl.float32) + delta).to(y.dtype), mask=mask)
-# --8<-- [end:sgmv]
 
 
 def _block_r(R: int) -> int:
@@ -206,7 +202,6 @@ def sgmv_expand(y: torch.Tensor, buf: torch.Tensor, lora_b: torch.Tensor, seg_st
     return y
 
 
-# --8<-- [start:reference]
 def slot_groups(token_slots: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
     """[(slot, row indices of its tokens)] for every slot >= 0 in the batch; rows is None when
     one adapter has every token (then no gather or scatter is needed)."""
@@ -234,4 +229,3 @@ def lora_expand_ref(y, buf, lora_b, token_slots, groups=None) -> torch.Tensor:
         else:
             y.index_add_(0, rows, (buf[rows].to(lora_b.dtype) @ lora_b[slot].T).to(y.dtype))
     return y
-# --8<-- [end:reference]

@@ -103,7 +103,6 @@ def _paged_decode_kernel(
         tl.store(Part_L + row, l_i, mask=h_mask)
 
 
-# --8<-- [start:reduce]
 @triton.jit
 def _reduce_partitions_kernel(
     Out,                      # [num_seqs, num_heads, D]
@@ -139,7 +138,6 @@ def _reduce_partitions_kernel(
         m_i = m_new
     tl.store(Out + seq * stride_os + head * stride_oh + offs_d,
              (acc / l_i).to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)
-# --8<-- [end:reduce]
 
 
 def default_decode_tiles(on_gpu: bool) -> dict:

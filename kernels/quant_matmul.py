@@ -30,7 +30,6 @@ import triton
 import triton.language as tl
 
 
-# --8<-- [start:quantize]
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (N, K) -> q (N, K) int8, scales (N,): one scale per output channel (row)."""
     scales = w.abs().amax(dim=1).float().clamp(min=1e-8) / 127
@@ -68,7 +67,6 @@ def dequantize_int4(packed, scales, mins, group_size: int) -> torch.Tensor:
     N, K = q.shape
     g = q.reshape(N, K // group_size, group_size)
     return (g * scales[..., None] + mins[..., None]).reshape(N, K)
-# --8<-- [end:quantize]
 
 
 @triton.jit

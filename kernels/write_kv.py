@@ -34,7 +34,6 @@ import triton
 import triton.language as tl
 
 
-# --8<-- [start:kv_row]
 KV_QUANT_FORMATS = {"int8": (torch.int8, 127.0), "fp8": (torch.float8_e4m3fn, 448.0)}
 
 
@@ -54,7 +53,6 @@ def dequantize_kv(rows: torch.Tensor, kv_cache_dtype: str, dtype=torch.float32) 
     d = rows.shape[-1] - 4
     scale = rows[..., d:].contiguous().view(torch.float32)                    # (..., 1)
     return (rows[..., :d].view(fmt).float() * scale).to(dtype)
-# --8<-- [end:kv_row]
 
 
 @triton.jit

@@ -59,7 +59,6 @@ def summarize(run, num_decodes: int) -> dict:
             "tokens": [o.outputs[0].token_ids for o in run.outputs]}
 
 
-# --8<-- [start:compare]
 def compare(model=None, num_decodes=4, decode_prompt=32, decode_tokens=48, num_long=3,
             long_prompt=768, long_every=8, llm=None, **engine_kwargs) -> dict:
     """Serve one workload colocated, then split; return both summaries and the transfer
@@ -89,7 +88,6 @@ def compare(model=None, num_decodes=4, decode_prompt=32, decode_tokens=48, num_l
                     pair.report["num_prefill_steps"], "num_reprefilled": after["num_reprefilled"]}
     return {"colocated": colocated, "disaggregated": split, "transfer": transfer,
             "identical": colocated["tokens"] == split["tokens"]}
-# --8<-- [end:compare]
 
 
 def main(argv=None) -> None:

@@ -50,7 +50,6 @@ def _token_source(tokenizer, num_tokens: int, text: str) -> list[int]:
     return ids * (num_tokens // len(ids) + 1)
 
 
-# --8<-- [start:lognormal]
 def lognormal_requests(tokenizer, num_requests: int, prompt=(4.3, 0.6, 16, 512),
                        output=(4.3, 0.7, 8, 512), seed: int = 0, text: str = FILLER,
                        stride: int = 7) -> list[Request]:
@@ -63,7 +62,6 @@ def lognormal_requests(tokenizer, num_requests: int, prompt=(4.3, 0.6, 16, 512),
     ids = _token_source(tokenizer, num_requests * stride + int(prompt_lens.max()), text)
     return [Request(ids[i * stride:i * stride + int(p)], _greedy(o))
             for i, (p, o) in enumerate(zip(prompt_lens, output_lens))]
-# --8<-- [end:lognormal]
 
 
 def spread_requests(tokenizer, num_requests: int, mean_output: int, spread: float,

@@ -78,7 +78,6 @@ class BlockManager:
         last = min(len(seq.block_table), cdiv(len(seq) + lookahead, self.block_size))
         return [i for i in range(first, last) if self.ref_counts[seq.block_table[i]] > 1]
 
-    # --8<-- [start:prefix_match]
     def _block_hash(self, seq: Sequence, i: int) -> int:
         """Hash of seq's full block i (computed once per sequence, chained)."""
         bs = self.block_size
@@ -103,7 +102,6 @@ class BlockManager:
             hits.append(block)
             parent = block
         return hits
-    # --8<-- [end:prefix_match]
 
     def num_cached_tokens(self, seq: Sequence) -> int:
         """Leading tokens of seq whose K/V the prefix cache holds now (a KV connector asks)."""

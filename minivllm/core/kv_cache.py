@@ -74,7 +74,6 @@ def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int,
                        config.num_key_value_heads, row, dtype=dtype, device=device)
 
 
-# --8<-- [start:contiguous]
 class ContiguousAllocator:
     """Static preallocation: every running request owns one slab of max_model_len slots.
 
@@ -108,5 +107,4 @@ class ContiguousAllocator:
     def free(self, seq: Sequence) -> None:
         self.free_slabs.extend(reversed(seq.block_table))
         seq.block_table = []
-# --8<-- [end:contiguous]
 

@@ -26,12 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-# --8<-- [start:hash]
 def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...],
                       extra_keys: tuple = ()) -> int:
     """The name of a full block: its whole prefix, chained through the parent's hash."""
     return hash((parent_hash, token_ids, extra_keys))
-# --8<-- [end:hash]
 
 
 @dataclass(slots=True, frozen=True)

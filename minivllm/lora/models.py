@@ -64,7 +64,6 @@ class LoRAAdapter:
         return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
 
 
-# --8<-- [start:load]
 def load_adapter(req: LoRARequest, shapes: dict[str, tuple[int, int]], num_layers: int,
                  max_rank: int) -> LoRAAdapter:
     """Read and check a PEFT adapter directory; shapes: module -> (N, K) of the base layer."""
@@ -105,7 +104,6 @@ def load_adapter(req: LoRARequest, shapes: dict[str, tuple[int, int]], num_layer
         pairs.setdefault((int(m[1]), m[2]), {})[m[3]] = tensor.float()
     weights = {lm: (ab["A"], ab["B"] * scale) for lm, ab in pairs.items() if len(ab) == 2}
     return LoRAAdapter(r, weights)
-# --8<-- [end:load]
 
 
 @dataclass(slots=True)
@@ -119,7 +117,6 @@ class LoRABatch:
     segments: tuple | None = None               # SGMV: (seg_start, seg_slots, longest)
 
 
-# --8<-- [start:layer]
 class LoRALinear(nn.Module):
     """base(x), plus each token's adapter: y += s (x A^T) B^T, over stacked slots."""
 
@@ -146,7 +143,6 @@ class LoRALinear(nn.Module):
                                  b.token_slots)
         return k.sgmv_expand(y, k.sgmv_shrink(x, self.lora_a, *b.segments), self.lora_b,
                              *b.segments)
-# --8<-- [end:layer]
 
 
 class LoRAManager:
@@ -231,7 +227,6 @@ class LoRAManager:
         self.num_slot_loads += 1
         return slot
 
-    # --8<-- [start:set_batch]
     def set_batch(self, lora_ids: list[int], num_new_tokens: list[int], device) -> None:
         """The step's per-token slots, from each sequence's adapter id (0: base model)."""
         used = set(lora_ids) - {0}
@@ -247,7 +242,6 @@ class LoRAManager:
         b.groups = [] if b.use_kernels else b.ops.slot_groups(b.token_slots)
         prefill = max(num_new_tokens) > 1          # a prefill chunk: segments (SGMV), not BGMV
         b.segments = b.ops.segments(b.token_slots) if b.use_kernels and prefill else None
-    # --8<-- [end:set_batch]
 
     def stats(self) -> dict:
         return {"slots": dict(self.slots), "cpu_cache": list(self.cpu_cache),

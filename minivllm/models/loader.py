@@ -86,14 +86,12 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
                                 f"({type(e).__name__}: {e})") from e
 
 
-# --8<-- [start:unpermute]
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's row order for W_q / W_k: per head, (pairs, 2) -> (2, pairs)."""
     rows = w.shape[0]
     return (w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])
              .swapaxes(1, 2)
              .reshape(w.shape))
-# --8<-- [end:unpermute]
 
 
 def _gguf_field(reader, key, default=None):

@@ -52,7 +52,6 @@ def token_counts(token_lists: list[list[int]], vocab: int, device) -> torch.Tens
     return counts[:, :vocab].to(device)                               # (R, V)
 
 
-# --8<-- [start:penalties]
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     """In place: vLLM's repetition, frequency and presence penalties. logits (B, V)."""
     rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
@@ -70,7 +69,6 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     x -= col([p.frequency_penalty for p in params]) * output
     x -= col([p.presence_penalty for p in params]) * (output > 0)
     logits[rows] = x
-# --8<-- [end:penalties]
 
 
 def apply_logits_processors(logits: torch.Tensor, seqs: list[Sequence],

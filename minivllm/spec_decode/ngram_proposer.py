@@ -14,7 +14,6 @@ import numpy as np
 from minivllm.core.sequence import Sequence
 
 
-# --8<-- [start:ngram]
 class NgramProposer:
     """Prompt lookup decoding (Saxena 2023; vLLM's method "ngram")."""
 
@@ -36,4 +35,3 @@ class NgramProposer:
 
     def propose_batch(self, seqs: list[Sequence], rooms: list[int]) -> list[list[int]]:
         return [self.propose(seq.token_ids, k) for seq, k in zip(seqs, rooms)]
-# --8<-- [end:ngram]

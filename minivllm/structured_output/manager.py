@@ -85,7 +85,6 @@ class StructuredOutputManager:
         text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
         return g.kind, text, g.disable_any_whitespace
 
-    # --8<-- [start:compile]
     def compile(self, g: GuidedDecodingParams):
         """The CompiledGrammar for g, from the cache or compiled now; ValueError with xgrammar's
         reason if the schema, regex or grammar is invalid."""
@@ -113,7 +112,6 @@ class StructuredOutputManager:
         self.num_compiled += 1
         self.grammars[key] = grammar
         return grammar
-    # --8<-- [end:compile]
 
     def check(self, params: SamplingParams, speculative: bool) -> None:
         """At add_request: refuse what this engine cannot do, compile the constraint."""
@@ -141,7 +139,6 @@ class StructuredOutputManager:
         entry[1] = seq.num_output_tokens
         return matcher
 
-    # --8<-- [start:bitmask]
     def apply_bitmask(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """In place: every guided row's disallowed tokens -> -inf. One bitmask for the batch,
         (B, ceil(V / 32)) int32, filled row by row by the matchers, applied in one call."""
@@ -157,7 +154,6 @@ class StructuredOutputManager:
                                         vocab_size=self.vocab_size, indices=rows)
         self.mask_seconds += time.perf_counter() - t0
         self.num_masked_rows += len(rows)
-    # --8<-- [end:bitmask]
 
     def free(self, seq: Sequence) -> None:
         self.matchers.pop(seq.seq_id, None)

@@ -78,7 +78,6 @@ class CUDAGraphRunner:
     def can_run(self, input_ids: torch.Tensor, md: AttentionMetadata) -> bool:
         return md.max_query_len == 1 and input_ids.shape[0] <= self.sizes[-1]
 
-    # --8<-- [start:replay]
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
             md: AttentionMetadata) -> torch.Tensor:
         """One decode step: copy its inputs into the static buffers, replay, (n, hidden)."""
@@ -94,4 +93,3 @@ class CUDAGraphRunner:
         self.graphs[bs].replay()
         self.replays[bs] = self.replays.get(bs, 0) + 1
         return self.outputs[bs][:n]
-    # --8<-- [end:replay]

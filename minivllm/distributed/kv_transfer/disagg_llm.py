@@ -105,7 +105,6 @@ class DisaggLLM:
     def trace(self):
         return self.producer.trace()             # the producer's steps (prefills, fallbacks)
 
-    # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
         """One producer step (prefills; a prompt done is handed to the consumer), then every
         output the consumer has streamed back since. Waits a little when the producer is idle."""
@@ -139,7 +138,6 @@ class DisaggLLM:
                                 f"{time.monotonic() - self._last_heard:.0f} s or exited)")
         self.num_steps += 1
         return self._merge(outs) if self.parts else outs
-    # --8<-- [end:step]
 
     def _merge(self, outs: list[RequestOutput]) -> list[RequestOutput]:
         """The outputs of an n > 1 request's samples, as one output with n completions."""
@@ -254,7 +252,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# --8<-- [start:launch]
 def launch(model: str | None = None, *, kv_ip: str = "127.0.0.1", kv_port: int | None = None,
            timeout: float = 120.0, consumer_kwargs: dict | None = None,
            **engine_kwargs) -> DisaggLLM:
@@ -280,7 +277,6 @@ def launch(model: str | None = None, *, kv_ip: str = "127.0.0.1", kv_port: int |
         if proc.is_alive():
             proc.kill()
         raise
-# --8<-- [end:launch]
 
 
 def run_decode_role(model: str | None, engine_kwargs: dict, spawned: bool = False) -> None:

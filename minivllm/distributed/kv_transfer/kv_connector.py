@@ -168,7 +168,6 @@ class KVConnector:
         return got
 
     # ------------------------------------------------------------------ KV in, KV out
-    # --8<-- [start:send_kv]
     def send_kv(self, seq) -> None:
         """Producer: send seq's first token (with its logprobs, if asked for), its sampler's
         generator and its prompt's K/V (the P prompt tokens, every layer, less those the
@@ -212,10 +211,8 @@ class KVConnector:
             if meta["generator"] is not None:
                 runner.sampler.set_generator_state(seq, meta["generator"])
         return load_kv
-    # --8<-- [end:send_kv]
 
 
-# --8<-- [start:serve_decode]
 def serve_decode(engine) -> dict:
     """The consumer's loop: admit transferred requests when their blocks fit, decode, stream
     outputs back, until the producer says stop (or is gone). Returns the final report."""
@@ -259,7 +256,6 @@ def serve_decode(engine) -> dict:
     if error is None:
         conn.send(BYE, report)
     return report
-# --8<-- [end:serve_decode]
 
 
 def _report(engine, counts: dict, error: str | None) -> dict:

@@ -1,0 +1,180 @@
+"""No import cycles in minivllm/: the graph is computed from the source with `ast`, every
+`import` and `from ... import` counted, at module level and inside functions alike (a lazy
+import hides a cycle from Python, not from a reader: the two modules still need each other).
+
+An edge A -> B means module A names module B in an import:
+  `import pkg.mod`              -> pkg.mod
+  `from pkg import mod`         -> pkg.mod, when pkg/mod.py (or pkg/mod/) exists
+  `from pkg import Name`        -> pkg (its __init__ defines or re-exports Name)
+  `from . import x`, `from ..y` -> resolved against A's package first
+Executing a parent package's __init__ (Python runs minivllm/core/__init__.py before
+minivllm/core/scheduler.py) is not an edge: every module would otherwise depend on every
+__init__ above it, and a reader does not see that import in the file.
+
+kernels/ being a leaf (it imports nothing from minivllm) is tests/test_kernels_leaf.py's job.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under `root` (a package's name is its folder)."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+def imported_modules(module: str, path: Path, known: set[str]) -> dict[str, int]:
+    """The known modules that `module` (in file `path`) imports -> the first line naming each."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:                       # relative: climb level - 1 packages up
+                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            submodules = [f"{base}.{alias.name}" for alias in node.names]
+            targets = [t for t in submodules if t in known] or [base]
+            # `from pkg import mod, Name`: the module is an edge, and so is pkg for Name.
+            if len(targets) < len(node.names) and targets != [base]:
+                targets.append(base)
+        else:
+            continue
+        for target in targets:
+            # `import minivllm.core.scheduler.Scheduler` cannot happen, but `import a.b` where
+            # only `a` is ours can: take the longest prefix that is one of our modules.
+            parts = target.split(".")
+            while parts and ".".join(parts) not in known:
+                parts.pop()
+            name = ".".join(parts)
+            if name and name != module:
+                found.setdefault(name, node.lineno)
+    return found
+
+
+def import_graph(root: Path) -> dict[str, dict[str, int]]:
+    modules = module_names(root)
+    known = set(modules)
+    return {m: imported_modules(m, p, known) for m, p in modules.items()}
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative), each
+    as one concrete cycle A -> B -> ... -> A found inside it, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            child = next((w for w in edges if w in graph), None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(component)
+    return sorted(cycle_in(graph, c) for c in components)
+
+
+def cycle_in(graph: dict[str, dict[str, int]], component: set[str]) -> list[str]:
+    """A shortest cycle through the component's first module (breadth-first inside it)."""
+    start = min(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph[node]):
+                if nxt == start:
+                    return paths[node] + [start]
+                if nxt in component and nxt not in paths:
+                    paths[nxt] = paths[node] + [nxt]
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no cycle through {start} in {sorted(component)}")
+
+
+def describe(graph: dict[str, dict[str, int]], cycle: list[str], root: Path) -> str:
+    """`a (a.py:12) -> b (b.py:40) -> a`: where each import of the cycle is written."""
+    modules = module_names(root)
+    steps = [f"{a} ({modules[a].relative_to(root.parent)}:{graph[a][b]})"
+             for a, b in zip(cycle, cycle[1:])]
+    return " -> ".join(steps + [cycle[-1]])
+
+
+def test_minivllm_has_no_import_cycles():
+    root = REPO / "minivllm"
+    graph = import_graph(root)
+    # The graph is real (the public API reaches the engine); the import forms are checked below.
+    assert "minivllm.engine.llm_engine" in graph["minivllm.llm"], graph["minivllm.llm"]
+    assert sum(len(edges) for edges in graph.values()) > 100
+    found = cycles(graph)
+    assert not found, f"{len(found)} import cycle(s) in minivllm/:\n" + "\n".join(
+        "  " + describe(graph, cycle, root) for cycle in found)
+
+
+def test_the_graph_sees_every_kind_of_import(tmp_path):
+    """The rules in the docstring, on a made-up package, so the cycle test cannot pass by
+    missing an import form."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    sources = {
+        "__init__.py": "from pkg.a import A\n",
+        "a.py": "A = 1\ndef f():\n    import pkg.b          # lazy, still an edge\n",
+        "b.py": "from pkg.sub import c, Name\n",                # module c and pkg.sub for Name
+        "sub/__init__.py": "Name = 2\n",
+        "sub/c.py": "from .. import d\nfrom .e import X\n",   # relative: pkg.d, pkg.sub.e
+        "sub/e.py": "X = 3\nimport os\n",                    # not ours: no edge
+        "d.py": "from pkg.a import A\n",                      # closes pkg.a -> b -> c -> d -> a
+    }
+    for name, text in sources.items():
+        (pkg / name).write_text(text)
+    graph = {m: set(edges) for m, edges in import_graph(pkg).items()}
+    assert graph == {
+        "pkg": {"pkg.a"},
+        "pkg.a": {"pkg.b"},
+        "pkg.b": {"pkg.sub.c", "pkg.sub"},
+        "pkg.sub": set(),
+        "pkg.sub.c": {"pkg.d", "pkg.sub.e"},
+        "pkg.sub.e": set(),
+        "pkg.d": {"pkg.a"},
+    }
+    found = cycles(import_graph(pkg))
+    assert found == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.d", "pkg.a"]]
