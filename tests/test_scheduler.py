@@ -1,7 +1,7 @@
 """The Scheduler and BlockManager (minivllm/core/) on their own: no model, no tensors, no
 tokenizer, in the spirit of vLLM's tests/v1/core/test_scheduler.py. A request is a
-SequenceGroup of made-up token ids; a step is `schedule()`, then `run_step` below, which does
-by hand what the rest of the engine would do with the forward pass's result.
+SequenceGroup of made-up token ids; a step is `schedule()`, then `run_step` below: a made-up
+ModelRunnerOutput applied by `Scheduler.update_from_output`, as LLMEngine.step does.
 
 Every test asserts exact counts (tokens per sequence, blocks, queue order) that a change in
 the rule it names would break.
@@ -18,6 +18,7 @@ from minivllm.config import EngineConfig
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
 from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from minivllm.outputs import ModelRunnerOutput
 from minivllm.sampling_params import SamplingParams
 
 SEQ_IDS = itertools.count()
@@ -34,7 +35,7 @@ def make_scheduler(*, num_cpu_blocks: int = 0, **config_overrides) -> Scheduler:
     device_pool = BlockManager(config.num_kv_blocks, config.block_size,
                                config.enable_prefix_caching)
     host_pool = BlockManager(num_cpu_blocks, config.block_size) if num_cpu_blocks else None
-    return Scheduler(config, device_pool, host_pool)
+    return Scheduler(config, device_pool, host_pool, seq_ids=SEQ_IDS)
 
 
 def add_request(scheduler: Scheduler, request_id: str, prompt: int | list[int], *,
@@ -45,9 +46,8 @@ def add_request(scheduler: Scheduler, request_id: str, prompt: int | list[int], 
     if isinstance(prompt, int):
         prompt = list(range(1000 * seq_id, 1000 * seq_id + prompt))
     params = SamplingParams(n=n, max_tokens=max_tokens)
-    group = SequenceGroup(request_id, None, prompt, params, seq_id)
-    if lora_int_id:
-        group.lora_request = LoRARequest(f"adapter-{lora_int_id}", lora_int_id, "/unused")
+    lora = LoRARequest(f"adapter-{lora_int_id}", lora_int_id, "/unused") if lora_int_id else None
+    group = SequenceGroup(request_id, None, prompt, params, seq_id, lora)
     scheduler.add(group.seqs[0])
     return group.seqs[0]
 
@@ -57,48 +57,23 @@ def names(seqs) -> list[str]:
     return [s.request_id + (f".{s.index}" if s.index else "") for s in seqs]
 
 
-# ====================================================================================== #
-# THE ENGINE'S BOOKKEEPING, BY HAND, IN THIS ONE PLACE. Scheduler.update_from_output(     #
-# scheduler_output, runner_output) is being added to own exactly this; at merge, run_step #
-# becomes that call with a made-up runner output.                                         #
-# ====================================================================================== #
 def run_step(scheduler: Scheduler, out: SchedulerOutput,
              accepted: dict[str, int] | None = None) -> None:
-    """What LLMEngine.step does after the forward pass, with made-up tokens: each scheduled
-    sequence's new tokens now have K/V (draft tokens only once accepted) and its full blocks
-    are named for the prefix cache; a sequence whose tokens reached its end samples (a first
-    sequence that has just prefilled an n > 1 prompt forks the others first, each sampling
-    too): it appends its accepted drafts (`accepted[request_id]`, default all) and one more
-    token, and finishes at max_tokens or max_model_len; a sequence that verified drafts rolls
-    back to its newest token and gives back the blocks of the rejected ones."""
-    bm = scheduler.block_manager
+    """The rest of a step, with a made-up forward pass: every sequence whose tokens reach its
+    end samples token 900 + its length (a first sequence that has just prefilled an n > 1
+    prompt also draws one token for each sample to fork), after its accepted drafts
+    (`accepted[request_id]`, default all); then Scheduler.update_from_output applies it."""
     accepted = accepted or {}
-    samplers = []
+    result = ModelRunnerOutput()
     for seq, n in zip(out.seqs, out.num_new_tokens):
-        drafts = len(seq.spec_token_ids)
-        if seq.num_computed_tokens + n == len(seq) + drafts:
-            samplers.append(seq)
-        seq.num_computed_tokens += n - drafts
-        bm.cache_computed_blocks(seq)
-    for seq in list(samplers):
-        if seq.group.num_unforked:
-            children = seq.group.fork(SEQ_IDS)
-            scheduler.fork(seq, children)
-            samplers += children
-    for seq in samplers:
         drafts = seq.spec_token_ids
-        for token in drafts[:accepted.get(seq.request_id, len(drafts))] + [900 + len(seq)]:
-            seq.append_token(token, None)
-            if (seq.num_output_tokens >= seq.params.max_tokens
-                    or len(seq) >= scheduler.config.max_model_len):
-                scheduler.finish(seq, SequenceStatus.FINISHED_LENGTH)
-                break
-    for seq in out.seqs:
-        if seq.spec_token_ids and not seq.is_finished:
-            seq.num_computed_tokens = len(seq) - 1
-            bm.free_lookahead_slots(seq)
-        seq.spec_token_ids = []
-# ====================================================================================== #
+        if seq.num_computed_tokens + n < len(seq) + len(drafts):
+            continue                                   # a prefill chunk short of the end
+        kept = drafts[:accepted.get(seq.request_id, len(drafts))]
+        result.sampled[seq.seq_id] = [(t, None) for t in kept + [900 + len(seq) + len(kept)]]
+        if seq.group.num_unforked:
+            result.forked[seq.seq_id] = [(900 + len(seq), None)] * seq.group.num_unforked
+    scheduler.update_from_output(out, result)
 
 
 def step(scheduler: Scheduler, **kwargs) -> SchedulerOutput:
@@ -355,14 +330,17 @@ def test_n_samples_fork_onto_shared_blocks_and_copy_on_write(prompt_len, copies,
     assert s.block_manager.num_free_blocks == 14 - new_blocks
 
 
-@pytest.mark.xfail(strict=True, reason="the admission check counts the unforked samples of "
-                   "the request being admitted, not those of a running one (bug, reported)")
 def test_a_request_waits_when_running_samples_yet_to_fork_fill_max_num_seqs():
-    s = make_scheduler(max_num_seqs=3)
+    """A (n=3) holds three of the three sequence slots before it forks: B waits (it used to
+    be admitted beside it, and four sequences ran under max_num_seqs=3)."""
+    s = make_scheduler(max_num_seqs=3, max_num_batched_tokens=4)
     add_request(s, "A", 6, n=3)
     add_request(s, "B", 4)
-    step(s)
-    assert len(s.running) <= 3, names(s.running)
+    assert names(step(s).seqs) == ["A"]                      # A's first chunk of 4
+    out = s.schedule()                                        # A's last 2; B still waits
+    assert names(out.seqs) == ["A"] and names(s.waiting) == ["B"]
+    run_step(s, out)
+    assert names(s.running) == ["A", "A.1", "A.2"] and len(s.running) <= 3
 
 
 def test_static_scheduling_admits_only_into_an_empty_batch():
@@ -394,3 +372,64 @@ def test_max_loras_limits_the_distinct_adapters_running_at_once():
     for name, lora in zip("ABCD", (1, 1, 2, 0)):
         add_request(s, name, 4, lora_int_id=lora)
     assert names(s.schedule().seqs) == ["A", "B", "C", "D"]
+
+
+# ----------------------------------------------------------- update_from_output on its own
+def test_update_appends_up_to_a_stop_token_and_frees_the_blocks():
+    s = make_scheduler()
+    s.eos_token_ids = {7}
+    a = add_request(s, "A", 4)
+    out = s.schedule()
+    s.update_from_output(out, ModelRunnerOutput(sampled={a.seq_id: [(5, None)]}))
+    out = s.schedule()
+    a.spec_token_ids = []
+    # Three draws, the second a stop token: the third is never appended.
+    s.update_from_output(out, ModelRunnerOutput(sampled={a.seq_id: [(6, None), (7, None),
+                                                                  (8, None)]}))
+    assert a.output_token_ids == [5, 6, 7] and a.status is SequenceStatus.FINISHED_STOPPED
+    assert s.block_manager.num_free_blocks == 16 and not s.running
+    assert s.schedule().finished_seqs == [a]     # handed to the runner once, then forgotten
+    assert s.schedule().finished_seqs == []
+
+
+def test_update_counts_accepted_drafts_and_rolls_back_the_rest():
+    s = make_scheduler()
+    a = add_request(s, "A", 4)
+    step(s)                                                   # prefill: 5 tokens
+    a.spec_token_ids = [11, 12, 13, 14]
+    out = s.schedule()
+    assert out.num_new_tokens == [5] and len(a.block_table) == 3   # 5 + 4 drafts: 9 slots
+    step_result = ModelRunnerOutput(sampled={a.seq_id: [(11, None), (20, None)]})  # 1 accepted
+    s.update_from_output(out, step_result)
+    assert a.output_token_ids[-2:] == [11, 20] and a.num_computed_tokens == len(a) - 1 == 6
+    assert len(a.block_table) == 2                            # the rejected drafts' slots freed
+    stats = s.spec_decoding_stats
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, 4, 1)
+    assert a.metrics.num_draft_tokens == 4 and a.metrics.num_accepted_tokens == 1
+
+
+def test_a_sampling_error_aborts_that_request_alone():
+    s = make_scheduler()
+    a = add_request(s, "A", 4)
+    b = add_request(s, "B", 4)
+    out = s.schedule()
+    s.update_from_output(out, ModelRunnerOutput(sampled={b.seq_id: [(5, None)]},
+                                                errors={"A": "sampling failed: boom"}))
+    assert a.status is SequenceStatus.FINISHED_ABORTED and a.group.error.endswith("boom")
+    assert names(s.running) == ["B"] and b.output_token_ids == [5]
+    assert s.block_manager.num_free_blocks == 16 - 1           # only B's prompt block
+
+
+def test_a_prefilled_request_is_admitted_with_the_normal_checks():
+    s = make_scheduler(max_num_seqs=1)
+    add_request(s, "A", 4)
+    step(s)
+    group = SequenceGroup("P", None, list(range(8)), SamplingParams(max_tokens=4), next(SEQ_IDS))
+    seq, loaded = group.seqs[0], []
+    assert not s.add_prefilled(seq, loaded.append, (42, None))      # max_num_seqs is full
+    assert loaded == [] and seq.block_table == []
+    s.finish(s.running[0], SequenceStatus.FINISHED_ABORTED)
+    assert s.add_prefilled(seq, loaded.append, (42, None))
+    assert loaded == [seq] and seq.num_computed_tokens == 8 and seq.output_token_ids == [42]
+    assert seq.status is SequenceStatus.RUNNING and names(s.running) == ["P"]
+    assert s.schedule().num_new_tokens == [1]                 # it decodes from its first token

@@ -190,7 +190,7 @@ class Scheduler:
         while self.waiting and budget > 0:
             seq = self.waiting[0]
             # A request with n samples is admitted with room for all n (forked after prefill).
-            if len(self.running) + 1 + seq.group.num_unforked > self.config.max_num_seqs:
+            if not self._has_seq_slots(seq):
                 break
             if not self.config.enable_chunked_prefill and seq.num_uncomputed_tokens > budget:
                 break
@@ -269,8 +269,8 @@ class Scheduler:
         adapter slot), blocks for its prompt (prefix-cache hits count as computed),
         load_kv(seq) writes the rest of the prompt's K/V into them, then it runs from its first
         token on. False, with nothing changed, when there is no room for it now."""
-        if (len(self.running) + 1 + seq.group.num_unforked > self.config.max_num_seqs
-                or not self.block_manager.can_allocate(seq) or not self._lora_fits(seq)):
+        if (not self._has_seq_slots(seq) or not self.block_manager.can_allocate(seq)
+                or not self._lora_fits(seq)):
             return False
         self.block_manager.allocate(seq)
         load_kv(seq)
@@ -281,6 +281,12 @@ class Scheduler:
         seq.append_token(*first_token)       # the producer has checked its stop conditions
         self.running.append(seq)
         return True
+
+    def _has_seq_slots(self, seq: Sequence) -> bool:
+        """Room under max_num_seqs for seq and its samples to come, counting the samples that
+        running requests will still fork (the GPU's decode buffers hold max_num_seqs rows)."""
+        reserved = sum(1 + s.group.num_unforked for s in self.running)
+        return reserved + 1 + seq.group.num_unforked <= self.config.max_num_seqs
 
     def _lora_fits(self, seq: Sequence) -> bool:
         """At most max_loras distinct adapters run at once: each needs a slot in the model."""
