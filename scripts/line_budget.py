@@ -23,8 +23,11 @@ ENGINE = REPO / "minivllm"
 # The core is the request path a student reads first (vLLM's vllm/v1/{engine,core,worker,
 # attention,sample} and model_executor/models) plus the public API at the top of the package.
 CORE = ("engine", "core", "worker", "attention", "sample", "models")
-# Each add-on plugs into a seam of the core and is read on its own, after it.
-ADD_ONS = ("spec_decode", "lora", "quantization", "structured_output", "distributed")
+# Each add-on plugs into a seam of the core and is read on its own, after it. Two add-ons share
+# vLLM's distributed/ folder and are counted apart: tensor parallelism (distributed/) and
+# prefill/decode disaggregation (distributed/kv_transfer/), as vLLM keeps them apart too.
+ADD_ONS = ("spec_decode", "lora", "quantization", "structured_output", "distributed",
+           "distributed/kv_transfer")
 
 CORE_CODE = 3000
 ADD_ON_CODE = 450
@@ -73,7 +76,8 @@ def package_files() -> dict[str, list[Path]]:
     package needs a row in BUDGETS (a decision: core, add-on or tool), not a silent default."""
     packages: dict[str, list[Path]] = {name: [] for name in BUDGETS}
     for path in sorted(ENGINE.rglob("*.py")):
-        top = path.relative_to(ENGINE).parts[0]
+        parts = path.relative_to(ENGINE).parts
+        top = "/".join(parts[:2]) if parts[:2] == ("distributed", "kv_transfer") else parts[0]
         if top in CORE or top.endswith(".py"):
             packages["minivllm (core)"].append(path)
         else:
@@ -92,14 +96,14 @@ def print_core_parts(files: list[Path]) -> None:
     for label, mine in parts.items():
         physical = sum(physical_lines(p) for p in mine)
         code = sum(code_lines(p) for p in mine)
-        print(f"  {label:<26} {len(mine):>5} {physical:>9,} {code:>7,}")
+        print(f"  {label:<30} {len(mine):>5} {physical:>9,} {code:>7,}")
 
 
 def report() -> list[str]:
     """Print one row per package and the files over their limit; return the problems found."""
     problems = []
     over = []
-    print(f"{'package':<28} {'files':>5} {'physical':>9} {'code':>7}  ceiling")
+    print(f"{"package":<32} {'files':>5} {'physical':>9} {'code':>7}  ceiling")
     for name, files in package_files().items():
         if name not in BUDGETS:
             problems.append(f"{name}/ has no line budget: give it a row in BUDGETS")
@@ -114,7 +118,7 @@ def report() -> list[str]:
         if total and measured[unit] > total:
             flag = f"  OVER by {measured[unit] - total:,}"
             problems.append(f"{name} has {measured[unit]:,} lines of {unit}, over {total:,}")
-        print(f"{name:<28} {len(files):>5} {measured['physical']:>9,} {measured['code']:>7,}  "
+        print(f"{name:<32} {len(files):>5} {measured['physical']:>9,} {measured['code']:>7,}  "
               f"{ceiling}{flag}")
         if name == "minivllm (core)":
             print_core_parts(files)
