@@ -103,7 +103,7 @@ def report() -> list[str]:
     """Print one row per package and the files over their limit; return the problems found."""
     problems = []
     over = []
-    print(f"{"package":<32} {'files':>5} {'physical':>9} {'code':>7}  ceiling")
+    print(f"{'package':<32} {'files':>5} {'physical':>9} {'code':>7}  ceiling")
     for name, files in package_files().items():
         if name not in BUDGETS:
             problems.append(f"{name}/ has no line budget: give it a row in BUDGETS")
