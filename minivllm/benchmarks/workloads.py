@@ -1,5 +1,8 @@
 """Workloads and the one driver that serves them: what lessons, benchmarks and tests share.
 
+vLLM twin: vllm/benchmarks/datasets.py (its request generators); `serve` has no twin, vLLM's
+benchmarks time whole runs, not each step. Leaves out datasets read from files (ShareGPT).
+
     requests = lognormal_requests(llm.tokenizer, 16, prompt=(3.8, 0.7, 8, 400),
                                   output=(3.9, 0.6, 4, 160), seed=0)
     run = serve(llm, requests)          # every step recorded
