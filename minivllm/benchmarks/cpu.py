@@ -80,7 +80,8 @@ def step_breakdown(llm, requests) -> dict[str, float]:
 
 def read_bandwidth(threads: int, mib: int = 256) -> float:
     """Bytes/s of summing `mib` MiB of fp32 on `threads` threads: what a GEMV can stream."""
-    x, before = torch.ones(mib * 2**18), torch.get_num_threads()
+    x = torch.ones(mib * 2**18)
+    before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         x.sum()
@@ -94,7 +95,8 @@ def linears_alone(model, rows: int, sampled: int) -> float:
     model in order, through the model's own `linear`, at `rows` rows (the LM head at `sampled`).
     Attention, norms, rotary and the engine cost nothing here: the most a step could gain."""
     from minivllm.models.llama import linear
-    dtype, head = next(model.parameters()).dtype, model.lm_head
+    dtype = next(model.parameters()).dtype
+    head = model.lm_head
     inputs = {}                                  # one random input per width
     t = time.perf_counter()
     for m in model.modules():
@@ -201,7 +203,8 @@ def run(args: argparse.Namespace) -> None:
         # (a bf16 matmul peak measured without bf16 units says nothing about it).
         # MKL's GEMV at one row runs on one core, so the one-core read roofline is shown too.
         moved = cost.step([1], [len(requests[0].prompt) + 24], sampled=1)[1]
-        roof, one_core = peaks.bandwidth / moved, read_bandwidth(1) / moved
+        roof = peaks.bandwidth / moved
+        one_core = read_bandwidth(1) / moved
         gemvs = 5 / sum(linears_alone(model, 1, 1) for _ in range(5))   # a mean, as decode's
         row |= {"batch-1 decode": tps, "roofline": roof}
         print(f"batch-1 decode      : {tps:7.1f} tok/s, roofline {roof:.1f} tok/s "
@@ -231,7 +234,8 @@ def run(args: argparse.Namespace) -> None:
           "batch-1 decode | roofline |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        hf, ref = r.get("transformers"), r.get("reference attention")
+        hf = r.get("transformers")
+        ref = r.get("reference attention")
         ratio = f"{r['minivllm'] / hf:.2f}x" if hf else "-"
         print(f"| {r['dtype']} | {r['minivllm']:.1f} | {f'{ref:.1f}' if ref else '-'} | "
               f"{f'{hf:.1f}' if hf else '-'} | {ratio} | {r['batch-1 decode']:.1f} | "

@@ -54,7 +54,8 @@ def eval_text() -> str:
 
 def perplexity(engine, token_ids: list[int], window: int = 512) -> float:
     """exp(mean negative log-likelihood of each next token), scored window tokens at a time."""
-    nll, n = 0.0, 0
+    nll = 0.0
+    n = 0
     for start in range(0, len(token_ids) - 1, window):
         chunk = token_ids[start:start + window + 1]
         logp = engine.prompt_logits(chunk[:-1]).log_softmax(-1)              # (n, vocab)

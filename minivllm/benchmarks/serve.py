@@ -130,7 +130,8 @@ def summarize(results: list[RequestResult], duration: float, request_rate: float
               "tpot": [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok
                        if r.output_tokens > 1]}
     for name, xs in series.items():
-        d[f"mean_{name}_ms"], d[f"median_{name}_ms"] = mean(xs), ms(xs, 50)
+        d[f"mean_{name}_ms"] = mean(xs)
+        d[f"median_{name}_ms"] = ms(xs, 50)
         d[f"p99_{name}_ms"] = ms(xs, 99)
     return d
 
@@ -193,7 +194,8 @@ def launch_server(server_args: list[str], timeout: float = 300) -> tuple[subproc
     cmd = [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", "--port", str(port),
            "--uvicorn-log-level", "warning", *server_args]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url, t0 = f"http://127.0.0.1:{port}", time.perf_counter()
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
     while True:
         if proc.poll() is not None:
             raise SystemExit(f"the server exited with {proc.returncode}: {shlex.join(cmd)}")

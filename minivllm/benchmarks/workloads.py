@@ -225,11 +225,13 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
                 engine.add_request(f"{tag}{i}", prompt, r.params)
                 pending.remove(i)
             for out in engine.step():
-                i, k = int(out.request_id.removeprefix(tag)), engine.num_steps - start_step
+                i = int(out.request_id.removeprefix(tag))
+                k = engine.num_steps - start_step
                 new_tokens = len(out.outputs[0].token_ids) - len(token_steps[i])
                 token_steps[i] += [k] * new_tokens
                 if out.finished:
-                    done[i], finish_step[i] = out, k
+                    done[i] = out
+                    finish_step[i] = k
     return ServeResult(outputs=[done[i] for i in range(len(requests))], steps=steps,
                        elapsed=time.perf_counter() - t0,
                        finish_step=[finish_step[i] for i in range(len(requests))],
