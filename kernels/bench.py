@@ -2,6 +2,7 @@
 
     python -m kernels.bench                  # decode GB/s, prefill TFLOP/s, write_kv GB/s
     python -m kernels.bench sweep            # the same, over several tile settings
+    minivllm bench kernels [sweep]           # the same, from the engine's CLI
 
 What it measures, and against what:
   * decode: one paged decode step at batch 64 x 2k context in bf16 (Llama-3-8B and Qwen3-0.6B
@@ -132,11 +133,14 @@ def summary(results: dict) -> str:
     return "\n".join(rows)
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", nargs="?", default="kernels", choices=["kernels", "sweep"])
-    ap.add_argument("--json", type=Path, help="also write the results here")
-    args = ap.parse_args(argv)
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """The flags, also for `minivllm bench kernels` (the engine's CLI adds them; nothing here
+    imports minivllm)."""
+    parser.add_argument("what", nargs="?", default="kernels", choices=["kernels", "sweep"])
+    parser.add_argument("--json", type=Path, help="also write the results here")
+
+
+def run(args: argparse.Namespace) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("kernels.bench measures GPU speed and needs CUDA; on a CPU run "
                          "`pytest tests/test_kernels.py` (the interpreter checks correctness)")
@@ -147,6 +151,13 @@ def main(argv=None) -> dict:
         args.json.write_text(json.dumps(results, indent=2, default=str))
     print(f"\nsummary ({machine()})\n{summary(results['kernels'])}")
     return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cli_args(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

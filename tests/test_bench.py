@@ -1,9 +1,16 @@
-"""The benchmark commands run end to end (tiny settings: these check the plumbing and the
-printed report, not speed)."""
+"""The benchmark commands run end to end through `minivllm bench NAME` (tiny settings: these
+check the plumbing and the printed report, not speed), and the registry the CLI walks."""
 
 import re
 
-from minivllm.benchmarks.bench import main
+import pytest
+
+from minivllm.benchmarks.main import BENCHMARKS
+from minivllm.entrypoints import cli
+
+
+def main(argv: list[str]) -> None:
+    cli.main(["bench", *argv])
 
 
 def test_throughput_report(capsys):
@@ -57,10 +64,10 @@ def test_cpu_report(capsys):
     matmul peak and against the same linears alone, the step breakdown (shares summing to 1),
     and batch-1 decode against both rooflines (the whole machine's copy bandwidth and one
     core's read bandwidth) and against its GEMVs alone."""
-    from minivllm.benchmarks.cpu import main as bench_cpu, read_bandwidth
+    from minivllm.benchmarks.cpu import read_bandwidth
 
     assert read_bandwidth(1, mib=16) > 1e8                      # > 0.1 GB/s: it measured
-    bench_cpu(["--num-prompts", "2", "--dtypes", "float32", "--hf-batch-sizes", "",
+    main(["cpu", "--num-prompts", "2", "--dtypes", "float32", "--hf-batch-sizes", "",
                "--no-reference", "--max-tokens", "6"])
     out = capsys.readouterr().out
     # the peak probe is one 1024 x 1024 shape timed on a shared machine: a busy neighbour can
@@ -74,3 +81,24 @@ def test_cpu_report(capsys):
     assert re.search(r"batch-1 decode\s+:\s+[\d.]+ tok/s, roofline [\d.]+ tok/s .*: \d+%; "
                      r"one core's read roofline [\d.]+ tok/s: \d+%", out), out
     assert re.search(r"^\| float32 \| [\d.]+ \| - \| - \| - \| [\d.]+ \| [\d.]+ \|$", out, re.M), out
+
+
+# Every name the docs, README and lessons use: a rename or a lost entry fails here.
+NAMES = ["serve", "throughput", "decode", "prefix", "load", "spec", "tp", "compile", "guided",
+         "quant", "lora", "ablation", "disagg", "cpu", "gpu", "kernels"]
+
+
+def test_every_benchmark_is_in_the_registry():
+    assert sorted(BENCHMARKS) == sorted(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bench_help(name, capsys):
+    """`minivllm bench NAME --help` parses: its own flags and the shared ones it takes, once."""
+    with pytest.raises(SystemExit) as e:
+        main([name, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: minivllm bench {name}"), out
+    for flag in BENCHMARKS[name][2]:
+        assert out.count(f"--{flag} ") == 2, out              # in the usage line and the list

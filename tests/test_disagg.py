@@ -14,7 +14,8 @@ import pytest
 
 from conftest import gpu
 from minivllm import LLM, SamplingParams
-from minivllm.entrypoints.cli import make_engine, serve_parser
+from minivllm.entrypoints.cli import make_engine
+from minivllm.entrypoints.openai.cli_args import make_arg_parser
 from minivllm.config import EngineConfig
 from minivllm.distributed.kv_transfer.disagg_llm import DisaggLLM, free_port, launch
 from minivllm.core.kv_cache import kv_bytes_per_token
@@ -142,7 +143,7 @@ def test_bad_kv_transfer_config_is_refused_at_construction():
         EngineConfig(kv_layout="contiguous", kv_transfer_config={"kv_role": "kv_producer"})
     # `minivllm serve --kv-transfer-config`: the HTTP front is the producer's; checked before
     # any model loads.
-    parser = serve_parser(argparse.ArgumentParser())
+    parser = make_arg_parser(argparse.ArgumentParser())
     for flag, message in [('{"kv_role": "kv_consumer"}', "the HTTP front is the kv_producer"),
                           ('{"kv_role": "kv_producer", "kv_port": 0}', "kv_port must be")]:
         with pytest.raises(ValueError, match=message):

@@ -1,4 +1,6 @@
-"""The ablation ladder: one workload, the engine with each mechanism switched off in turn.
+"""`minivllm bench ablation`: one workload, the engine with each mechanism switched off in turn.
+
+No vLLM twin (see the end of this docstring).
 
     uv run minivllm bench ablation                       # SmolLM2, 32 requests
     uv run minivllm bench ablation --num-requests 16 --max-model-len 512
@@ -25,6 +27,8 @@ a small size and checks its counts; the site's Optimization catalog shows that r
 """
 
 from __future__ import annotations
+
+import argparse
 
 RUNGS = {                       # name -> the engine settings that switch one mechanism off
     "full engine": {},
@@ -76,17 +80,15 @@ def ablation_ladder(llm, requests, *, max_model_len: int = 512, slabs: int = 8,
     return rows
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("ablation", help="one workload, each mechanism switched off in turn")
-    p.add_argument("--model", default=None)
-    p.add_argument("--num-requests", type=int, default=32)
-    p.add_argument("--max-model-len", type=int, default=512)
-    p.add_argument("--slabs", type=int, default=8, help="KV budget, in max_model_len slabs")
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--max-num-batched-tokens", type=int, default=256)
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--slabs", type=int, default=8, help="KV budget, in max_model_len slabs")
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=256)
 
 
-def bench_ablation(args) -> None:
+def run(args: argparse.Namespace) -> None:
     from minivllm import LLM
     llm = LLM(args.model, max_model_len=args.max_model_len)
     requests = ablation_workload(llm.tokenizer, args.num_requests)

@@ -1,4 +1,6 @@
-"""Where a decode step's time goes, and what torch.compile does to it (this device).
+"""`minivllm bench compile`: where a decode step's time goes, and what torch.compile does to it.
+
+No vLLM twin (vLLM reports compile time in its logs and graph speed in `bench latency`).
 
     uv run minivllm bench compile                          # SmolLM2, batch 1 4 16 64
     uv run minivllm bench compile --batch-sizes 1 8 --steps 4
@@ -10,10 +12,13 @@ under torch's profiler: how many ops it ran and how long they took inside themse
 forward code, the engine around it, the dispatcher between Python and each op. That share is
 what CUDA graphs remove on a GPU, where it also hides the GPU behind kernel launches
 (minivllm/benchmarks/gpu.py measures that part; on a CPU there are no graphs to replay).
+
+Leaves out prefill steps: decode is where Python's share of a step is largest.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -60,14 +65,12 @@ def profile_decode_step(llm, batch: int) -> dict:
     return {"ops": len(top), "op_s": op_s, "profiled_wall_s": wall}
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("compile", help="decode step: op time vs Python, eager vs torch.compile")
-    p.add_argument("--model", default=None)
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
-    p.add_argument("--steps", type=int, default=6, help="decode steps timed per batch size")
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--steps", type=int, default=6, help="decode steps timed per batch size")
 
 
-def bench_compile(args) -> None:
+def run(args: argparse.Namespace) -> None:
     from minivllm import LLM
     llm = LLM(args.model, max_model_len=256, max_num_seqs=max(args.batch_sizes),
               num_kv_blocks=max(args.batch_sizes) * 4)

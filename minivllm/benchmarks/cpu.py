@@ -1,5 +1,6 @@
-"""The CPU path at the machine's limit, in one invocation: throughput against transformers in
-fp32 and bf16, where a step's time goes, and batch-1 decode against the bandwidth roofline.
+"""`minivllm bench cpu`: the CPU path at the machine's limit, in one invocation: throughput
+against transformers in fp32 and bf16, where a step's time goes, and batch-1 decode against
+the bandwidth roofline. No vLLM twin (vLLM's CPU backend has no benchmark of its own).
 
     minivllm bench cpu                          # 48 held-out requests, fp32 and bf16
     minivllm bench cpu --num-prompts 16 --dtypes float32 --hf-batch-sizes 8
@@ -23,6 +24,8 @@ For each dtype, side by side in the same process:
 
 Whether the CPU has bf16 units (avx512_bf16 / amx) is printed: without them bf16 matmuls are
 emulated and slower than fp32, so on such a CPU the engine's "auto" dtype stays fp32.
+
+Leaves out the GPU: `minivllm bench gpu` (minivllm/benchmarks/gpu.py).
 """
 
 from __future__ import annotations
@@ -36,10 +39,10 @@ import torch
 from torch import nn
 
 import minivllm.attention.layer as attention
-from minivllm.benchmarks.bench import run_hf_static
 from minivllm.benchmarks.roofline import StepCost, measure_peaks
-from minivllm.sampling_params import SamplingParams
+from minivllm.benchmarks.throughput import run_hf_static
 from minivllm.benchmarks.workloads import lognormal_requests, serve
+from minivllm.sampling_params import SamplingParams
 
 
 def cpu_has_bf16_units() -> bool:
@@ -77,7 +80,8 @@ def step_breakdown(llm, requests) -> dict[str, float]:
 
 def read_bandwidth(threads: int, mib: int = 256) -> float:
     """Bytes/s of summing `mib` MiB of fp32 on `threads` threads: what a GEMV can stream."""
-    x, before = torch.ones(mib * 2**18), torch.get_num_threads()
+    x = torch.ones(mib * 2**18)
+    before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         x.sum()
@@ -91,7 +95,8 @@ def linears_alone(model, rows: int, sampled: int) -> float:
     model in order, through the model's own `linear`, at `rows` rows (the LM head at `sampled`).
     Attention, norms, rotary and the engine cost nothing here: the most a step could gain."""
     from minivllm.models.llama import linear
-    dtype, head = next(model.parameters()).dtype, model.lm_head
+    dtype = next(model.parameters()).dtype
+    head = model.lm_head
     inputs = {}                                  # one random input per width
     t = time.perf_counter()
     for m in model.modules():
@@ -128,17 +133,20 @@ def batch1_decode(llm, prompt: list[int], tokens: int) -> float:
     return len(decode) / sum(decode)
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="minivllm bench cpu", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None)
-    p.add_argument("--num-prompts", type=int, default=48)
-    p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--hf-batch-sizes", default="16,48", help="comma-separated; '' skips")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="default: the engine's (64)")
-    p.add_argument("--no-reference", action="store_true", help="skip the padded-attention run")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="cap every request's output (a quick run; default: the workload's 8-160)")
-    args = p.parse_args(argv)
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-prompts", type=int, default=48)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--hf-batch-sizes", default="16,48", help="comma-separated; '' skips")
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="default: the engine's (64)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="skip the padded-attention run")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="cap every request's output (a quick run; default: the "
+                             "workload's 8-160)")
+
+
+def run(args: argparse.Namespace) -> None:
     from minivllm import LLM
     print(f"threads={torch.get_num_threads()}  cpu capability="
           f"{torch.backends.cpu.get_cpu_capability()}  bf16 units: {cpu_has_bf16_units()}")
@@ -195,7 +203,8 @@ def main(argv=None) -> None:
         # (a bf16 matmul peak measured without bf16 units says nothing about it).
         # MKL's GEMV at one row runs on one core, so the one-core read roofline is shown too.
         moved = cost.step([1], [len(requests[0].prompt) + 24], sampled=1)[1]
-        roof, one_core = peaks.bandwidth / moved, read_bandwidth(1) / moved
+        roof = peaks.bandwidth / moved
+        one_core = read_bandwidth(1) / moved
         gemvs = 5 / sum(linears_alone(model, 1, 1) for _ in range(5))   # a mean, as decode's
         row |= {"batch-1 decode": tps, "roofline": roof}
         print(f"batch-1 decode      : {tps:7.1f} tok/s, roofline {roof:.1f} tok/s "
@@ -213,7 +222,8 @@ def main(argv=None) -> None:
                 t0 = time.perf_counter()
                 useful = run_hf_static(hf, requests, bs, pad)
                 secs = time.perf_counter() - t0
-                print(f"transformers (bs={bs:2d}): {useful / secs:7.1f} output tok/s ({secs:.1f} s)")
+                print(f"transformers (bs={bs:2d}): {useful / secs:7.1f} output tok/s "
+                      f"({secs:.1f} s)")
                 best = max(best, useful / secs)
             row["transformers"] = best
             print(f"minivllm / best transformers: {fast.output_throughput / best:.2f}x")
@@ -224,12 +234,9 @@ def main(argv=None) -> None:
           "batch-1 decode | roofline |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        hf, ref = r.get("transformers"), r.get("reference attention")
+        hf = r.get("transformers")
+        ref = r.get("reference attention")
         ratio = f"{r['minivllm'] / hf:.2f}x" if hf else "-"
         print(f"| {r['dtype']} | {r['minivllm']:.1f} | {f'{ref:.1f}' if ref else '-'} | "
               f"{f'{hf:.1f}' if hf else '-'} | {ratio} | {r['batch-1 decode']:.1f} | "
               f"{r['roofline']:.1f} |")
-
-
-if __name__ == "__main__":
-    main()

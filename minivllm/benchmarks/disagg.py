@@ -1,4 +1,7 @@
-"""Disaggregation benchmark: running decodes while long prompts arrive, colocated vs split.
+"""`minivllm bench disagg`: running decodes while long prompts arrive, colocated vs split.
+
+Nearest vLLM twin: benchmarks/disagg_benchmarks/ (shell scripts around two `vllm serve`s and a
+proxy); here both setups run in one command, through the offline driver, no HTTP.
 
     minivllm bench disagg                 # 4 decodes, 3 prompts of 768 tokens, 8 steps apart
     minivllm bench disagg --long-prompt 1024 --num-long 4
@@ -14,6 +17,8 @@ prompt token sent. Greedy outputs of the two runs are compared too.
 On a CPU the two processes also get two cores where the colocated engine has one (with
 OMP_NUM_THREADS=1): part of the gap is hardware, as it is on GPUs, where disaggregation gives
 prefill and decode their own GPUs. The step counts do not depend on the machine.
+
+Leaves out more than one consumer, and HTTP (`minivllm serve --kv-transfer-config` serves a pair).
 """
 
 from __future__ import annotations
@@ -90,16 +95,16 @@ def compare(model=None, num_decodes=4, decode_prompt=32, decode_tokens=48, num_l
             "identical": colocated["tokens"] == split["tokens"]}
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="minivllm bench disagg", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None)
-    p.add_argument("--num-decodes", type=int, default=4)
-    p.add_argument("--decode-tokens", type=int, default=48)
-    p.add_argument("--num-long", type=int, default=3)
-    p.add_argument("--long-prompt", type=int, default=768)
-    p.add_argument("--long-every", type=int, default=8, help="driver steps between long prompts")
-    args = p.parse_args(argv)
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-decodes", type=int, default=4)
+    parser.add_argument("--decode-tokens", type=int, default=48)
+    parser.add_argument("--num-long", type=int, default=3)
+    parser.add_argument("--long-prompt", type=int, default=768)
+    parser.add_argument("--long-every", type=int, default=8,
+                        help="driver steps between long prompts")
+
+
+def run(args: argparse.Namespace) -> None:
     r = compare(args.model, num_decodes=args.num_decodes, decode_tokens=args.decode_tokens,
                 num_long=args.num_long, long_prompt=args.long_prompt, long_every=args.long_every)
     co, split = r["colocated"], r["disaggregated"]
@@ -116,7 +121,3 @@ def main(argv=None) -> None:
           f"{t['bytes_per_prompt_token']:,.0f} B and {t['transfer_ms_per_prompt_token']:.4f} ms "
           f"per prompt token sent ({t['cached_tokens_not_sent']} tokens not sent: the consumer "
           f"had them cached); consumer prefill steps: {t['consumer_prefill_steps']}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,10 @@
-"""The engine end to end on a CUDA GPU: random weights of real model shapes, against
-transformers' generate on the same checkpoint. Needs CUDA; no download.
+"""`minivllm bench gpu`: the engine end to end on a CUDA GPU, random weights of real model
+shapes, against transformers' generate on the same checkpoint. Needs CUDA; no download.
+No vLLM twin (vLLM's `bench latency` / `throughput` load real weights).
 
-    python -m minivllm.benchmarks.gpu --models qwen3-0.6b      # ~1.5 GB of weights: a few minutes
-    python -m minivllm.benchmarks.gpu --models llama3-8b       # 16 GB of weights: its own step
+    minivllm bench gpu --models qwen3-0.6b      # ~1.5 GB of weights: a few minutes
+    minivllm bench gpu --models llama3-8b       # 16 GB of weights: its own step
+    python -m minivllm.benchmarks.gpu ...       # the same, as scripts/gpu_check.sh runs it
 
 What it measures: inter-token latency at batch 1 and output tokens/s at batch 64 (512-token
 prompts, 256 new tokens, greedy, EOS ignored), minivllm (bf16, Triton backend) against
@@ -10,11 +12,11 @@ transformers. A word-level tokenizer stands in for the real one (the benchmark f
 The checkpoint is written to /dev/shm when it has room (memory, not disk: the 8B checkpoint is
 16 GB), else to the temp directory, and deleted afterwards.
 
-    python -m minivllm.benchmarks.gpu --decode-modes           # decode step: eager / graphs / compile
+    minivllm bench gpu --decode-modes           # decode step: eager / graphs / compile
 
 Nothing here asserts: it prints what it measured, the machine, and a one-line summary per model
-last. Leaves out multi-GPU. The kernels
-alone: `python -m kernels.bench`.
+last. Leaves out multi-GPU. The kernels alone: `minivllm bench kernels` (`python -m
+kernels.bench`).
 """
 
 from __future__ import annotations
@@ -172,17 +174,18 @@ def checkpoint_dir(nbytes: int) -> str | None:
     return None
 
 
-def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="qwen3-0.6b",
-                    help=f"comma-separated model shapes, from {sorted(MODEL_SHAPES)}")
-    ap.add_argument("--json", type=Path, help="also write the results here")
-    ap.add_argument("--decode-modes", action="store_true", help="instead: decode step time, "
-                    "eager vs CUDA graphs vs graphs + torch.compile, batch 1..64")
-    args = ap.parse_args(argv)
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", default="qwen3-0.6b",
+                        help=f"comma-separated model shapes, from {sorted(MODEL_SHAPES)}")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--decode-modes", action="store_true", help="instead: decode step time, "
+                        "eager vs CUDA graphs vs graphs + torch.compile, batch 1..64")
+
+
+def run(args: argparse.Namespace) -> list[dict]:
     if not torch.cuda.is_available():
-        raise SystemExit("minivllm.benchmarks.gpu measures GPU speed and needs CUDA; on a CPU use "
-                         "`python -m minivllm.benchmarks.bench`")
+        raise SystemExit("minivllm bench gpu measures GPU speed and needs CUDA; on a CPU use "
+                         "`minivllm bench cpu` (or decode, throughput, ...)")
     print(f"machine: {machine()}")
     if args.decode_modes:
         results = []
@@ -209,6 +212,14 @@ def main(argv=None) -> list[dict]:
               f"{r['hf_tok_s']:10.0f}{r['minivllm_tok_s']:11.0f}"
               f"{r['minivllm_tok_s'] / r['hf_tok_s']:7.2f}")
     return results
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """`python -m minivllm.benchmarks.gpu` (scripts/gpu_check.sh): `minivllm bench gpu`."""
+    parser = argparse.ArgumentParser(prog="python -m minivllm.benchmarks.gpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_cli_args(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

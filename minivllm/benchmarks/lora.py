@@ -1,4 +1,7 @@
-"""Multi-LoRA benchmark: one batch mixing N adapters vs serving them one at a time vs the base.
+"""`minivllm bench lora`: one batch mixing N adapters vs serving them one at a time vs the base.
+
+No vLLM twin as a command (vLLM's `bench throughput --enable-lora` runs one configuration;
+benchmarks/kernels/benchmark_lora.py times the kernels alone). Leaves out adapter loading time.
 
     uv run minivllm bench lora                       # N = 1, 4, 16; 16 requests, rank 8
     uv run minivllm bench lora --num-adapters 4 --rank 16 --num-requests 32
@@ -17,6 +20,7 @@ On a loaded machine the seconds move; the ratios within one run are what to read
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 import time
@@ -46,7 +50,7 @@ def random_adapter(path: Path, shapes: dict, num_layers: int, rank: int, seed: i
     return path
 
 
-def bench_lora(args) -> None:
+def run(args: argparse.Namespace) -> None:
     from minivllm import LLM, LoRARequest, SamplingParams
     llm = LLM(args.model, dtype=args.dtype, max_model_len=256, max_num_seqs=args.num_requests)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -93,12 +97,8 @@ def bench_lora(args) -> None:
     llm.reconfigure(enable_lora=False)
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("lora", help="multi-LoRA: a mixed batch of N adapters vs one adapter at "
-                                    "a time vs the base model; memory per adapter")
-    p.add_argument("--model", default=None)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--num-adapters", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--num-requests", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--rank", type=int, default=8)
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-adapters", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--num-requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--rank", type=int, default=8)

@@ -1,11 +1,15 @@
-"""Quantization benchmark: quality, memory and speed of every format, in one run.
+"""`minivllm bench quant`: quality, memory and speed of every quantization format, in one run.
+
+No vLLM twin (vLLM evaluates quality with lm-eval and speed with `bench throughput`, apart).
+Leaves out activation quantization (W8A8, FP8 matmuls): weights and the KV cache only.
 
     uv run minivllm bench quant                      # all formats, the whole text set
     OMP_NUM_THREADS=1 uv run minivllm bench quant --ppl-tokens 512
 
-Rows: fp32 and bf16 weights; int8, int4-g32/g64/g128 weights (minivllm/quantization/weight_only.py); an int8 and
-an fp8 KV cache (kernels/write_kv.py). Columns:
-    ppl        perplexity on minivllm/data/perplexity.txt (public-domain prose, and code
+Rows: fp32 and bf16 weights; int8, int4-g32/g64/g128 weights
+(minivllm/quantization/weight_only.py); an int8 and an fp8 KV cache (kernels/write_kv.py).
+Columns:
+    ppl        perplexity on minivllm/benchmarks/data/perplexity.txt (public-domain prose, and code
                written for this repo), scored in windows of 512 tokens
     agree      greedy agreement with fp32: tokens until the first different one, per prompt
     weights    bytes of the weights held (quantized layers, float embeddings, norms)
@@ -18,6 +22,7 @@ with the machine's load, the perplexities do not.
 
 from __future__ import annotations
 
+import argparse
 import math
 from importlib.resources import files
 
@@ -49,7 +54,8 @@ def eval_text() -> str:
 
 def perplexity(engine, token_ids: list[int], window: int = 512) -> float:
     """exp(mean negative log-likelihood of each next token), scored window tokens at a time."""
-    nll, n = 0.0, 0
+    nll = 0.0
+    n = 0
     for start in range(0, len(token_ids) - 1, window):
         chunk = token_ids[start:start + window + 1]
         logp = engine.prompt_logits(chunk[:-1]).log_softmax(-1)              # (n, vocab)
@@ -101,7 +107,7 @@ def measure(llm, settings: dict, ids: list[int], reference: list[list[int]] | No
     return row
 
 
-def bench_quant(args) -> None:
+def run(args: argparse.Namespace) -> None:
     from minivllm import LLM
     llm = LLM(args.model, dtype="float32", max_model_len=1024, max_num_seqs=8)
     ids = llm.tokenizer.encode(eval_text())[:args.ppl_tokens]
@@ -131,13 +137,10 @@ def bench_quant(args) -> None:
     llm.reconfigure(quantization=None, kv_cache_dtype="auto", kv_cache_memory=None)
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("quant", help="weight (int8/int4) and KV (int8/fp8) quantization: "
-                                     "perplexity, agreement, bytes, KV capacity, decode tok/s")
-    p.add_argument("--model", default=None)
-    p.add_argument("--formats", nargs="*", default=None,
-                   help=f"labels to run (default: all of {[f[0] for f in FORMATS]})")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt")
-    p.add_argument("--ppl-tokens", type=int, default=100_000,
-                   help="score at most this many tokens of the text set")
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--formats", nargs="*", default=None,
+                        help=f"labels to run (default: all of {[f[0] for f in FORMATS]})")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt")
+    parser.add_argument("--ppl-tokens", type=int, default=100_000,
+                        help="score at most this many tokens of the text set")

@@ -14,8 +14,8 @@ against. The model counts the linear layers, attention (QK^T and PV over the con
 LM head; norms, rotary and activations are left out (a few percent of the work), and the
 bytes are a lower bound (weights once, KV read once, activations roughly).
 
-vLLM has no counterpart in its engine; its benchmarks report achieved throughput, and the
-roofline figures in its docs and papers are computed the same way.
+No vLLM twin: vLLM has no counterpart in its engine; its benchmarks report achieved
+throughput, and the roofline figures in its docs and papers are computed the same way.
 """
 
 from __future__ import annotations

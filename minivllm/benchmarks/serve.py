@@ -1,6 +1,9 @@
 """`minivllm bench serve`: an open-loop load generator against an OpenAI-compatible server,
 vLLM's `vllm bench serve` in miniature (same report, same names).
 
+vLLM twin: vllm/benchmarks/serve.py. Leaves out its datasets (ShareGPT, sonnet, ...: prompts
+here are seeded word soup), goodput, burstiness and the chat endpoint (it loads /v1/completions).
+
     minivllm serve &                                      # or any OpenAI-compatible server
     minivllm bench serve --request-rate 4 --num-prompts 64
     minivllm bench serve --launch-server --compare-offline --request-rate inf 8 4 2
@@ -127,7 +130,8 @@ def summarize(results: list[RequestResult], duration: float, request_rate: float
               "tpot": [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok
                        if r.output_tokens > 1]}
     for name, xs in series.items():
-        d[f"mean_{name}_ms"], d[f"median_{name}_ms"] = mean(xs), ms(xs, 50)
+        d[f"mean_{name}_ms"] = mean(xs)
+        d[f"median_{name}_ms"] = ms(xs, 50)
         d[f"p99_{name}_ms"] = ms(xs, 99)
     return d
 
@@ -160,8 +164,10 @@ def print_report(d: dict) -> None:
 def offline_throughput(engine_args: list[str], prompts: list[str], output_len: int) -> dict:
     """The same requests through LLM.generate on the same engine flags: the no-HTTP baseline."""
     from minivllm import LLM, SamplingParams
-    from minivllm.entrypoints.cli import engine_kwargs, serve_parser
-    args = serve_parser(argparse.ArgumentParser()).parse_args(engine_args)
+    from minivllm.engine.arg_utils import engine_kwargs
+    from minivllm.entrypoints.openai.cli_args import make_arg_parser
+    # the server's own parser: --server-args may hold its flags too (--served-model-name ...)
+    args = make_arg_parser(argparse.ArgumentParser()).parse_args(engine_args)
     llm = LLM(args.model, **engine_kwargs(args))
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.generate(prompts[:4], params, use_tqdm=False)           # warm-up, as the server had
@@ -188,7 +194,8 @@ def launch_server(server_args: list[str], timeout: float = 300) -> tuple[subproc
     cmd = [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", "--port", str(port),
            "--uvicorn-log-level", "warning", *server_args]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url, t0 = f"http://127.0.0.1:{port}", time.perf_counter()
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
     while True:
         if proc.poll() is not None:
             raise SystemExit(f"the server exited with {proc.returncode}: {shlex.join(cmd)}")
@@ -209,31 +216,29 @@ def served_model(base_url: str, api_key: str | None) -> str:
         return json.load(r)["data"][0]["id"]
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="minivllm bench serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base-url", default=None, help="default: http://HOST:PORT")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--model", default=None, help="default: the first of /v1/models")
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--request-rate", type=float, nargs="+", default=[float("inf")],
-                   help="requests/s (Poisson arrivals); inf sends all at once; several values "
-                        "run one after another")
-    p.add_argument("--input-len", type=int, default=64, help="words per prompt (~tokens)")
-    p.add_argument("--output-len", type=int, default=32, help="tokens per request")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--launch-server", action="store_true",
-                   help="start `minivllm serve` with --server-args, stop it at the end")
-    p.add_argument("--server-args", default="", help="engine flags for --launch-server and "
-                   "--compare-offline, e.g. '--max-num-seqs 64'")
-    p.add_argument("--compare-offline", action="store_true",
-                   help="also time LLM.generate on the same requests and engine flags")
-    p.add_argument("--save-result", default=None, help="write the results as JSON here")
-    p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", default=None, help="default: http://HOST:PORT")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default=None, help="default: the first of /v1/models")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--request-rate", type=float, nargs="+", default=[float("inf")],
+                        help="requests/s (Poisson arrivals); inf sends all at once; several values "
+                             "run one after another")
+    parser.add_argument("--input-len", type=int, default=64, help="words per prompt (~tokens)")
+    parser.add_argument("--output-len", type=int, default=32, help="tokens per request")
+    parser.add_argument("--launch-server", action="store_true",
+                        help="start `minivllm serve` with --server-args, stop it at the end")
+    parser.add_argument("--server-args", default="", help="engine flags for --launch-server and "
+                        "--compare-offline, e.g. '--max-num-seqs 64'")
+    parser.add_argument("--compare-offline", action="store_true",
+                        help="also time LLM.generate on the same requests and engine flags")
+    parser.add_argument("--save-result", default=None, help="write the results as JSON here")
+    parser.add_argument("--no-progress", action="store_true")
 
+
+def run(args: argparse.Namespace) -> None:
     prompts = make_prompts(args.num_prompts, args.input_len, args.seed)
     server_args = shlex.split(args.server_args)
     offline = offline_throughput(server_args, prompts, args.output_len) \
@@ -280,7 +285,3 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.save_result, "w") as f:
             json.dump({"args": vars(args), "serve": results, "offline": offline}, f, indent=1,
                       default=str)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,10 @@
-"""Speculative decoding benchmark: the same requests with and without n-gram speculation.
+"""`minivllm bench spec`: the same requests with and without n-gram speculation.
 
-    uv run python -m minivllm.benchmarks.bench spec                     # k = 4, batch 1 and 8
-    uv run python -m minivllm.benchmarks.bench spec --k 2 4 8 --batch-sizes 1
+No vLLM twin: vLLM measures speculation through `vllm bench serve` / `throughput` with a
+--speculative-config, one setting per run; here off and on side by side, in one process.
+
+    uv run minivllm bench spec                          # k = 4, batch 1 and 8
+    uv run minivllm bench spec --k 2 4 8 --batch-sizes 1
 
 Two workloads, greedy (so the outputs must be identical, and are checked):
     repetitive  "repeat / lightly edit this text": the answer copies its prompt, so prompt
@@ -12,9 +15,13 @@ Per run: steps (target forwards), acceptance rate (accepted / proposed drafts), 
 acceptance length (tokens a sequence gains per verifying forward, 1 + accepted / verified),
 output tokens/s, and the speedup over the same requests without speculation. Each run is
 served once after one warm-up; on a loaded machine the seconds move, the counts do not.
+
+Leaves out the draft-model proposer: n-gram lookup only.
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 
@@ -53,7 +60,7 @@ def workloads(tokenizer, batch: int, max_tokens: int):
             "free-form": [Request(p, params) for p in free]}
 
 
-def bench_spec(args) -> None:
+def run(args: argparse.Namespace) -> None:
     from minivllm import LLM
     from minivllm.benchmarks.workloads import serve
     llm = LLM(args.model, dtype=args.dtype, max_model_len=512)
@@ -72,26 +79,22 @@ def bench_spec(args) -> None:
                 llm.reconfigure(speculative_config={
                     "method": "ngram", "num_speculative_tokens": k,
                     "prompt_lookup_min": args.lookup_min, "prompt_lookup_max": args.lookup_max})
-                run = serve(llm, requests)
-                stats = run.steps[-1].stats
-                same = ([o.outputs[0].token_ids for o in run.outputs]
+                served = serve(llm, requests)
+                stats = served.steps[-1].stats
+                same = ([o.outputs[0].token_ids for o in served.outputs]
                         == [o.outputs[0].token_ids for o in base.outputs])
-                print(f"{'':<11} {'':>5} {k:>3} {len(run.steps):>6} "
+                print(f"{'':<11} {'':>5} {k:>3} {len(served.steps):>6} "
                       f"{stats.spec_decode_acceptance_rate:>7.1%} "
                       f"{stats.spec_decode_mean_acceptance_length:>7.2f} "
-                      f"{run.output_throughput:>7.1f} "
-                      f"{run.output_throughput / base.output_throughput:>6.2f}x  {same}")
+                      f"{served.output_throughput:>7.1f} "
+                      f"{served.output_throughput / base.output_throughput:>6.2f}x  {same}")
     llm.reconfigure(speculative_config=None)
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("spec", help="speculative decoding (n-gram) on vs off: repetitive and "
-                                    "free-form text, batch 1 and 8")
-    p.add_argument("--model", default=None)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--k", type=int, nargs="+", default=[4],
-                   help="num_speculative_tokens values to try")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--lookup-min", type=int, default=1)
-    p.add_argument("--lookup-max", type=int, default=4)
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--k", type=int, nargs="+", default=[4],
+                        help="num_speculative_tokens values to try")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--lookup-min", type=int, default=1)
+    parser.add_argument("--lookup-max", type=int, default=4)

@@ -1,4 +1,8 @@
-"""Tensor-parallel benchmark: all-reduce time against message size, and tp=1 against tp=N.
+"""`minivllm bench tp`: all-reduce time against message size, and tp=1 against tp=N.
+
+No vLLM twin (vLLM runs `bench throughput` once per --tensor-parallel-size). Leaves out
+multi-GPU runs: here the ranks are processes on one machine, over gloo. --tp must divide the
+model's KV heads (the packaged SmolLM2 has 3: tp 1 or 3).
 
     uv run minivllm bench tp                       # gloo all-reduce sizes, SmolLM2 tp=1 vs tp=3
     uv run minivllm bench tp --tp 3 --num-prompts 8 --max-tokens 32
@@ -18,6 +22,7 @@ memory bandwidth for its 1/N of the weights, and its own HBM for 1/N of the KV c
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import statistics
 import time
@@ -96,16 +101,14 @@ def tp_throughput(tp: int, num_prompts: int, max_tokens: int, model: str | None 
     return res
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("tp", help="tensor parallelism: gloo all-reduce vs size; tp=1 vs tp=N")
-    p.add_argument("--model", default=None, help="default: the packaged SmolLM2 (tp 1 or 3)")
-    p.add_argument("--tp", type=int, default=3)
-    p.add_argument("--num-prompts", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=20)
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tp", type=int, default=3)
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=20)
 
 
-def bench_tp(args) -> None:
+def run(args: argparse.Namespace) -> None:
     sizes = [1 << k for k in (10, 12, 14, 16, 18, 20, 22, 24)]       # 1 KiB .. 16 MiB
     print(f"all-reduce over gloo, 2 processes on this machine (median of {args.repeats}), "
           "beside bandwidth-only figures for 2 GPUs")

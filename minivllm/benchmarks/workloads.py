@@ -1,5 +1,8 @@
 """Workloads and the one driver that serves them: what lessons, benchmarks and tests share.
 
+vLLM twin: vllm/benchmarks/datasets.py (its request generators); `serve` has no twin, vLLM's
+benchmarks time whole runs, not each step. Leaves out datasets read from files (ShareGPT).
+
     requests = lognormal_requests(llm.tokenizer, 16, prompt=(3.8, 0.7, 8, 400),
                                   output=(3.9, 0.6, 4, 160), seed=0)
     run = serve(llm, requests)          # every step recorded
@@ -220,11 +223,13 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
                 engine.add_request(f"{tag}{i}", prompt, r.params)
                 pending.remove(i)
             for out in engine.step():
-                i, k = int(out.request_id.removeprefix(tag)), engine.num_steps - start_step
+                i = int(out.request_id.removeprefix(tag))
+                k = engine.num_steps - start_step
                 new_tokens = len(out.outputs[0].token_ids) - len(token_steps[i])
                 token_steps[i] += [k] * new_tokens
                 if out.finished:
-                    done[i], finish_step[i] = out, k
+                    done[i] = out
+                    finish_step[i] = k
     return ServeResult(outputs=[done[i] for i in range(len(requests))], steps=steps,
                        elapsed=time.perf_counter() - t0,
                        finish_step=[finish_step[i] for i in range(len(requests))],

@@ -1,81 +1,28 @@
-"""The `minivllm` command: serve a model over HTTP, and run the benchmarks (vLLM's CLI, small).
+"""The `minivllm` command: serve a model over HTTP, run the benchmarks, run a P/D pair.
+
+vLLM twin: vllm/entrypoints/cli/ (main.py, serve.py, benchmark/), in one file.
 
     minivllm serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-model-len N] ...
     minivllm serve --kv-transfer-config '{"kv_role": "kv_producer"}'   # a prefill/decode pair
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
-    minivllm bench {throughput,decode,prefix,load,spec,tp,compile,guided,quant,lora,ablation} ...
-    minivllm bench disagg                  # prefill/decode split vs colocated (bench_disagg.py)
-    minivllm bench cpu                     # the CPU path: fp32/bf16 vs transformers, roofline
+    minivllm bench NAME ...                # every benchmark: minivllm/benchmarks/main.py
     minivllm disagg [MODEL] [--role both|producer|consumer] [--kv-ip IP --kv-port PORT] ...
 
-Engine flags keep vLLM's names, so a vLLM command line works after `s/vllm/minivllm/` for the
-flags minivllm has. With no MODEL, the packaged SmolLM2-135M-Instruct is served (no network).
+Engine flags keep vLLM's names (minivllm/engine/arg_utils.py), so a vLLM command line works
+after `s/vllm/minivllm/` for the flags minivllm has. With no MODEL, the packaged
+SmolLM2-135M-Instruct is served (no network). `serve`'s own flags are in
+entrypoints/openai/cli_args.py. Leaves out vLLM's `chat`, `complete` and `collect-env`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 
-DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"   # its name on the hub
-BENCHMARKS = ("throughput", "decode", "prefix", "load", "spec", "tp", "compile",
-              "guided", "quant", "lora", "ablation")   # minivllm/benchmarks/bench.py's
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """The engine's flags, with vLLM's names; `engine_kwargs` turns them into LLMEngine's."""
-    g = p.add_argument_group("engine (vLLM's flag names)")
-    g.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, "
-                   "bfloat16, float16")
-    g.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    g.add_argument("--max-model-len", type=int, default=None,
-                   help="longest prompt + output (default: the model's context length)")
-    g.add_argument("--max-num-seqs", type=int, default=64, help="sequences per batch, at most")
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="tokens per forward pass, at most (the token budget)")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=True, help="reuse the KV blocks of shared prompt prefixes")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="share of the GPU the engine may fill (CUDA)")
-    g.add_argument("--num-gpu-blocks-override", type=int, default=None,
-                   help="KV pool size in blocks, instead of the memory rule")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="split the model across this many processes (GPUs)")
-    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    return dict(dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens,
-                block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
-                gpu_memory_utilization=args.gpu_memory_utilization,
-                num_kv_blocks=args.num_gpu_blocks_override,
-                tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)
-
-
-def serve_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("model", nargs="?", default=None,
-                   help="checkpoint directory, .gguf file or hub id (default: the packaged "
-                        "SmolLM2-135M-Instruct)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None,
-                   help="the name clients send as `model` (default: MODEL, or "
-                        f"{DEFAULT_MODEL_NAME})")
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)")
-    p.add_argument("--uvicorn-log-level", default="info")
-    p.add_argument("--kv-transfer-config", type=json.loads, default=None,
-                   help="prefill/decode disaggregation, as JSON: kv_role kv_producer serves "
-                        "the front of a pair (with no kv_port, it spawns the kv_consumer here); "
-                        "kv_role kv_consumer runs a decode role for the producer at kv_ip:kv_port")
-    add_engine_args(p)
-    return p
+from minivllm.benchmarks import main as benchmarks
+from minivllm.engine.arg_utils import add_cli_args, engine_kwargs
+from minivllm.entrypoints.openai.cli_args import DEFAULT_MODEL_NAME, make_arg_parser
 
 
 def make_engine(args: argparse.Namespace):
@@ -133,7 +80,7 @@ def disagg(argv: list[str]) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the peer")
     p.add_argument("--prompt", action="append", default=None, help="repeat for more prompts")
     p.add_argument("--max-tokens", type=int, default=32)
-    add_engine_args(p)
+    add_cli_args(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     kwargs = engine_kwargs(args)
@@ -162,31 +109,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="minivllm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve_parser(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
-    b = sub.add_parser("bench", help="benchmarks: serve (against a server), "
-                                     + ", ".join(BENCHMARKS) + " (offline)")
-    b.add_argument("benchmark", choices=("serve", "disagg", "cpu") + BENCHMARKS)
-    b.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own flags "
-                   "(minivllm bench NAME --help)")
-    d = sub.add_parser("disagg", help="prefill and decode roles in two processes "
-                                      "(minivllm/distributed/kv_transfer/disagg_llm.py)", add_help=False)
+    make_arg_parser(sub.add_parser("serve", help="OpenAI-compatible HTTP server"))
+    benchmarks.add_cli_args(sub.add_parser(
+        "bench", help="benchmarks: serve (against a server), the offline ones, gpu and kernels",
+        description="Every benchmark; `minivllm bench NAME --help` for its flags."))
+    d = sub.add_parser("disagg", add_help=False, help="prefill and decode roles in two "
+                       "processes (minivllm/distributed/kv_transfer/disagg_llm.py)")
     d.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         serve(args)
-    elif args.benchmark == "cpu":
-        from minivllm.benchmarks import cpu as bench_cpu
-        bench_cpu.main(args.rest)
-    elif args.benchmark == "disagg":
-        from minivllm.benchmarks import disagg as bench_disagg
-        bench_disagg.main(args.rest)
-    elif args.benchmark == "serve":
-        from minivllm.benchmarks import serve as bench_serve
-        bench_serve.main(args.rest)
     else:
-        from minivllm.benchmarks import bench
-        bench.main([args.benchmark, *args.rest])
+        benchmarks.run(args)
 
 
 if __name__ == "__main__":

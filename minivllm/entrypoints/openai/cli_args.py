@@ -1,0 +1,40 @@
+"""The flags of `minivllm serve` (vLLM twin: vllm/entrypoints/openai/cli_args.py, make_arg_parser).
+
+The server's own flags (the model, where to listen, the API key, the log level, the P/D role)
+and then the engine's (minivllm/engine/arg_utils.py). Its own module, apart from cli.py, so that
+`minivllm bench serve --compare-offline` can parse the same `--server-args` a launched server
+gets without importing the CLI that imports the benchmarks (no cycle).
+
+Leaves out vLLM's TLS, CORS, tool-calling, chat-template and LoRA-module flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from minivllm.engine import arg_utils
+
+DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"   # its name on the hub
+
+
+def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`minivllm serve [MODEL] ...`: the server's flags, then the engine's."""
+    parser.add_argument("model", nargs="?", default=None,
+                        help="checkpoint directory, .gguf file or hub id (default: the "
+                             "packaged SmolLM2-135M-Instruct)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None,
+                        help="the name clients send as `model` (default: MODEL, or "
+                             f"{DEFAULT_MODEL_NAME})")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)")
+    parser.add_argument("--uvicorn-log-level", default="info")
+    parser.add_argument("--kv-transfer-config", type=json.loads, default=None,
+                        help="prefill/decode disaggregation, as JSON: kv_role kv_producer "
+                             "serves the front of a pair (with no kv_port, it spawns the "
+                             "kv_consumer here); kv_role kv_consumer runs a decode role for "
+                             "the producer at kv_ip:kv_port")
+    return arg_utils.add_cli_args(parser)
