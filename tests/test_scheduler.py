@@ -388,8 +388,8 @@ def test_update_appends_up_to_a_stop_token_and_frees_the_blocks():
                                                                   (8, None)]}))
     assert a.output_token_ids == [5, 6, 7] and a.status is SequenceStatus.FINISHED_STOPPED
     assert s.block_manager.num_free_blocks == 16 and not s.running
-    assert s.schedule().finished_seqs == [a]     # handed to the runner once, then forgotten
-    assert s.schedule().finished_seqs == []
+    assert s.take_finished() == [a]              # handed to the runner once, then forgotten
+    assert s.take_finished() == []
 
 
 def test_update_counts_accepted_drafts_and_rolls_back_the_rest():

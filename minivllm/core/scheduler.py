@@ -72,8 +72,6 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)     # recomputed or swapped out
     swapped_out: list[Sequence] = field(default_factory=list)   # of those, swapped out
     swapped_in: list[Sequence] = field(default_factory=list)
-    # Finished (or aborted) since the last step: the runner drops their sampling state.
-    finished_seqs: list[Sequence] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -123,7 +121,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
-        self.finished_seqs: list[Sequence] = []          # since the last scheduled step
+        self.finished_seqs: list[Sequence] = []          # since the last take_finished()
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
         self.spec_decoding_stats = SpecDecodingStats()
@@ -146,8 +144,7 @@ class Scheduler:
 
     # --8<-- [start:schedule]
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput(finished_seqs=self.finished_seqs)   # for the runner to forget
-        self.finished_seqs = []
+        out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         bm = self.block_manager
 
@@ -320,6 +317,12 @@ class Scheduler:
             self.waiting.appendleft(seq)
         out.preempted.append(seq)
         self.num_preemptions += 1
+
+    def take_finished(self) -> list[Sequence]:
+        """The sequences finished since the last call (the engine tells the runner to forget
+        their sampling state)."""
+        finished, self.finished_seqs = self.finished_seqs, []
+        return finished
 
     def finish_on_stop_string(self, seq: Sequence) -> None:
         """Its text reached a stop string (found by the output processor). A sequence that

@@ -203,6 +203,7 @@ class LLMEngine:
         group = self.requests.pop(request_id, None)
         if group is not None:
             self.scheduler.finish_group(group, SequenceStatus.FINISHED_ABORTED)
+            self.runner.free(self.scheduler.take_finished())
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
@@ -278,6 +279,7 @@ class LLMEngine:
         # 4. Outputs: text and stop strings, then a RequestOutput per request that moved.
         errors = self._detokenize(updated, dict(runner_output.errors))
         outputs = self._request_outputs(scheduler_output)
+        self.runner.free(self.scheduler.take_finished())     # their sampling state goes too
         self.num_steps += 1
         if self._traces:
             self._record(scheduler_output, outputs, errors, t0)

@@ -249,8 +249,6 @@ class ModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step: the scheduler's block copies, one forward pass, the sampled tokens."""
         so = scheduler_output
-        for seq in so.finished_seqs:         # done since the last step: no more draws
-            self.sampler.free(seq)
         self.swap_out(so.blocks_to_swap_out)                  # before their blocks are reused
         self.swap_in(so.blocks_to_swap_in)
         self.copy_blocks(so.blocks_to_copy)
@@ -327,6 +325,11 @@ class ModelRunner:
                 out.sampled[seq.seq_id] = [draw]
         return out
     # --8<-- [end:sample]
+
+    def free(self, seqs: list[Sequence]) -> None:
+        """These sequences have finished: drop their sampling state (generators, matchers)."""
+        for seq in seqs:
+            self.sampler.free(seq)
 
     def _draw(self, logits, seqs, indices, errors: dict[str, str]) -> list:
         """The Sampler over every row at once; if that fails, row by row, to find the rows at
