@@ -1,4 +1,4 @@
-"""Tensor parallelism (minivllm/distributed/parallel.py) over gloo on this CPU: tp=2 (and tp=3 for
+"""Tensor parallelism (minivllm/distributed/) over gloo on this CPU: tp=2 (and tp=3 for
 SmolLM2, whose 9 heads do not split in two) gives the tokens tp=1 gives, each rank holds 1/N of
 the split layers and only its KV heads, and a dead worker makes the engine raise.
 
@@ -13,8 +13,8 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.config import ModelConfig
 from minivllm.models import LlamaForCausalLM
-from minivllm.distributed.parallel import (RowParallelLinear, check_tensor_parallel, kv_head_range,
-                               parallelize, weight_bytes)
+from minivllm.distributed.layers import RowParallelLinear, parallelize, weight_bytes
+from minivllm.distributed.parallel_state import check_tensor_parallel, kv_head_range
 
 from conftest import PROMPTS
 
@@ -104,8 +104,8 @@ def test_each_rank_holds_its_share(tiny_llama_tp2):
     runner = tp2.engine.runner
     full = weight_bytes(LLM(str(path), **SMALL).engine.runner.model)["total"]
     norms = 4 * (2 * 2 * 64 + 64)                # RMSNorm weights stay whole on every rank (fp32)
-    assert [r["split"] for r in runner.rank_weight_bytes] == [(full - norms) // 2] * 2
-    assert all(r["total"] == r["split"] + norms for r in runner.rank_weight_bytes)
+    assert [r["split"] for r in runner.executor.rank_weight_bytes] == [(full - norms) // 2] * 2
+    assert all(r["total"] == r["split"] + norms for r in runner.executor.rank_weight_bytes)
     assert runner.kv_cache.shape[4] == 1      # 2 KV heads over 2 ranks: one each
     # Two all-reduces per layer, one for the embedding, one all-gather for the logits.
     before = runner.tp.num_all_reduce, runner.tp.num_all_gather
@@ -142,7 +142,7 @@ def test_tp3_greedy_matches_tp1_on_smollm2(smol_llm, smol_path):
 def test_dead_worker_makes_the_engine_raise(tiny_llama_tp2):
     """Last in the module: it kills the shared engine's worker."""
     _, tp2 = tiny_llama_tp2
-    worker = tp2.engine.runner.workers[0]
+    worker = tp2.engine.runner.executor.workers[0]
     worker.kill()
     worker.join(timeout=10)
     with pytest.raises(RuntimeError, match=r"worker\(s\) died: minivllm-tp-rank1 .*exit code -9"):

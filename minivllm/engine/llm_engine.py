@@ -39,7 +39,7 @@ from minivllm.models.loader import load_hf_config, load_tokenizer, resolve_model
 from minivllm.worker.model_runner import ModelRunner
 from minivllm.engine.output_processor import check_stop, request_output
 from minivllm.outputs import RequestOutput
-from minivllm.distributed.parallel import TensorParallelRunner
+from minivllm.distributed.executor import MultiprocExecutor
 from minivllm.engine.processor import validate_request
 from minivllm.sampling_params import SamplingParams
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
@@ -63,9 +63,10 @@ class LLMEngine:
         self.eos_token_ids = set(self.model_config.eos_token_id)
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        runner_cls = ModelRunner if config.tensor_parallel_size == 1 else TensorParallelRunner
-        self.runner = runner_cls(self.model_config, config, self.model_path, self.device,
-                                 self.dtype)
+        make_runner = (MultiprocExecutor.make_runner if config.tensor_parallel_size > 1
+                       else ModelRunner)
+        self.runner = make_runner(self.model_config, config, self.model_path, self.device,
+                                  self.dtype)
         self.structured_output = StructuredOutputManager(   # logits processors' engine state
             self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         self.runner.sampler.guided = self.structured_output
