@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.config import ModelConfig
+from minivllm.config import EngineConfig, ModelConfig
 from minivllm.models import LlamaForCausalLM
 from minivllm.distributed.layers import RowParallelLinear, parallelize, weight_bytes
 from minivllm.distributed.parallel_state import check_tensor_parallel, kv_head_range
@@ -42,6 +42,19 @@ def test_tp_size_that_does_not_split_the_heads_is_refused(smol_path):
         LLM(str(smol_path), tensor_parallel_size=0)
     with pytest.raises(ValueError, match="compilation_config with tensor_parallel_size > 1"):
         LLM(str(smol_path), tensor_parallel_size=3, compilation_config=3)
+
+
+@pytest.mark.parametrize("option", [
+    {"quantization": "int8"}, {"enable_lora": True}, {"compilation_config": 3},
+    {"speculative_config": {"num_speculative_tokens": 2}},
+    {"kv_transfer_config": {"kv_role": "kv_producer"}}])
+def test_options_tp_does_not_combine_with_are_refused_by_the_config(option):
+    """One table (config.INCOMPATIBLE), checked when the EngineConfig is built: before any
+    process starts, and at every reconfigure."""
+    name = next(iter(option))
+    with pytest.raises(ValueError, match=f"^{name} with tensor_parallel_size > 1 is not supported"):
+        EngineConfig(tensor_parallel_size=2, **option)
+    EngineConfig(tensor_parallel_size=1, **option)     # each is fine on its own
 
 
 def test_layers_split_on_llama_3_70b_shapes():
