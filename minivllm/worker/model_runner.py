@@ -59,7 +59,8 @@ class ModelRunner:
         self.device, self.dtype = device, dtype
         # Tensor parallelism: tp is this rank's TensorParallelGroup (None: one process). The
         # KV pool holds this rank's KV heads only, so it is sized from kv_config.
-        self.tp, self.tp_size = tp, tp.size if tp else 1
+        self.tp = tp
+        self.tp_size = tp.size if tp else 1
         self.kv_config = model_config
         self.executor = executor            # rank 0 of tp > 1: sends what all ranks run
         # Before the model is built: building it may import Triton (through torch), and on a CPU
