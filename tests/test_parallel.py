@@ -13,6 +13,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.models import LlamaForCausalLM
+from minivllm.models.llama import projection_layers
 from minivllm.distributed.layers import RowParallelLinear, parallelize, weight_bytes
 from minivllm.distributed.parallel_state import check_tensor_parallel, kv_head_range
 
@@ -81,6 +82,22 @@ def test_layers_split_on_llama_3_70b_shapes():
         assert model.model.embed_tokens.weight.shape == (128256 // tp, 8192)
     with pytest.raises(ValueError, match="sizes that work"):
         check_tensor_parallel(config, 3)
+
+
+def test_projection_layers_are_the_seven_linears_of_every_decoder_layer():
+    """The one walk that TP sharding, quantization and LoRA share (models/llama.py)."""
+    config = ModelConfig("LlamaForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         rope_theta=1e4)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    linears = [n for n, m in model.named_modules()
+               if type(m) is torch.nn.Linear and ".layers." in n]
+    assert [p.path for p in projection_layers(model)] == linears and len(linears) == 3 * 7
+    for p in projection_layers(model):                 # replaced as it goes, read when reached
+        p.replace(torch.nn.Identity())
+    assert all(type(p.linear) is torch.nn.Identity for p in projection_layers(model))
 
 
 def test_tp2_greedy_matches_tp1_llama(tiny_llama_tp2):
