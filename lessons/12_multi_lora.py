@@ -407,9 +407,10 @@ def _(
 
     ## Where the code lives
 
-    * `minivllm/lora/models.py`: `LoRARequest`, `load_adapter` (PEFT's files, scale
-      `lora_alpha / r`), `LoRALinear` (base output plus shrink/expand over stacked slots),
-      `LoRAManager.set_batch` (each token's slot, once per step) and its LRU slots.
+    * `minivllm/lora/`: `LoRARequest` (request.py), `LoRALinear` (layers.py: base output
+      plus shrink/expand over stacked slots), `load_adapter` (models.py: PEFT's files, scale
+      `lora_alpha / r`), `LoRAManager.set_batch` (each token's slot, once per step) and its
+      LRU slots.
     * `kernels/lora.py`: the BGMV and SGMV shrink/expand kernels and their torch reference.
     * `minivllm/core/scheduler.py`: `Scheduler._lora_fits`, at most `max_loras` adapters running.
     * `minivllm/engine/llm_engine.py`: `add_request(..., lora_request)` checks the adapter and puts its

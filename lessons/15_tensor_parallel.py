@@ -20,7 +20,8 @@ def _():
                                    ring_all_reduce_seconds)
     from minivllm.core.kv_cache import REFERENCE_MODELS
     from minivllm.models import LlamaForCausalLM
-    from minivllm.distributed.parallel import check_tensor_parallel, parallelize
+    from minivllm.distributed.layers import parallelize
+    from minivllm.distributed.parallel_state import check_tensor_parallel
     return (LLM, LlamaForCausalLM, NVLINK4_BYTES_S, PCIE5_BYTES_S, REFERENCE_MODELS,
             SamplingParams, SimpleNamespace, check_tensor_parallel, measure_all_reduce, mo,
             parallelize, plt, ring_all_reduce_seconds, time, torch)
@@ -84,7 +85,7 @@ def _(mo):
     row-parallel over exactly those heads, and one all-reduce restores the full hidden state.
     The MLP repeats the pattern: gate and up column-parallel, SiLU on the local slice,
     down row-parallel, all-reduce. Below are the real shapes of rank 0's shard, produced by
-    `minivllm.distributed.parallel.parallelize` on the meta device (no memory used).
+    `minivllm.distributed.layers.parallelize` on the meta device (no memory used).
     """)
     return
 
@@ -188,7 +189,7 @@ def _(LLM, SamplingParams, TP, llm, mo, time):
     num_steps = len(_steps)
     all_reduce_per_step = (runner.tp.num_all_reduce - _before) / num_steps
     same_tokens = tpn_tokens == tp1_tokens
-    rank_bytes = runner.rank_weight_bytes
+    rank_bytes = runner.executor.rank_weight_bytes
     kv_heads_per_rank = runner.kv_cache.shape[4]
     _text = _outs[0].outputs[0].text
     mo.md(f"""
@@ -449,11 +450,14 @@ def _(TP, all_reduce_per_step, gloo_us_small, kv_heads_per_rank, llm_tp, mo, sam
 
     ## Where the code lives
 
-    * `minivllm/distributed/parallel.py`: `parallelize` (the split of every layer),
+    * `minivllm/distributed/layers.py`: `parallelize` (the split of every layer),
       `ColumnParallelLinear`, `RowParallelLinear` (the all-reduce), `VocabParallelEmbedding`,
-      `ParallelLMHead` (the all-gather), `TensorParallelRunner` (rank 0: starts the workers,
-      sends each step) and `_worker_main` (ranks 1..N-1).
-    * `minivllm/worker/model_runner.py`: `ModelRunner.execute_model`, what every rank runs; the KV
+      `ParallelLMHead` (the all-gather).
+    * `minivllm/distributed/parallel_state.py`: `TensorParallelGroup` (the collectives),
+      `check_tensor_parallel`, `kv_head_range`.
+    * `minivllm/distributed/executor.py`: `MultiprocExecutor` (rank 0's side: starts the
+      workers, broadcasts what rank 0 runs) and `_worker_main` (ranks 1..N-1).
+    * `minivllm/worker/model_runner.py`: `ModelRunner.forward`, what every rank runs; the KV
       pool sized from this rank's heads (`kv_config`) and the same block count on every rank.
     * `minivllm/models/loader.py`: `load_weights` asks a split layer for its `shard` of each tensor.
     * `minivllm/benchmarks/tp.py`: `minivllm bench tp` (all-reduce sizes, tp=1 against tp=3).

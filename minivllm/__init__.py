@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 
 from minivllm.engine.llm_engine import LLMEngine  # noqa: E402
 from minivllm.llm import LLM  # noqa: E402
-from minivllm.lora.models import LoRARequest  # noqa: E402
+from minivllm.lora.request import LoRARequest  # noqa: E402
 from minivllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from minivllm.sampling_params import SamplingParams  # noqa: E402
 

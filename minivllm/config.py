@@ -6,7 +6,12 @@ Only the three Llama-family architectures are understood; anything else is refus
 
 EngineConfig holds the knobs vLLM users know (max_model_len, max_num_seqs,
 max_num_batched_tokens, block_size, ...) and checks them once, at construction;
-LLMEngine.reconfigure builds a new one through the same checks.
+LLMEngine.reconfigure builds a new one through the same checks. Which options combine is one
+table here, INCOMPATIBLE: the add-ons (tensor parallelism, quantization, LoRA, compilation,
+speculation, KV transfer) never refuse each other anywhere else.
+
+vLLM twin: vllm/config/ (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, ...; the
+combinations it refuses are spread over their __post_init__ and VllmConfig's).
 
 Left out, compared with vLLM: its ~200 settings across ModelConfig, CacheConfig,
 SchedulerConfig, ParallelConfig, ...; minivllm keeps the ones a lesson turns.
@@ -17,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from minivllm.quantization import parse_quantization
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -130,7 +137,7 @@ class EngineConfig:
     # Speculative decoding, vLLM's dict: {"method": "ngram", "num_speculative_tokens": k,
     # "prompt_lookup_max": 4, "prompt_lookup_min": 1} (None: off). Kept as a SpeculativeConfig.
     speculative_config: dict | SpeculativeConfig | None = None
-    # Tensor parallelism (minivllm/distributed/parallel.py): the model split across this many processes.
+    # Tensor parallelism (minivllm/distributed/): the model split across this many processes.
     tensor_parallel_size: int = 1
     # Decode steps replay CUDA graphs unless enforce_eager (CUDA; minivllm/worker/compilation.py).
     enforce_eager: bool = False
@@ -145,7 +152,7 @@ class EngineConfig:
     # "auto" (the model's dtype), "fp8" (e4m3) or "int8", one scale per token and KV head.
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
-    # Multi-LoRA (minivllm/lora/models.py): adapters served in max_loras slots of max_lora_rank, and
+    # Multi-LoRA (minivllm/lora/): adapters served in max_loras slots of max_lora_rank, and
     # kept read in host memory up to max_cpu_loras (None: max_loras).
     enable_lora: bool = False
     max_loras: int = 1
@@ -196,18 +203,65 @@ class EngineConfig:
                 setattr(self, name, cls.from_dict(value))
             elif not isinstance(value, (cls, type(None))):
                 raise ValueError(f"{name} must be a dict or None, got {value!r}")
-        from minivllm.quantization.weight_only import parse_quantization
         parse_quantization(self.quantization)
         if self.kv_cache_dtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
             raise ValueError(f"kv_cache_dtype='fp8' needs torch.float8_e4m3fn, which torch "
                              f"{torch.__version__} lacks; use 'int8'")
-        for what, on, why in (
-                ("preemption_mode='swap'", self.preemption_mode == "swap", "it moves KV blocks"),
-                ("speculative_config", self.speculative_config is not None,
-                 "rejected draft tokens give their lookahead blocks back"),
-                ("kv_transfer_config", self.kv_transfer_config is not None, "KV moves in blocks")):
-            if on and self.kv_layout != "paged":
-                raise ValueError(f"{what} needs kv_layout='paged': {why}")
+        check_compatibility(self)
+
+
+# Which engine options combine: each row is two settings that do not, and the message. Checked in
+# one place, EngineConfig's construction (so at every reconfigure too), except the last row: its
+# first setting is per request (SamplingParams), so structured_output checks it at add_request
+# with this row's message. (Whether tp = N splits a given model depends on the model's shapes:
+# distributed/parallel_state.py's check_tensor_parallel.)
+TP = "tensor_parallel_size > 1"
+PER_REQUEST = "guided_decoding, penalties or min_tokens"
+INCOMPATIBLE = (
+    (TP, "quantization", "quantization with tensor_parallel_size > 1 is not supported by "
+     "minivllm; leave quantization unset with tp > 1"),
+    (TP, "enable_lora", "enable_lora with tensor_parallel_size > 1 is not supported by "
+     "minivllm; leave enable_lora unset with tp > 1"),
+    (TP, "compilation_config", "compilation_config with tensor_parallel_size > 1 is not "
+     "supported by minivllm (its graphs would break at every all-reduce); use "
+     "compilation_config=0"),
+    (TP, "speculative_config", "speculative_config with tensor_parallel_size > 1 is not "
+     "supported by minivllm; leave speculative_config unset with tp > 1"),
+    (TP, "kv_transfer_config", "kv_transfer_config with tensor_parallel_size > 1 is not "
+     "supported by minivllm; leave kv_transfer_config unset with tp > 1"),
+    ("enable_lora", "quantization", "enable_lora with quantization is not supported by "
+     "minivllm: LoRA wraps plain nn.Linear layers, and quantization swaps them for QuantLinear"),
+    ("kv_layout='contiguous'", "preemption_mode='swap'",
+     "preemption_mode='swap' needs kv_layout='paged': it moves KV blocks"),
+    ("kv_layout='contiguous'", "speculative_config", "speculative_config needs "
+     "kv_layout='paged': rejected draft tokens give their lookahead blocks back"),
+    ("kv_layout='contiguous'", "kv_transfer_config",
+     "kv_transfer_config needs kv_layout='paged': KV moves in blocks"),
+    (PER_REQUEST, "speculative_config",
+     "guided_decoding, penalties and min_tokens are not supported with speculative decoding "
+     "(drafts are verified against the unprocessed distribution); use an engine without "
+     "speculative_config"),
+)
+
+
+def check_compatibility(config: EngineConfig) -> None:
+    """Raise the message of the first INCOMPATIBLE row whose two settings config both sets."""
+    on = {TP: config.tensor_parallel_size > 1,
+          "quantization": config.quantization is not None,
+          "enable_lora": config.enable_lora,
+          "compilation_config": config.compilation_config != 0,
+          "speculative_config": config.speculative_config is not None,
+          "kv_transfer_config": config.kv_transfer_config is not None,
+          "kv_layout='contiguous'": config.kv_layout == "contiguous",
+          "preemption_mode='swap'": config.preemption_mode == "swap"}
+    for a, b, message in INCOMPATIBLE:
+        if on.get(a) and on[b]:                 # PER_REQUEST is not an engine setting: skipped
+            raise ValueError(message)
+
+
+def incompatibility(a: str, b: str) -> str:
+    """The message of INCOMPATIBLE's row for settings a and b (for a check made elsewhere)."""
+    return next(message for x, y, message in INCOMPATIBLE if (x, y) == (a, b))
 
 
 def _check_keys(cls, name: str, d: dict, required: str, hint: str) -> dict:

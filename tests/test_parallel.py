@@ -1,4 +1,4 @@
-"""Tensor parallelism (minivllm/distributed/parallel.py) over gloo on this CPU: tp=2 (and tp=3 for
+"""Tensor parallelism (minivllm/distributed/) over gloo on this CPU: tp=2 (and tp=3 for
 SmolLM2, whose 9 heads do not split in two) gives the tokens tp=1 gives, each rank holds 1/N of
 the split layers and only its KV heads, and a dead worker makes the engine raise.
 
@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.config import ModelConfig
+from minivllm.config import EngineConfig, ModelConfig
 from minivllm.models import LlamaForCausalLM
-from minivllm.distributed.parallel import (RowParallelLinear, check_tensor_parallel, kv_head_range,
-                               parallelize, weight_bytes)
+from minivllm.models.llama import projection_layers
+from minivllm.distributed.layers import RowParallelLinear, parallelize, weight_bytes
+from minivllm.distributed.parallel_state import check_tensor_parallel, kv_head_range
 
 from conftest import PROMPTS
 
@@ -44,6 +45,19 @@ def test_tp_size_that_does_not_split_the_heads_is_refused(smol_path):
         LLM(str(smol_path), tensor_parallel_size=3, compilation_config=3)
 
 
+@pytest.mark.parametrize("option", [
+    {"quantization": "int8"}, {"enable_lora": True}, {"compilation_config": 3},
+    {"speculative_config": {"num_speculative_tokens": 2}},
+    {"kv_transfer_config": {"kv_role": "kv_producer"}}])
+def test_options_tp_does_not_combine_with_are_refused_by_the_config(option):
+    """One table (config.INCOMPATIBLE), checked when the EngineConfig is built: before any
+    process starts, and at every reconfigure."""
+    name = next(iter(option))
+    with pytest.raises(ValueError, match=f"^{name} with tensor_parallel_size > 1 is not supported"):
+        EngineConfig(tensor_parallel_size=2, **option)
+    EngineConfig(tensor_parallel_size=1, **option)     # each is fine on its own
+
+
 def test_layers_split_on_llama_3_70b_shapes():
     """The split itself, on the meta device (no memory): Llama-3-70B's 64 query and 8 KV
     heads over 8 ranks, and 16 ranks, where each KV head is held by the 2 ranks reading it."""
@@ -68,6 +82,22 @@ def test_layers_split_on_llama_3_70b_shapes():
         assert model.model.embed_tokens.weight.shape == (128256 // tp, 8192)
     with pytest.raises(ValueError, match="sizes that work"):
         check_tensor_parallel(config, 3)
+
+
+def test_projection_layers_are_the_seven_linears_of_every_decoder_layer():
+    """The one walk that TP sharding, quantization and LoRA share (models/llama.py)."""
+    config = ModelConfig("LlamaForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-5,
+                         rope_theta=1e4)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    linears = [n for n, m in model.named_modules()
+               if type(m) is torch.nn.Linear and ".layers." in n]
+    assert [p.path for p in projection_layers(model)] == linears and len(linears) == 3 * 7
+    for p in projection_layers(model):                 # replaced as it goes, read when reached
+        p.replace(torch.nn.Identity())
+    assert all(type(p.linear) is torch.nn.Identity for p in projection_layers(model))
 
 
 def test_tp2_greedy_matches_tp1_llama(tiny_llama_tp2):
@@ -104,8 +134,8 @@ def test_each_rank_holds_its_share(tiny_llama_tp2):
     runner = tp2.engine.runner
     full = weight_bytes(LLM(str(path), **SMALL).engine.runner.model)["total"]
     norms = 4 * (2 * 2 * 64 + 64)                # RMSNorm weights stay whole on every rank (fp32)
-    assert [r["split"] for r in runner.rank_weight_bytes] == [(full - norms) // 2] * 2
-    assert all(r["total"] == r["split"] + norms for r in runner.rank_weight_bytes)
+    assert [r["split"] for r in runner.executor.rank_weight_bytes] == [(full - norms) // 2] * 2
+    assert all(r["total"] == r["split"] + norms for r in runner.executor.rank_weight_bytes)
     assert runner.kv_cache.shape[4] == 1      # 2 KV heads over 2 ranks: one each
     # Two all-reduces per layer, one for the embedding, one all-gather for the logits.
     before = runner.tp.num_all_reduce, runner.tp.num_all_gather
@@ -142,7 +172,7 @@ def test_tp3_greedy_matches_tp1_on_smollm2(smol_llm, smol_path):
 def test_dead_worker_makes_the_engine_raise(tiny_llama_tp2):
     """Last in the module: it kills the shared engine's worker."""
     _, tp2 = tiny_llama_tp2
-    worker = tp2.engine.runner.workers[0]
+    worker = tp2.engine.runner.executor.workers[0]
     worker.kill()
     worker.join(timeout=10)
     with pytest.raises(RuntimeError, match=r"worker\(s\) died: minivllm-tp-rank1 .*exit code -9"):

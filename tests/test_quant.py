@@ -175,6 +175,8 @@ def test_bad_values_are_refused_with_clear_errors(smol_llm, monkeypatch):
         smol_llm.reconfigure(quantization="int4-g128")
     assert smol_llm.engine.config.quantization is None           # the engine is as it was
     assert "QuantLinear" not in repr(smol_llm.engine.runner.model)
+    with pytest.raises(ValueError, match="enable_lora with quantization is not supported"):
+        smol_llm.reconfigure(enable_lora=True, quantization="int8")    # config.INCOMPATIBLE
     monkeypatch.delattr(torch, "float8_e4m3fn")
     with pytest.raises(ValueError, match="needs torch.float8_e4m3fn"):
         EngineConfig(kv_cache_dtype="fp8")

@@ -54,15 +54,15 @@ def _timed_all_reduces(group, sizes: list[int], repeats: int) -> dict[int, float
 
 
 def _worker(rank, size, port, sizes, repeats):
-    from minivllm.distributed.parallel import TensorParallelGroup
-    torch.set_num_threads(1)      # forked after OpenMP ran: more threads would hang (parallel.py)
+    from minivllm.distributed.parallel_state import TensorParallelGroup
+    torch.set_num_threads(1)      # forked after OpenMP ran: more threads would hang (executor.py)
     store = dist.TCPStore("127.0.0.1", port, size, False, timeout=datetime.timedelta(seconds=120))
     _timed_all_reduces(TensorParallelGroup(rank, size, store, "gloo"), sizes, repeats)
 
 
 def measure_all_reduce(sizes: list[int], tp: int = 2, repeats: int = 20) -> dict[int, float]:
     """Median seconds of a gloo all-reduce of each size (bytes, fp32), over tp processes."""
-    from minivllm.distributed.parallel import TensorParallelGroup
+    from minivllm.distributed.parallel_state import TensorParallelGroup
     store = dist.TCPStore("127.0.0.1", 0, tp, True, wait_for_workers=False)
     ctx = torch.multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_worker, args=(r, tp, store.port, sizes, repeats), daemon=True)
@@ -94,7 +94,7 @@ def tp_throughput(tp: int, num_prompts: int, max_tokens: int, model: str | None 
     res = {"tp": tp, "start_s": start, "tok_s": num_prompts * max_tokens / seconds,
            "tokens": [o.outputs[0].token_ids for o in outs],
            "weight_mib_per_rank": [b["total"] / 2**20 for b in getattr(
-               runner, "rank_weight_bytes", [{"total": sum(
+               runner.executor, "rank_weight_bytes", [{"total": sum(
                    p.numel() * p.element_size() for p in runner.model.parameters())}])]}
     if tp > 1:
         runner.shutdown()

@@ -1,5 +1,9 @@
 """More than one process (vLLM twin: vllm/distributed/): torch.distributed, no RPC of our own.
 
-    parallel.py     tensor parallelism: the process group, the parallel layers, the worker processes
-    kv_transfer/    prefill/decode disaggregation: the KV connector and the DisaggLLM front
+    parallel_state.py   the tensor-parallel process group and its collectives; which tp sizes a
+                        model allows, and which KV heads each rank holds
+    layers.py           the tensor-parallel layers (column/row-parallel linear, vocab-parallel
+                        embedding and LM head) and `parallelize`, which swaps them into a model
+    executor.py         the worker processes, and MultiprocExecutor: rank 0's side of them
+    kv_transfer/        prefill/decode disaggregation: the KV connector and the DisaggLLM front
 """

@@ -42,7 +42,7 @@ from minivllm.models.loader import load_hf_config, load_tokenizer, resolve_model
 from minivllm.worker.model_runner import ModelRunner
 from minivllm.engine.output_processor import OutputProcessor, request_output
 from minivllm.outputs import RequestOutput
-from minivllm.distributed.parallel import TensorParallelRunner
+from minivllm.distributed.executor import MultiprocExecutor
 from minivllm.engine.processor import validate_request
 from minivllm.sampling_params import SamplingParams
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
@@ -70,9 +70,10 @@ class LLMEngine:
         self.structured_output = StructuredOutputManager(   # logits processors' engine state
             self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         sampler = Sampler(self.device, self.eos_token_ids, self.structured_output)
-        runner_cls = ModelRunner if config.tensor_parallel_size == 1 else TensorParallelRunner
-        self.runner = runner_cls(self.model_config, config, self.model_path, self.device,
-                                 self.dtype, sampler=sampler)
+        make_runner = (MultiprocExecutor.make_runner if config.tensor_parallel_size > 1
+                       else ModelRunner)
+        self.runner = make_runner(self.model_config, config, self.model_path, self.device,
+                                  self.dtype, sampler=sampler)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._seq_ids = itertools.count()
         self._traces: list[list[StepRecord]] = []

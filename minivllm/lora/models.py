@@ -1,4 +1,5 @@
-"""Multi-LoRA serving: one base model, many PEFT adapters, mixed in one batch.
+"""Multi-LoRA serving: one base model, many PEFT adapters, mixed in one batch. vLLM twin:
+vllm/lora/models.py (LoRAModelManager) and vllm/lora/worker_manager.py (loading, the LRU).
 
 An adapter turns a linear layer's W (N x K) into W + s B A, with A (r x K), B (N x r), r small
 (8, 16) and s = lora_alpha / r (rslora: lora_alpha / sqrt(r)). Merging B A into W serves one
@@ -6,7 +7,7 @@ adapter at the price of a copy of the model per adapter, so multi-tenant servers
 minivllm does what vLLM does (after Punica and S-LoRA):
 
   * at engine start every targeted nn.Linear (q, k, v, o, gate, up, down) is wrapped in a
-    LoRALinear holding the A and B of `max_loras` slots, stacked and zero-padded to
+    LoRALinear (layers.py) holding the A and B of `max_loras` slots, stacked and zero-padded to
     max_lora_rank (kernels/lora.py draws the layout); the base weights stay shared;
   * each step the runner tells the layers, once, which slot each token uses (-1: the base
     model), and every LoRALinear adds shrink + expand to its base output;
@@ -16,9 +17,13 @@ minivllm does what vLLM does (after Punica and S-LoRA):
   * the adapter's id joins the prefix-cache key: the same prompt under two adapters has
     different K/V.
 
+This file: adapter loading (load_adapter) and the LoRAManager (wrapping, host cache, slots).
+LoRARequest is in request.py, LoRALinear in layers.py.
+
 Left out, compared with vLLM: LoRA on the embeddings and LM head (extra vocabulary), PEFT's
 per-module rank/alpha patterns, DoRA, fused qkv / gate-up shapes, tensor-parallel sharding of
-A and B, CUDA-graph-friendly metadata, and adapters fetched from the hub (local dirs only).
+A and B (EngineConfig refuses enable_lora with tp > 1), and adapters fetched from the hub
+(local dirs only).
 """
 
 from __future__ import annotations
@@ -27,29 +32,19 @@ import json
 import math
 import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-# The projections a LoRA may target, and the submodule of a decoder layer that holds each.
-TARGETS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
-           "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+from minivllm.lora.layers import LoRABatch, LoRALinear
+from minivllm.lora.request import LoRARequest
+from minivllm.models.llama import PROJECTIONS, projection_layers
+
+# The projections a LoRA may target (all seven of a decoder layer), and the submodule holding each.
+TARGETS = PROJECTIONS
 _KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
-
-
-@dataclass(frozen=True, slots=True)
-class LoRARequest:
-    """vLLM's LoRARequest: a name, a unique positive id (the engine's key) and a PEFT dir."""
-
-    lora_name: str
-    lora_int_id: int
-    lora_path: str
-
-    def __post_init__(self):
-        if not isinstance(self.lora_int_id, int) or self.lora_int_id < 1:
-            raise ValueError(f"lora_int_id must be a positive integer, got {self.lora_int_id!r}")
 
 
 @dataclass(slots=True)
@@ -106,70 +101,26 @@ def load_adapter(req: LoRARequest, shapes: dict[str, tuple[int, int]], num_layer
     return LoRAAdapter(r, weights)
 
 
-@dataclass(slots=True)
-class LoRABatch:
-    """The step's adapter layout, set once per forward and read by every LoRALinear."""
-
-    ops: object                    # kernels/lora.py, imported with the engine's first LoRA layer
-    use_kernels: bool              # CUDA: the Triton kernels; CPU: the torch reference
-    token_slots: torch.Tensor | None = None     # (T,) slot per token, -1 = base
-    groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # torch path: slot, rows
-    segments: tuple | None = None               # SGMV: (seg_start, seg_slots, longest)
-
-
-class LoRALinear(nn.Module):
-    """base(x), plus each token's adapter: y += s (x A^T) B^T, over stacked slots."""
-
-    def __init__(self, base: nn.Linear, batch: LoRABatch, max_loras: int, max_rank: int):
-        super().__init__()
-        self.base, self.batch = base, batch
-        n, k = base.weight.shape
-        w = base.weight
-        self.register_buffer("lora_a", w.new_zeros(max_loras, max_rank, k), persistent=False)
-        self.register_buffer("lora_b", w.new_zeros(max_loras, n, max_rank), persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)                                                 # (T, N)
-        b = self.batch
-        if b.token_slots is None:                                        # no adapter this step
-            return y
-        k = b.ops
-        if not b.use_kernels:                                # CPU: one GEMM per adapter present
-            buf = k.lora_shrink_ref(x, self.lora_a, None, b.groups)       # (T, R)
-            return k.lora_expand_ref(y, buf, self.lora_b, None, b.groups)
-        x = x.contiguous()
-        if b.segments is None:                                           # decode: BGMV
-            return k.bgmv_expand(y, k.bgmv_shrink(x, self.lora_a, b.token_slots), self.lora_b,
-                                 b.token_slots)
-        return k.sgmv_expand(y, k.sgmv_shrink(x, self.lora_a, *b.segments), self.lora_b,
-                             *b.segments)
-
-
 class LoRAManager:
     """Wraps the model's projections and keeps adapters in host memory and in slots."""
 
     def __init__(self, model: nn.Module, engine_config, device: torch.device):
-        for name in ("quantization", "tensor_parallel_size"):     # other helpers' module swaps
-            value = getattr(engine_config, name, None)
-            if value not in (None, 1):
-                raise ValueError(f"enable_lora does not combine with {name}={value!r} yet")
-        self.max_loras, self.max_rank = engine_config.max_loras, engine_config.max_lora_rank
+        self.max_loras = engine_config.max_loras
+        self.max_rank = engine_config.max_lora_rank
         self.max_cpu_loras = engine_config.max_cpu_loras or self.max_loras
         from kernels import lora as ops          # Triton imported here, not at engine import
-        self.model, self.batch = model, LoRABatch(ops, use_kernels=device.type == "cuda")
+        self.model = model
+        self.batch = LoRABatch(ops, use_kernels=device.type == "cuda")
         self.layers: dict[tuple[int, str], LoRALinear] = {}
         self.shapes: dict[str, tuple[int, int]] = {}
-        for i, layer in enumerate(model.model.layers):
-            for module, parent_name in TARGETS.items():
-                parent = getattr(layer, parent_name)
-                base = getattr(parent, module)
-                if type(base) is not nn.Linear:
-                    raise ValueError(f"enable_lora wraps nn.Linear layers; layers.{i}."
-                                     f"{parent_name}.{module} is a {type(base).__name__}")
-                wrapped = LoRALinear(base, self.batch, self.max_loras, self.max_rank)
-                setattr(parent, module, wrapped)
-                self.layers[i, module] = wrapped
-                self.shapes[module] = tuple(base.weight.shape)
+        for p in projection_layers(model):
+            if type(p.linear) is not nn.Linear:     # EngineConfig refuses the other swaps
+                raise ValueError(f"enable_lora wraps nn.Linear layers; {p.path} is a "
+                                 f"{type(p.linear).__name__}")
+            wrapped = LoRALinear(p.linear, self.batch, self.max_loras, self.max_rank)
+            p.replace(wrapped)
+            self.layers[p.layer, p.name] = wrapped
+            self.shapes[p.name] = tuple(p.linear.weight.shape)
         self.cpu_cache: OrderedDict[int, LoRAAdapter] = OrderedDict()   # LRU, oldest first
         self.slots: OrderedDict[int, int] = OrderedDict()               # lora id -> slot, LRU
         self.requests: dict[int, LoRARequest] = {}
@@ -177,8 +128,9 @@ class LoRAManager:
 
     def unwrap(self) -> None:
         """Put the plain nn.Linear layers back (a reconfigure without LoRA)."""
-        for (i, module), wrapped in self.layers.items():
-            setattr(getattr(self.model.model.layers[i], TARGETS[module]), module, wrapped.base)
+        for p in projection_layers(self.model):
+            if isinstance(p.linear, LoRALinear):
+                p.replace(p.linear.base)
 
     @property
     def slot_bytes(self) -> int:

@@ -1,5 +1,6 @@
 """The Llama family as one readable module: Llama 2/3, SmolLM2, Qwen2 (q/k/v bias) and Qwen3
-(per-head RMSNorm on q and k).
+(per-head RMSNorm on q and k). vLLM twin: vllm/model_executor/models/llama.py (and qwen2.py,
+qwen3.py).
 
 Unlike Hugging Face's implementation, which works on padded [batch, seq] rectangles, this model
 takes a *flat* batch: the new tokens of every sequence in the step, concatenated, each with its
@@ -10,14 +11,20 @@ is per-token and does not care. That is what lets one forward pass mix prefills 
 Parameter names match Hugging Face's, so checkpoints load by name.
 Follows: Llama (Touvron et al. 2023), RoPE (Su et al. 2021), GQA (Ainslie et al. 2023).
 
+The model is built with plain nn.Linear projections; the add-ons that change them (tensor
+parallelism's shards, weight-only quantization, LoRA) swap them after construction, all through
+`projection_layers` below, so this file never names them.
+
 Left out, compared with vLLM's model files: fused QKV and gate/up projections (no faster on a
-2-core CPU, batch 1 to 16), tensor-parallel linear layers, custom fused kernels (RMSNorm +
-residual, SiLU-and-mul, rotary), and the other architectures (MoE, sliding-window, multi-modal).
+2-core CPU, batch 1 to 16), custom fused kernels (RMSNorm + residual, SiLU-and-mul, rotary),
+and the other architectures (MoE, sliding-window, multi-modal).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -192,3 +199,36 @@ class LlamaForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
+
+
+# The seven projections of a decoder layer (Hugging Face's names), and the submodule holding each.
+PROJECTIONS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
+               "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """One projection of one decoder layer, and where it hangs (to swap it for another module)."""
+
+    layer: int             # decoder layer index
+    name: str              # q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj or down_proj
+    parent: nn.Module      # the LlamaAttention or LlamaMLP that holds it
+    linear: nn.Module      # the module there now: nn.Linear, or what an add-on put in its place
+
+    @property
+    def path(self) -> str:
+        """Its name in the model, as in the checkpoint: model.layers.3.self_attn.q_proj."""
+        return f"model.layers.{self.layer}.{PROJECTIONS[self.name]}.{self.name}"
+
+    def replace(self, module: nn.Module) -> None:
+        setattr(self.parent, self.name, module)
+
+
+def projection_layers(model: LlamaForCausalLM) -> Iterator[Projection]:
+    """Every decoder layer's seven projections, in order: the layers tensor parallelism shards
+    (distributed/layers.py), quantization rounds (quantization/weight_only.py) and LoRA wraps
+    (lora/models.py). Each is read when reached, so a caller may replace it as it goes."""
+    for i, layer in enumerate(model.model.layers):
+        for name, parent_name in PROJECTIONS.items():
+            parent = getattr(layer, parent_name)
+            yield Projection(i, name, parent, getattr(parent, name))

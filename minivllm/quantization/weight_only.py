@@ -1,4 +1,6 @@
 """Weight-only quantization: int8 per output channel, int4 in groups, swapped in after loading.
+vLLM twin: vllm/model_executor/layers/quantization/ (its many methods; this is the shape of
+gpt-fast's int8 / int4 weight-only layers).
 
 Decoding one token reads every weight once and does two FLOPs per weight: at batch 1 the step
 is as fast as the weights stream from memory. Storing them in fewer bits moves fewer bytes:
@@ -14,8 +16,8 @@ weights back into floats tile by tile, inside the matmul, never as a whole matri
           what gpt-fast calls); they take bf16 activations, so x goes in as bf16
     CUDA  kernels/quant_matmul.py: a Triton matmul that dequantizes each weight tile it loads
 
-`quantize_model` swaps the seven nn.Linear of every decoder layer for a QuantLinear
-(models/llama.py is untouched). Left out, and why: the lm_head, as vLLM does by default (it is
+`quantize_model` swaps the seven nn.Linear of every decoder layer for a QuantLinear, found by
+models/llama.py's `projection_layers` (the model's own code is untouched). Left out, and why: the lm_head, as vLLM does by default (it is
 tied to the embeddings here, and rounding it cost the most perplexity: int4-g32 on 400 tokens
 13.06 without it, 14.20 with it, fp32 12.93); the embedding table (a lookup reads one row per
 token, so its bytes cost memory, not time); the norms (tiny). The float modules are kept aside
@@ -35,22 +37,8 @@ from torch import nn
 
 from kernels.quant_matmul import (dequantize_int4, dequantize_int8, quantize_int4,
                                   quantize_int8, unpack_int4)
-
-INT4_GROUP_SIZES = (32, 64, 128)
-
-
-def parse_quantization(method: str | None) -> tuple[str, int] | None:
-    """'int8' -> ('int8', 0); 'int4-g64' -> ('int4', 64); 'int4' is 'int4-g32' (GGUF Q4_1's
-    block, and the one size that divides every dimension of the default model); None -> None."""
-    if method is None:
-        return None
-    known = ["int8", "int4"] + [f"int4-g{g}" for g in INT4_GROUP_SIZES]
-    if method not in known:
-        raise ValueError(f"quantization must be None or one of {known}, got {method!r}")
-    if method == "int8":
-        return "int8", 0
-    return "int4", int(method.split("-g")[1]) if "-g" in method else 32
-
+from minivllm.models.llama import projection_layers
+from minivllm.quantization import INT4_GROUP_SIZES, parse_quantization
 
 class QuantLinear(nn.Module):
     """y = x @ dequant(W).T + b, with W stored as int8 or packed int4 (see the module docstring)."""
@@ -113,27 +101,28 @@ class QuantLinear(nn.Module):
 
 
 def quantize_model(model: nn.Module, method: str | None) -> None:
-    """Put `model`'s linears in format `method` (None: back to the float originals)."""
+    """Put `model`'s projections in format `method` (None: back to the float originals)."""
     originals: dict[str, nn.Module] = model.__dict__.setdefault("_float_linears", {})
-    for name, linear in originals.items():                # back to float first
-        model.set_submodule(name, linear)
+    for p in projection_layers(model):                    # back to float first
+        if isinstance(p.linear, QuantLinear):
+            p.replace(originals[p.path])
     spec = parse_quantization(method)
     if spec is None:
         return
-    linears = {n: m for n, m in model.named_modules()     # the 7 projections of every layer
-               if isinstance(m, (nn.Linear, QuantLinear)) and ".layers." in n}
-    for name, linear in linears.items():                  # refuse before changing anything
-        if type(linear) is not nn.Linear:
-            raise ValueError(f"quantization={method!r}: {name} is a {type(linear).__name__}, "
-                             "not a plain nn.Linear; weight-only quantization does not combine "
-                             "with LoRA or tensor-parallel linears in minivllm")
-        if spec[0] == "int4" and linear.in_features % spec[1]:
+    projections = list(projection_layers(model))         # the 7 projections of every layer
+    for p in projections:                                 # refuse before changing anything
+        if type(p.linear) is not nn.Linear:
+            raise ValueError(f"quantization={method!r}: {p.path} is a "
+                             f"{type(p.linear).__name__}, not a plain nn.Linear; weight-only "
+                             "quantization does not combine with LoRA or tensor-parallel "
+                             "linears in minivllm")
+        if spec[0] == "int4" and p.linear.in_features % spec[1]:
             raise ValueError(f"quantization={method!r}: group size {spec[1]} does not divide "
-                             f"{name}'s input dimension {linear.in_features}; use a group size "
-                             f"that does (one of {list(INT4_GROUP_SIZES)})")
-    for name, linear in linears.items():
-        originals[name] = linear
-        model.set_submodule(name, QuantLinear(linear, *spec))
+                             f"{p.path}'s input dimension {p.linear.in_features}; use a group "
+                             f"size that does (one of {list(INT4_GROUP_SIZES)})")
+    for p in projections:
+        originals[p.path] = p.linear
+        p.replace(QuantLinear(p.linear, *spec))
 
 
 def model_weight_bytes(model: nn.Module) -> int:

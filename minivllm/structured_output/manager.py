@@ -37,6 +37,7 @@ import time
 
 import torch
 
+from minivllm.config import PER_REQUEST, incompatibility
 from minivllm.sampling_params import GuidedDecodingParams, SamplingParams
 from minivllm.core.sequence import Sequence
 
@@ -116,11 +117,8 @@ class StructuredOutputManager:
     def check(self, params: SamplingParams, speculative: bool) -> None:
         """At add_request: refuse what this engine cannot do, compile the constraint."""
         if speculative and (params.guided_decoding or params.has_penalties
-                            or params.min_tokens):
-            raise ValueError("guided_decoding, penalties and min_tokens are not supported with "
-                             "speculative decoding (drafts are verified against the "
-                             "unprocessed distribution); use an engine without "
-                             "speculative_config")
+                            or params.min_tokens):    # the one per-request row of the table
+            raise ValueError(incompatibility(PER_REQUEST, "speculative_config"))
         if params.guided_decoding is not None:
             self.compile(params.guided_decoding)
 

@@ -22,8 +22,11 @@ and returns a ModelRunnerOutput (minivllm/outputs.py) that Scheduler.update_from
 The weights are loaded once; the KV pool (`init_kv_cache`) is sized and allocated per engine
 configuration, so LLMEngine.reconfigure can rebuild it over the same weights.
 
-With tensor parallelism (minivllm/distributed/) every rank holds a ModelRunner over its shard of
-the weights and its share of the KV heads; `forward` is the part all ranks run, in step.
+With tensor parallelism every rank holds a ModelRunner over its shard of the weights
+(minivllm/distributed/layers.py) and its share of the KV heads; `forward` is the part all ranks
+run. Rank 0's runner gets the executor (minivllm/distributed/executor.py), which sends `forward`,
+`init_kv_cache` and `copy_blocks` to the other ranks before rank 0 runs them; only rank 0
+samples.
 
 Decode steps on CUDA replay CUDA graphs, and torch.compile is an option
 (minivllm/worker/compilation.py).
@@ -31,8 +34,10 @@ Decode steps on CUDA replay CUDA graphs, and torch.compile is an option
 Left out, compared with vLLM: persistent input buffers reused across prefill steps, pipelined
 (async) scheduling and multi-modal inputs.
 """
+
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -43,6 +48,7 @@ from minivllm.config import EngineConfig, ModelConfig
 from minivllm.core.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.core.scheduler import SchedulerOutput
 from minivllm.core.sequence import Sequence, SequenceGroup
+from minivllm.distributed.layers import parallelize
 from minivllm.lora.models import LoRAManager
 from minivllm.models import LlamaForCausalLM
 from minivllm.models.loader import load_weights
@@ -60,22 +66,24 @@ DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the p
 
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
-                 device: torch.device, dtype: torch.dtype, tp=None, sampler: Sampler | None = None):
+                 device: torch.device, dtype: torch.dtype, tp=None, executor=None,
+                 sampler: Sampler | None = None):
         """sampler: the engine's (it knows the EOS tokens and the structured-output manager);
         a runner that never samples (a tensor-parallel worker, the draft model) needs none."""
         self.config = model_config
         self.device, self.dtype = device, dtype
         # Tensor parallelism: tp is this rank's TensorParallelGroup (None: one process). The
         # KV pool holds this rank's KV heads only, so it is sized from kv_config.
-        self.tp, self.tp_size = tp, tp.size if tp else 1
+        self.tp = tp
+        self.tp_size = tp.size if tp else 1
         self.kv_config = model_config
+        self.executor = executor            # rank 0 of tp > 1: sends what all ranks run
         # Before the model is built: building it may import Triton (through torch), and on a CPU
         # Triton must see TRITON_INTERPRET=1 before that (see minivllm/__init__.py).
         resolve_attention_backend(engine_config.attention_backend, device, dtype)
         with torch.device("meta"):          # no time wasted on random init of real weights
             model = LlamaForCausalLM(model_config)
             if tp is not None:
-                from minivllm.distributed.parallel import parallelize
                 self.kv_config = parallelize(model, model_config, tp)
         model = model.to_empty(device=device).to(dtype)
         if model_config.tie_word_embeddings:  # to_empty breaks the tie: restore it
@@ -93,6 +101,24 @@ class ModelRunner:
             raise ValueError(f"tensor_parallel_size is fixed when the engine starts (here "
                              f"{self.tp_size}), got {engine_config.tensor_parallel_size}: "
                              "start a new LLM for another size")
+        with self._on_all_ranks("init_kv_cache", engine_config):
+            self._init_kv_cache(engine_config)
+
+    def _on_all_ranks(self, method: str, *args) -> contextlib.AbstractContextManager:
+        """Rank 0 under tensor parallelism: the executor sends `method` to the other ranks, to
+        run it in step with this one (minivllm/distributed/executor.py); otherwise nothing."""
+        if self.executor is None:
+            return contextlib.nullcontext()
+        return self.executor.broadcast(method, *args)
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done when the runner is dropped)."""
+        if self.executor is not None:
+            self.executor.shutdown()
+
+    def _init_kv_cache(self, engine_config: EngineConfig) -> None:
+        if self.lora_manager:                # plain nn.Linear back first: LoRA is rebuilt below
+            self.lora_manager.unwrap()
         if engine_config.quantization != self.quantization:    # weights in the asked format
             quantize_model(self.model, engine_config.quantization)   # (minivllm/quantization/weight_only.py)
             self.quantization = engine_config.quantization
@@ -104,8 +130,7 @@ class ModelRunner:
             torch.cuda.empty_cache()
         self.attention_backend = resolve_attention_backend(engine_config.attention_backend,
                                                            self.device, self.dtype)
-        if self.lora_manager:                # LoRA slots (minivllm/lora/models.py), before KV sizing
-            self.lora_manager.unwrap()
+        # LoRA slots (minivllm/lora/models.py), before KV sizing
         self.lora_manager = (LoRAManager(self.model, engine_config, self.device)
                              if engine_config.enable_lora else None)
         # The Triton decode kernel's partial results: one fixed buffer for the engine's largest
@@ -229,20 +254,23 @@ class ModelRunner:
     # --8<-- [end:prepare]
 
     @torch.inference_mode()
-    def copy_blocks(self, pairs: list[tuple[int, int]], src_cache=None, dst_cache=None) -> None:
+    def copy_blocks(self, pairs: list[tuple[int, int]], src: str = "kv_cache",
+                    dst: str = "kv_cache") -> None:
         """Block dst becomes a copy of block src, in every layer: copy-on-write within the
-        device pool, or a swap between the device pool and the host pool."""
+        device pool, or a swap between the device pool and the host pool ("cpu_kv_cache").
+        The pools are named, not passed: under tensor parallelism each rank has its own."""
         if pairs:
-            src_cache = self.kv_cache if src_cache is None else src_cache
-            dst_cache = self.kv_cache if dst_cache is None else dst_cache
-            src, dst = map(list, zip(*pairs))
-            dst_cache[:, :, dst] = src_cache[:, :, src].to(dst_cache.device)
+            with self._on_all_ranks("copy_blocks", pairs, src, dst):
+                src_blocks, dst_blocks = map(list, zip(*pairs))
+                dst_cache = getattr(self, dst)
+                dst_cache[:, :, dst_blocks] = getattr(self, src)[:, :, src_blocks].to(
+                    dst_cache.device)
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
-        self.copy_blocks(pairs, self.kv_cache, self.cpu_kv_cache)
+        self.copy_blocks(pairs, "kv_cache", "cpu_kv_cache")
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
-        self.copy_blocks(pairs, self.cpu_kv_cache, self.kv_cache)
+        self.copy_blocks(pairs, "cpu_kv_cache", "kv_cache")
 
     # --8<-- [start:execute_model]
     @torch.inference_mode()
@@ -278,11 +306,12 @@ class ModelRunner:
     def forward(self, input_ids, positions, md, rows) -> torch.Tensor | None:
         """The forward pass and the logits of `rows` (None: no logits). Under tensor
         parallelism every rank runs this, in step, on the same inputs."""
-        if self.cuda_graphs is not None and self.cuda_graphs.can_run(input_ids, md):
-            hidden = self.cuda_graphs.run(input_ids, positions, md)    # decode: one replay
-        else:
-            hidden = self.model(input_ids, positions, md)              # (T, hidden)
-        return None if rows is None else self.model.compute_logits(hidden[rows])
+        with self._on_all_ranks("forward", input_ids, positions, md, rows):
+            if self.cuda_graphs is not None and self.cuda_graphs.can_run(input_ids, md):
+                hidden = self.cuda_graphs.run(input_ids, positions, md)    # decode: one replay
+            else:
+                hidden = self.model(input_ids, positions, md)              # (T, hidden)
+            return None if rows is None else self.model.compute_logits(hidden[rows])
 
     # --8<-- [start:sample]
     def sample(self, seqs: list[Sequence], logits: torch.Tensor | None) -> ModelRunnerOutput:
