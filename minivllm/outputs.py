@@ -1,4 +1,5 @@
-"""What a request gets back: RequestOutput with one CompletionOutput per sample (vLLM's shape).
+"""What a request gets back: RequestOutput with one CompletionOutput per sample (vLLM twin:
+vllm/outputs.py).
 
 Left out, compared with vLLM: prompt logprobs, cumulative logprobs, and the delta / final-only
 output kinds (outputs here are always cumulative).

@@ -1,5 +1,9 @@
-"""Tokens out (vLLM V1's OutputProcessor): detokenize each new token, decide whether its
-sequence is done (stop token, stop string, length), and build the RequestOutput a caller sees.
+"""Tokens out (vLLM twin: vllm/v1/engine/output_processor.py, OutputProcessor): detokenize
+each new token, decide whether its sequence is done (stop token, stop string, length), and
+build the RequestOutput a caller sees.
+
+Left out, compared with vLLM: per-request output queues for streaming (the AsyncLLMEngine
+keeps its own), and the delta / final-only output kinds.
 """
 
 from __future__ import annotations

@@ -1,15 +1,17 @@
-"""The `minivllm` command: serve a model over HTTP, and run the benchmarks (vLLM's CLI, small).
+"""The `minivllm` command: serve a model over HTTP, and run the benchmarks (vLLM's CLI, small;
+vLLM twin: vllm/entrypoints/cli/, main.py, serve.py and benchmark/).
 
     minivllm serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-model-len N] ...
     minivllm serve --kv-transfer-config '{"kv_role": "kv_producer"}'   # a prefill/decode pair
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
     minivllm bench {throughput,decode,prefix,load,spec,tp,compile,guided,quant,lora,ablation} ...
-    minivllm bench disagg                  # prefill/decode split vs colocated (bench_disagg.py)
+    minivllm bench disagg                  # prefill/decode split vs colocated
     minivllm bench cpu                     # the CPU path: fp32/bf16 vs transformers, roofline
     minivllm disagg [MODEL] [--role both|producer|consumer] [--kv-ip IP --kv-port PORT] ...
 
 Engine flags keep vLLM's names, so a vLLM command line works after `s/vllm/minivllm/` for the
 flags minivllm has. With no MODEL, the packaged SmolLM2-135M-Instruct is served (no network).
+`minivllm disagg` has no twin: vLLM starts one server per role and a proxy in front.
 """
 
 from __future__ import annotations
