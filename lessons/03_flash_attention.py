@@ -641,8 +641,9 @@ def _(kernel_errors, mo, traffic_ratio_4k):
     * `kernels/paged_attention.py`: the decode kernel and `_reduce_partitions_kernel`, whose
       merge is this lesson's exercise.
     * `minivllm/attention/triton_attention.py`: how the engine picks a kernel each step;
-      `minivllm/attention/torch_attention.py`: the torch reference that runs on CPU, and `Attention.forward`,
-      which dispatches.
+      `minivllm/attention/torch_attention.py`: the torch reference every kernel is checked
+      against; `minivllm/attention/layer.py`: `Attention.forward`, which dispatches (on a CPU
+      to the fast path, `minivllm/attention/cpu_attention.py`, unless `USE_REFERENCE` is set).
     * `python -m kernels.bench` (GPU): this kernel against torch SDPA's flash backend.
     """)
     return

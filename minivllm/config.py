@@ -1,4 +1,6 @@
-"""Configuration: what the model is (ModelConfig) and how the engine runs it (EngineConfig).
+"""Configuration: what the model is (ModelConfig) and how the engine runs it (EngineConfig)
+(vLLM twin: vllm/config/, where EngineConfig's knobs are split over SchedulerConfig,
+CacheConfig, ParallelConfig, ...).
 
 ModelConfig is read from a Hugging Face `config.json` dict, the lingua franca of checkpoints, so
 a model converted from GGUF and a model downloaded from the hub look the same to the engine.

@@ -1,4 +1,5 @@
-"""LLM: the offline front end, vLLM's `LLM` class in miniature.
+"""LLM: the offline front end, vLLM's `LLM` class in miniature (vLLM twin:
+vllm/entrypoints/llm.py).
 
     llm = LLM()                                  # packaged SmolLM2-135M-Instruct, no network
     outs = llm.generate(["The capital of France is"], SamplingParams(temperature=0))

@@ -1,4 +1,5 @@
-"""SamplingParams: how one request wants its tokens chosen, with vLLM's field names.
+"""SamplingParams: how one request wants its tokens chosen, with vLLM's field names (vLLM
+twin: vllm/sampling_params.py).
 
 Every value is checked in __post_init__, so a bad request fails when it is made, with a message
 that names the field, the limit and the value, never deep inside a forward pass. Types are

@@ -4,6 +4,8 @@ kernels/cpu_attention.py (vLLM twin: vllm/v1/attention/backends/cpu_attn.py).
 The reference (attention/torch_attention.py) pads every sequence of a step to the longest one;
 this path lets each sequence pay for its own length. Same numbers (tests/test_cpu_attention.py).
 The batch layout depends on the step, not the layer: the first layer builds it, the rest reuse it.
+It is the attention the engine runs on a CPU by default. Left out, compared with vLLM's: its
+C++ kernels (oneDNN / AMX) and bf16 fast paths; this one is torch.
 """
 
 from __future__ import annotations

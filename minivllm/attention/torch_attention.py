@@ -10,6 +10,7 @@ A contiguous, per-request cache (lesson 01's baseline) is the special case block
 max_model_len with one block per sequence, so it runs through the same code. A quantized pool
 (kv_cache_dtype "int8" / "fp8", lesson 13) stores rows of head_dim bytes plus an fp32 scale:
 new rows are quantized before the write, gathered rows dequantized before SDPA.
+Left out, on purpose: speed. Every sequence is padded to the longest one of the step.
 """
 
 from __future__ import annotations

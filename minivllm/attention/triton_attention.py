@@ -1,4 +1,5 @@
-"""The Triton attention backend as the engine calls it: one function per layer and step.
+"""The Triton attention backend as the engine calls it: one function per layer and step
+(vLLM twin: vllm/v1/attention/backends/triton_attn.py).
 
 This is the adapter between the engine and kernels/: it reads the engine's AttentionMetadata
 and hands the kernels plain tensors and ints (kernels/ imports nothing from minivllm).

@@ -1,4 +1,6 @@
 """BlockManager: paged KV memory, the idea at the heart of vLLM (PagedAttention, Kwon et al. 2023).
+vLLM twin: vllm/v1/core/kv_cache_manager.py and block_pool.py (V0's vllm/core/block_manager.py
+kept the name BlockSpaceManager and the swapping).
 
 The KV pool is cut into fixed-size blocks of `block_size` tokens. A sequence owns a *block
 table*: the list of physical blocks holding its tokens, in order. Like pages of virtual memory,

@@ -1,4 +1,7 @@
 """The KV cache: how big it is, and the classic way to hold it (one slab per request).
+vLLM twin: vllm/v1/kv_cache_interface.py (bytes per token and per block) and V0's
+vllm/worker/cache_engine.py (the pool tensors); the slab allocator has none: it is the
+baseline vLLM replaced.
 
 Every generated token needs the keys and values of every earlier token, at every layer. Storing
 them instead of recomputing turns each decode step from O(n^2) work into O(n), at a price in

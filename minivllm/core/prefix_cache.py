@@ -1,4 +1,5 @@
-"""Automatic prefix caching: find blocks whose K/V another request already computed.
+"""Automatic prefix caching: find blocks whose K/V another request already computed (vLLM
+twin: vllm/v1/core/kv_cache_utils.py, hash_block_tokens, and block_pool.py's cached blocks).
 
 Causal attention makes the K/V of a token depend only on the tokens before it. So two requests
 that start with the same tokens (a system prompt, a few-shot preamble, the history of a chat)

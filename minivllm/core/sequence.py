@@ -1,4 +1,6 @@
-"""Sequence and SequenceGroup: the state of a request as it moves through the engine.
+"""Sequence and SequenceGroup: the state of a request as it moves through the engine (vLLM
+twin: V0's vllm/sequence.py; V1 folds both into vllm/v1/request.py, Request, and forks n > 1
+into n requests in vllm/v1/engine/parallel_sampling.py).
 
 A request becomes one SequenceGroup (vLLM's name) that owns its samples. Each sample is a
 Sequence; everything the scheduler, block manager and model runner need to know about it lives

@@ -1,4 +1,5 @@
-"""AsyncLLMEngine: the engine's step loop on its own thread, requests from asyncio coroutines.
+"""AsyncLLMEngine: the engine's step loop on its own thread, requests from asyncio coroutines
+(vLLM twin: vllm/v1/engine/async_llm.py, AsyncLLM, with its engine core in another process).
 
     client -> HTTP handler (coroutine) -> command queue -> engine thread: step(), step(), ...
            <- async stream per request <- loop.call_soon_threadsafe(queue.put_nowait, output)
@@ -22,7 +23,7 @@ between steps, so an abort frees the request's KV blocks before the next step ru
 What it leaves out, compared with vLLM: a separate engine process, output batching across
 requests, priorities, and a watchdog. An exception from step() kills the engine (every waiting
 request gets it as an error; `errored` turns true and /health says so): after one, the engine's
-state is not trusted. Faults of one request are isolated inside step(), in engine.py.
+state is not trusted. Faults of one request are isolated inside step(), in engine/llm_engine.py.
 """
 
 from __future__ import annotations

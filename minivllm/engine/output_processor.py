@@ -3,8 +3,9 @@ stop strings, and build the RequestOutput a caller sees. Stop tokens and lengths
 the scheduler (Scheduler.update_from_output) when the tokens were appended; a stop string needs
 the text, so it is found here, and the engine then finishes the sequence through the scheduler.
 
-Left out, compared with vLLM: running in a separate process from the engine core, and the
-DELTA / FINAL_ONLY output kinds.
+Left out, compared with vLLM: running in a separate process from the engine core, per-request
+output queues for streaming (the AsyncLLMEngine keeps its own), and the delta / final-only
+output kinds.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""Requests in: everything a request can get wrong, checked before it is queued (vLLM V1's
-Processor). A bad request must fail here, alone, with a message that says what to change,
-never inside a step that other requests share.
+"""Requests in: everything a request can get wrong, checked before it is queued (vLLM twin:
+vllm/v1/engine/processor.py, Processor). A bad request must fail here, alone, with a message
+that says what to change, never inside a step that other requests share.
+
+Left out, compared with vLLM: multi-modal inputs, tokenizing in the front-end process, and
+turning the request into the engine core's wire format.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What the engine reports about itself: a snapshot between steps (EngineStats) and the record
 of one step (StepRecord), plain values only, so lessons, benchmarks and tests can keep
-thousands of them and plot them without holding on to engine objects.
+thousands of them and plot them without holding on to engine objects (vLLM twin:
+vllm/v1/metrics/stats.py, SchedulerStats and IterationStats).
 
     with engine.trace() as steps:       # one StepRecord per step while the block runs
         ...

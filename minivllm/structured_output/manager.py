@@ -1,4 +1,5 @@
-"""Guided decoding (structured output): a grammar decides which tokens may come next.
+"""Guided decoding (structured output): a grammar decides which tokens may come next (vLLM
+twin: vllm/v1/structured_output/__init__.py, StructuredOutputManager, and backend_xgrammar.py).
 
 A constraint (GuidedDecodingParams: a JSON schema, a regex, a list of choices, an EBNF grammar,
 or "any JSON object") is compiled by xgrammar, vLLM's default backend, into a pushdown

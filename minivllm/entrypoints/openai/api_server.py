@@ -1,4 +1,5 @@
-"""An OpenAI-compatible HTTP server over AsyncLLMEngine (FastAPI + uvicorn), vLLM's in miniature.
+"""An OpenAI-compatible HTTP server over AsyncLLMEngine (FastAPI + uvicorn), vLLM's in miniature
+(vLLM twin: vllm/entrypoints/openai/api_server.py).
 
     POST /v1/completions        prompt(s) -> text; `stream: true` sends server-sent events
     POST /v1/chat/completions   messages -> the model's chat template -> text
@@ -7,8 +8,8 @@
 One request's path: the handler validates the body (pydantic, then SamplingParams), tokenizes
 the prompt, checks it against max_model_len, and adds it to the engine; it then reads the
 request's stream of RequestOutputs and sends each new piece of text as an SSE chunk. The
-engine's step loop runs on its own thread (minivllm/engine/async_llm_engine.py), so the event loop stays
-free to accept connections and flush tokens while a forward pass runs. A client that goes away
+engine's step loop runs on its own thread (minivllm/engine/async_llm_engine.py), so the event
+loop stays free to accept connections and flush tokens while a forward pass runs. A client that goes away
 (stream or not) aborts its request; its KV blocks are freed before the next step.
 
 Errors use OpenAI's JSON shape, {"error": {"message", "type", "param", "code"}}: 400 for bad

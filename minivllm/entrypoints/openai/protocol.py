@@ -1,4 +1,5 @@
-"""The OpenAI API's request bodies as pydantic models, and what the server answers with.
+"""The OpenAI API's request bodies as pydantic models, and what the server answers with
+(vLLM twin: vllm/entrypoints/openai/protocol.py).
 
 Strict types: JSON `"temperature": "1"` is a 400 naming `temperature`, not silently 1.0, and
 unknown fields are refused by name (a typo such as `max_token` would otherwise be ignored and
@@ -8,9 +9,9 @@ Fields beyond OpenAI's are vLLM's extras with vLLM's names (top_k, ignore_eos, s
 skip_special_tokens, include_stop_str_in_output, repetition_penalty, min_tokens, and the
 guided_json / guided_regex / guided_choice / guided_grammar constraints). `response_format`
 ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}) becomes
-a guided-decoding constraint too (minivllm/structured_output/manager.py). Left out: echo, best_of, suffix,
-logit_bias, tools and function calling, images; each is refused as an unknown field rather
-than accepted and ignored.
+a guided-decoding constraint too (minivllm/structured_output/manager.py). Left out: echo,
+best_of, suffix, logit_bias, tools and function calling, images; each is refused as an unknown
+field rather than accepted and ignored.
 """
 
 from __future__ import annotations

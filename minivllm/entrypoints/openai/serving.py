@@ -1,6 +1,7 @@
-"""The two generation endpoints of the OpenAI API (vLLM's serving_completion.py and
-serving_chat.py, in one file): request -> SamplingParams and prompt ids -> AsyncLLMEngine ->
-one JSON answer, or a stream of server-sent events ending with `data: [DONE]`.
+"""The two generation endpoints of the OpenAI API (vLLM twin:
+vllm/entrypoints/openai/serving_completion.py and serving_chat.py, in one file): request ->
+SamplingParams and prompt ids -> AsyncLLMEngine -> one JSON answer, or a stream of
+server-sent events ending with `data: [DONE]`.
 
 Streaming sends, per step, each sample's new text as a delta. Text that could still turn out to
 be the start of a stop string is held back until it is known not to be (the engine cuts the
