@@ -102,7 +102,6 @@ class ParallelLMHead(VocabParallelEmbedding):
 PARALLEL_LAYERS = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)
 
 
-# --8<-- [start:parallelize]
 def parallelize(model: nn.Module, config: ModelConfig, group: TensorParallelGroup) -> ModelConfig:
     """Swap model's layers (on the meta device, before any weight exists) for this rank's
     shards. Returns the config of this rank's attention: its query and KV head counts."""
@@ -133,7 +132,6 @@ def parallelize(model: nn.Module, config: ModelConfig, group: TensorParallelGrou
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return replace(config, num_attention_heads=nh, num_key_value_heads=len(kv))
-# --8<-- [end:parallelize]
 
 
 def weight_bytes(model: nn.Module) -> dict[str, int]:
