@@ -312,7 +312,7 @@ def _(BATCHES, breakdown, compile_s, compiled_ms, mo, ops_per_step, same_tokens)
     * `minivllm/worker/compilation.py`: `set_compilation` (what is compiled), `capture_sizes` (the
       buckets), `CUDAGraphRunner` (static buffers, capture, `run`: copy, pad, replay).
     * `minivllm/worker/model_runner.py`: `init_kv_cache` compiles and captures over the new pool;
-      `execute_model` replays a graph for a pure decode step.
+      `forward` replays a graph for a pure decode step.
     * `kernels/paged_attention.py`: `DecodeScratch`, the fixed partials that make the decode
       kernel's grid the same every step; `kernels/write_kv.py` skips slot -1.
     * `minivllm/benchmarks/compile.py` (`minivllm bench compile`) and `minivllm/benchmarks/gpu.py
