@@ -49,7 +49,7 @@ AGREEMENT_PROMPTS = [
 
 
 def eval_text() -> str:
-    return files("minivllm").joinpath("data/perplexity.txt").read_text()
+    return files("minivllm.benchmarks").joinpath("data/perplexity.txt").read_text()
 
 
 def perplexity(engine, token_ids: list[int], window: int = 512) -> float:
