@@ -52,7 +52,9 @@ class Attention(torch.nn.Module):
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
         self.scale = head_dim ** -0.5
         self.k_cache = self.v_cache = None   # (num_blocks, block_size, Hkv, D), bound later
         self.backend = "torch"          # or "triton", set by the ModelRunner

@@ -35,7 +35,8 @@ class TorchBatchLayout:
 
     @classmethod
     def build(cls, md: AttentionMetadata, block_size: int) -> TorchBatchLayout:
-        num_seqs, device = md.seq_lens.shape[0], md.seq_lens.device
+        num_seqs = md.seq_lens.shape[0]
+        device = md.seq_lens.device
         # Key position j of sequence b lives in block block_tables[b, j // block_size].
         pos = torch.arange(md.max_seq_len, device=device)                  # (L,)
         blocks = md.block_tables.gather(1, (pos // block_size).expand(num_seqs, -1))

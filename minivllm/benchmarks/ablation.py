@@ -62,7 +62,8 @@ def ablation_ladder(llm, requests, *, max_model_len: int = 512, slabs: int = 8,
                 kv_cache_memory=kv_bytes, num_kv_blocks=None, scheduling="continuous",
                 enable_chunked_prefill=True, max_num_batched_tokens=budget,
                 enable_prefix_caching=True)
-    rows, before = {}, {k: getattr(engine.config, k) for k in base}
+    rows = {}
+    before = {k: getattr(engine.config, k) for k in base}
     for name, off in RUNGS.items():
         settings = base | off
         if not settings["enable_chunked_prefill"]:

@@ -107,7 +107,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     r = compare(args.model, num_decodes=args.num_decodes, decode_tokens=args.decode_tokens,
                 num_long=args.num_long, long_prompt=args.long_prompt, long_every=args.long_every)
-    co, split = r["colocated"], r["disaggregated"]
+    co = r["colocated"]
+    split = r["disaggregated"]
     print(f"{args.num_decodes} decodes x {args.decode_tokens} tokens, {args.num_long} prompts "
           f"of {args.long_prompt} tokens every {args.long_every} steps; greedy outputs identical: "
           f"{r['identical']}")

@@ -159,7 +159,9 @@ def run_decode_modes(name: str, batches=(1, 2, 4, 8, 16, 32, 64), steps: int = 1
 
 def approx_params(cfg: dict) -> int:
     """Parameter count of a Llama-family config: embeddings, attention, MLP (norms ignored)."""
-    h, layers, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    h = cfg["hidden_size"]
+    layers = cfg["num_hidden_layers"]
+    v = cfg["vocab_size"]
     d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
     attn = h * d * (2 * cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"])
     mlp = 3 * h * cfg["intermediate_size"]

@@ -58,7 +58,8 @@ def bench_compile(tokenizer, vocab_size: int, eos: set[int]) -> None:
 def serve_once(llm, prompt: str, batch: int, max_tokens: int, guided) -> dict:
     from minivllm import SamplingParams
     so = llm.engine.structured_output
-    mask0, rows0 = so.mask_seconds, so.num_masked_rows
+    mask0 = so.mask_seconds
+    rows0 = so.num_masked_rows
     params = SamplingParams(n=batch, temperature=1.0, max_tokens=max_tokens, seed=0,
                             ignore_eos=guided is None, guided_decoding=guided)
     with llm.engine.trace() as steps:

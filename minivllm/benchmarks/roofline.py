@@ -59,7 +59,8 @@ def measure_peaks(device="cpu", dtype=torch.float32, n: int = 1024, copy_mib: in
     x = torch.ones(copy_mib * 2**18, device=device, dtype=torch.float32)
     y = torch.zeros_like(x)
     a @ a.T, y.copy_(x)                                                  # warm up, touch pages
-    flops, bandwidth = [], []
+    flops = []
+    bandwidth = []
     for _ in range(repeats):
         _sync(device)
         t = time.perf_counter()
@@ -89,8 +90,11 @@ class StepCost:
     def of(cls, mc, dtype=torch.float32) -> "StepCost":
         """From a ModelConfig (hidden_size, intermediate_size, layers, heads, head_dim)."""
         elem = torch.empty((), dtype=dtype).element_size()
-        h, i, layers = mc.hidden_size, mc.intermediate_size, mc.num_hidden_layers
-        q, kv = mc.num_attention_heads * mc.head_dim, mc.num_key_value_heads * mc.head_dim
+        h = mc.hidden_size
+        i = mc.intermediate_size
+        layers = mc.num_hidden_layers
+        q = mc.num_attention_heads * mc.head_dim
+        kv = mc.num_key_value_heads * mc.head_dim
         return cls(linear_params=layers * (h * (q + 2 * kv) + q * h + 3 * h * i),
                    head_params=h * mc.vocab_size, layers=layers, q_dim=q,
                    kv_token_bytes=2 * layers * kv * elem, hidden_bytes=h * elem, elem=elem)

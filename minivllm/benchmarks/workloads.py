@@ -192,10 +192,12 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
     engine = getattr(llm, "engine", llm)
     done: dict[int, RequestOutput] = {}
     finish_step: dict[int, int] = {}
-    arrival_step, arrival_time = [0] * len(requests), [0.0] * len(requests)
+    arrival_step = [0] * len(requests)
+    arrival_time = [0.0] * len(requests)
     token_steps: list[list[int]] = [[] for _ in requests]
     pending = list(range(len(requests)))
-    start_step, t0 = engine.num_steps, time.perf_counter()
+    start_step = engine.num_steps
+    t0 = time.perf_counter()
 
     def ready(i: int, now: float, step: int) -> bool:
         r = requests[i]
@@ -204,7 +206,8 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
 
     with engine.trace() as steps:
         while pending or engine.has_unfinished_requests():
-            now, step = time.perf_counter() - t0, engine.num_steps - start_step
+            now = time.perf_counter() - t0
+            step = engine.num_steps - start_step
             if not engine.has_unfinished_requests() and not any(ready(i, now, step)
                                                                 for i in pending):
                 nxt = min((requests[i] for i in pending if requests[i].follows is None

@@ -95,7 +95,9 @@ class BlockManager:
         whole sequence: the last token is always computed, because its logits are needed."""
         if self.prefix_cache is None:
             return []
-        bs, hits, parent = self.block_size, [], None
+        bs = self.block_size
+        hits = []
+        parent = None
         for i in range((len(seq) - 1) // bs):
             key = BlockKey(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]), seq.extra_keys)
             block = self.prefix_cache.lookup(self._block_hash(seq, i), key)
@@ -138,7 +140,8 @@ class BlockManager:
         if self.prefix_cache is None:
             return
         for i in range(seq.num_cached_blocks, seq.num_computed_tokens // self.block_size):
-            bs, block = self.block_size, seq.block_table[i]
+            bs = self.block_size
+            block = seq.block_table[i]
             # The parent is the block the cache holds for the previous hash: when two sequences
             # computed the same prefix in one step, only one copy of it is named.
             parent = (self.prefix_cache.block_of_hash.get(self._block_hash(seq, i - 1),

@@ -85,7 +85,8 @@ class ContiguousAllocator:
     """
 
     def __init__(self, num_slabs: int, max_model_len: int):
-        self.num_blocks, self.block_size = num_slabs, max_model_len
+        self.num_blocks = num_slabs
+        self.block_size = max_model_len
         self.free_slabs = list(range(num_slabs - 1, -1, -1))
 
     @property

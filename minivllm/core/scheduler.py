@@ -100,7 +100,8 @@ def check_stop(seq: Sequence, eos_token_ids: set[int], max_model_len: int
                ) -> SequenceStatus | None:
     """After appending a token: a stop token ends seq, so do max_tokens and max_model_len.
     (Stop strings need the text: engine/output_processor.py checks them.)"""
-    params, token = seq.params, seq.token_ids[-1]
+    params = seq.params
+    token = seq.token_ids[-1]
     if token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids):
         return SequenceStatus.FINISHED_STOPPED
     if seq.num_output_tokens >= params.max_tokens or len(seq) >= max_model_len:
@@ -208,7 +209,8 @@ class Scheduler:
                            runner_output: ModelRunnerOutput) -> list[Sequence]:
         """Apply one step's results; returns the sequences that got new tokens (forked samples
         included), for output processing."""
-        so, bm = scheduler_output, self.block_manager
+        so = scheduler_output
+        bm = self.block_manager
         self.spec_decoding_stats.num_accepted_this_step = 0
         for seq, n in zip(so.seqs, so.num_new_tokens):
             seq.num_computed_tokens += n - len(seq.spec_token_ids)   # drafts: once accepted
@@ -299,7 +301,8 @@ class Scheduler:
             self.running.append(child)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        bm, cpu = self.block_manager, self.cpu_block_manager
+        bm = self.block_manager
+        cpu = self.cpu_block_manager
         seq.spec_token_ids.clear()                   # drafts are proposed again when it runs
         if self.config.preemption_mode == "swap" and bm.can_swap_out(seq, cpu):
             # Swap: keep the KV, in host memory.

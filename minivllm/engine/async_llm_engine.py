@@ -175,7 +175,8 @@ class AsyncLLMEngine:
     def _drain(self, block: bool) -> bool:
         """Apply queued commands; False means stop. Blocks for the first one if `block`."""
         while block or not self._commands.empty():    # the engine thread is the only reader
-            cmd, block = self._commands.get(), False
+            cmd = self._commands.get()
+            block = False
             if cmd[0] == "add":
                 _, rid, prompt, params, stream, added = cmd
                 try:

@@ -135,7 +135,8 @@ class LLMEngine:
             raise RuntimeError(
                 f"cannot reconfigure with {len(self.requests)} request(s) in flight "
                 f"({', '.join(list(self.requests)[:5])}); let them finish or abort them first")
-        config, old = self._make_config(self.config, changes), self.config
+        config = self._make_config(self.config, changes)
+        old = self.config
         try:
             self.runner.init_kv_cache(config)
             self._init_state(config)
@@ -163,9 +164,11 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if isinstance(prompt, str):
-            text, token_ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+            text = prompt
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         else:
-            text, token_ids = None, list(prompt)
+            text = None
+            token_ids = list(prompt)
             bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)]
             if bad:
                 raise ValueError(f"prompt token ids must be integers, got {bad[0]!r}")

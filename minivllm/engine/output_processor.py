@@ -29,7 +29,8 @@ class OutputProcessor:
         if det is None:
             det = seq.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, seq.params.skip_special_tokens, start=seq.num_prompt_tokens)
-        params, end = seq.params, len(seq)
+        params = seq.params
+        end = len(seq)
         for n in range(det.num_tokens + 1, end + 1):
             # The token that ended a sequence (stop token, length) flushes held-back text.
             final = n == end and seq.is_finished

@@ -15,7 +15,8 @@ from minivllm.sampling_params import MAX_LOGPROBS, SamplingParams
 
 def validate_request(token_ids: list[int], params: SamplingParams, config: EngineConfig,
                      model_config: ModelConfig, block_manager) -> None:
-    max_len, vocab = config.max_model_len, model_config.vocab_size
+    max_len = config.max_model_len
+    vocab = model_config.vocab_size
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     if not token_ids:

@@ -35,7 +35,8 @@ class LoRALinear(nn.Module):
 
     def __init__(self, base: nn.Linear, batch: LoRABatch, max_loras: int, max_rank: int):
         super().__init__()
-        self.base, self.batch = base, batch
+        self.base = base
+        self.batch = batch
         n, k = base.weight.shape
         w = base.weight
         self.register_buffer("lora_a", w.new_zeros(max_loras, max_rank, k), persistent=False)

@@ -70,7 +70,8 @@ def load_adapter(req: LoRARequest, shapes: dict[str, tuple[int, int]], num_layer
         raise ValueError(f"{where}: not a PEFT adapter directory (need adapter_config.json "
                          "and adapter_model.safetensors)")
     cfg = json.loads(files[0].read_text())
-    r, targets = cfg.get("r"), cfg.get("target_modules")
+    r = cfg.get("r")
+    targets = cfg.get("target_modules")
     if cfg.get("peft_type", "LORA") != "LORA" or cfg.get("use_dora"):
         raise ValueError(f"{where}: only plain LoRA is served, not {cfg.get('peft_type')} "
                          f"(use_dora={cfg.get('use_dora')})")
@@ -186,7 +187,9 @@ class LoRAManager:
             raise RuntimeError(f"a step needs {len(used)} adapters but max_loras={self.max_loras}")
         b = self.batch
         if not used:
-            b.token_slots, b.groups, b.segments = None, [], None
+            b.token_slots = None
+            b.groups = []
+            b.segments = None
             return
         slot_of = {i: self._activate(i, used) for i in sorted(used)} | {0: -1}
         per_token = [slot_of[i] for i, n in zip(lora_ids, num_new_tokens) for _ in range(n)]

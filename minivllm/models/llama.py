@@ -61,7 +61,9 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
         raise ValueError(f"unsupported rope_type {kind!r}: minivllm has default, linear, llama3")
     # Llama 3: slow (long-wavelength) pairs are stretched by `factor`, fast ones are kept, and the
     # band between is interpolated smoothly.
-    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    factor = scaling["factor"]
+    low = scaling["low_freq_factor"]
+    high = scaling["high_freq_factor"]
     old_len = scaling["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
@@ -76,7 +78,8 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.config, self.cos, self.sin = config, None, None   # (P, D) tables, made by build()
+        self.config = config
+        self.cos = self.sin = None          # (P, D) tables, made by build()
 
     def build(self, max_positions: int, device: torch.device, dtype: torch.dtype) -> None:
         inv_freq = rope_inv_freq(self.config).to(device)
@@ -119,7 +122,10 @@ class LlamaAttention(nn.Module):
         if config.qk_norm:
             self.q_norm = RMSNorm(hd, config.rms_norm_eps)
             self.k_norm = RMSNorm(hd, config.rms_norm_eps)
-        self.qk_norm, self.nh, self.nkv, self.hd = config.qk_norm, nh, nkv, hd
+        self.qk_norm = config.qk_norm
+        self.nh = nh
+        self.nkv = nkv
+        self.hd = hd
         self.attn = Attention(nh, nkv, hd)
 
     def forward(self, x, md: AttentionMetadata, cos_sin):
@@ -137,7 +143,8 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        h, i = config.hidden_size, config.intermediate_size
+        h = config.hidden_size
+        i = config.intermediate_size
         self.gate_proj = nn.Linear(h, i, bias=False)
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)

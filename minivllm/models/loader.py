@@ -207,7 +207,8 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
                     if "rotary_emb" in name or name == "lm_head.weight":   # tied: embed_tokens
                         continue
                     raise KeyError(f"checkpoint tensor {name!r} has no place in the model")
-                tensor, param = f.get_tensor(name), params[name]
+                tensor = f.get_tensor(name)
+                param = params[name]
                 owner = model.get_submodule(name.rpartition(".")[0])
                 if hasattr(owner, "shard"):        # tensor parallelism: this rank's slice
                     tensor = owner.shard(tensor)

@@ -45,8 +45,10 @@ class QuantLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, method: str, group_size: int = 0):
         super().__init__()
-        self.method, self.group_size = method, group_size
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.method = method
+        self.group_size = group_size
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
         w = linear.weight.detach()
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
                                                                  requires_grad=False)
@@ -79,7 +81,8 @@ class QuantLinear(nn.Module):
         return dequantize_int4(self.qweight, self.scales, self.mins, self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape, x2 = x.shape, x.reshape(-1, self.in_features)
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
         if self.use_torch_cpu_kernel:
             xb = x2.to(torch.bfloat16)
             if self.method == "int8":
@@ -127,7 +130,8 @@ def quantize_model(model: nn.Module, method: str | None) -> None:
 
 def model_weight_bytes(model: nn.Module) -> int:
     """Bytes of every distinct weight tensor the model holds (tied ones once), quantized or not."""
-    seen, total = set(), 0
+    seen = set()
+    total = 0
     for m in model.modules():
         own = [*m.parameters(recurse=False), *m.buffers(recurse=False)]
         if isinstance(m, QuantLinear):

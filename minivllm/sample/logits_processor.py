@@ -31,7 +31,8 @@ from minivllm.core.sequence import Sequence
 
 def apply_min_tokens(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: set[int]):
     """In place: stop tokens of rows still short of min_tokens go to -inf. logits (B, V)."""
-    rows, cols = [], []
+    rows = []
+    cols = []
     for i, s in enumerate(seqs):
         p = s.params
         if p.min_tokens and s.num_output_tokens < p.min_tokens:
@@ -58,7 +59,8 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
     if not rows:
         return
-    vocab, device = logits.shape[-1], logits.device
+    vocab = logits.shape[-1]
+    device = logits.device
     params = [seqs[i].params for i in rows]
     col = lambda xs: torch.tensor(xs, dtype=logits.dtype, device=device)[:, None]  # noqa: E731
     output = token_counts([seqs[i].output_token_ids for i in rows], vocab, device)   # (R, V)

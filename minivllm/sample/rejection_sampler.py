@@ -42,7 +42,8 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor,
     rejection, or None when all k are accepted: then the bonus token, drawn from the target's
     next distribution by the ordinary Sampler, follows)."""
     k = len(draft_token_ids)
-    idx, drafts = torch.arange(k), torch.tensor(draft_token_ids)
+    idx = torch.arange(k)
+    drafts = torch.tensor(draft_token_ids)
     p = target_probs[idx, drafts]                               # (k,) p_i(d_i)
     q = draft_probs[idx, drafts]                                # (k,) q_i(d_i)
     u = torch.rand(k, generator=generator, device=target_probs.device)
@@ -63,7 +64,8 @@ def accept_drafts(seq: Sequence, draft_logits: torch.Tensor, bonus: Draw,
     then the target's token at the first rejection, or, when every draft is accepted, `bonus`
     (what the Sampler drew from the last row). draft_logits (k, V): the target's logits at
     each draft's position."""
-    drafts, params = seq.spec_token_ids, seq.params
+    drafts = seq.spec_token_ids
+    params = seq.params
     if params.greedy:
         num_accepted, fix = greedy_accept(draft_logits, drafts)
     else:

@@ -42,7 +42,8 @@ def sampling_probs(logits: torch.Tensor, params: list) -> torch.Tensor:
     """The distribution each row is drawn from: temperature, then top-k and top-p, then
     softmax. logits (B, V), params[i] the SamplingParams of row i (none greedy) -> (B, V).
     Speculative decoding verifies draft tokens against exactly this distribution."""
-    vocab, device = logits.shape[-1], logits.device
+    vocab = logits.shape[-1]
+    device = logits.device
     temp = torch.tensor([p.temperature for p in params], device=device)
     top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
     top_p = torch.tensor([p.top_p for p in params], device=device)

@@ -55,7 +55,8 @@ class SpeculativeDecoder:
         """Draft tokens for every decoding sequence: at most k, and no more than it may still
         produce (max_tokens, max_model_len) minus the one token the target always adds. A
         proposer with state (the draft model) drops what it held for sequences not asked."""
-        seqs, rooms = [], []
+        seqs = []
+        rooms = []
         for seq in running:
             room = min(self.config.num_speculative_tokens,
                        seq.params.max_tokens - seq.num_output_tokens - 1,

@@ -108,7 +108,8 @@ class DraftModelProposer:
     def _sync(self, seq: Sequence) -> Sequence | None:
         """seq's shadow holding seq's tokens, with the K/V of the prefix they share kept;
         None when the draft pool has no room for it (seq then proposes nothing)."""
-        bm, shadow = self.block_manager, self.shadows.get(seq.seq_id)
+        bm = self.block_manager
+        shadow = self.shadows.get(seq.seq_id)
         if shadow is None:
             shadow = SequenceGroup(f"draft:{seq.request_id}", None, list(seq.token_ids),
                                    SamplingParams(), -1).seqs[0]
@@ -117,7 +118,8 @@ class DraftModelProposer:
             bm.allocate(shadow, use_prefix_cache=False)
             self.shadows[seq.seq_id] = shadow
             return shadow
-        old, new = shadow.token_ids, seq.token_ids
+        old = shadow.token_ids
+        new = seq.token_ids
         agree = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b),
                      min(len(old), len(new)))
         shadow.token_ids = list(new)

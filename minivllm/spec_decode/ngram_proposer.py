@@ -18,7 +18,8 @@ class NgramProposer:
     """Prompt lookup decoding (Saxena 2023; vLLM's method "ngram")."""
 
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int):
-        self.min_n, self.max_n = prompt_lookup_min, prompt_lookup_max
+        self.min_n = prompt_lookup_min
+        self.max_n = prompt_lookup_max
 
     def propose(self, token_ids: list[int], k: int) -> list[int]:
         """Up to k tokens that followed the earliest earlier occurrence of the longest suffix

@@ -60,7 +60,8 @@ class StructuredOutputManager:
     guided request, not at engine start."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]):
-        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         self.compiler = None
         self.grammars: dict[tuple, object] = {}          # (kind, text) -> CompiledGrammar

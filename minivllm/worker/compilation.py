@@ -52,15 +52,19 @@ class CUDAGraphRunner:
 
     def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_model_len: int,
                  block_size: int, decode_scratch, device: torch.device):
-        self.model, self.sizes = model, capture_sizes(max_num_seqs)
-        n, blocks = self.sizes[-1], -(-max_model_len // block_size)
+        self.model = model
+        self.sizes = capture_sizes(max_num_seqs)
+        n = self.sizes[-1]
+        blocks = -(-max_model_len // block_size)
         i64 = dict(dtype=torch.int64, device=device)
-        self.input_ids, self.positions = torch.zeros(n, **i64), torch.zeros(n, **i64)
+        self.input_ids = torch.zeros(n, **i64)
+        self.positions = torch.zeros(n, **i64)
         self.slot_mapping = torch.full((n,), -1, **i64)          # -1: padding, never written
         self.seq_lens = torch.ones(n, **i64)
         self.block_tables = torch.zeros(n, blocks, **i64)
         self.query_start_loc = torch.arange(n + 1, **i64)         # one token per sequence
-        self.graphs, self.outputs = {}, {}
+        self.graphs = {}
+        self.outputs = {}
         self.replays: dict[int, int] = {}     # bucket -> decode steps replayed (lessons, tests)
         pool = None
         for bs in reversed(self.sizes):       # largest first: the smaller ones share its pool
@@ -73,7 +77,8 @@ class CUDAGraphRunner:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.outputs[bs] = self.model(self.input_ids[:bs], self.positions[:bs], md)
-            pool, self.graphs[bs] = graph.pool(), graph
+            pool = graph.pool()
+            self.graphs[bs] = graph
 
     def can_run(self, input_ids: torch.Tensor, md: AttentionMetadata) -> bool:
         return md.max_query_len == 1 and input_ids.shape[0] <= self.sizes[-1]

@@ -71,7 +71,8 @@ class ModelRunner:
         """sampler: the engine's (it knows the EOS tokens and the structured-output manager);
         a runner that never samples (a tensor-parallel worker, the draft model) needs none."""
         self.config = model_config
-        self.device, self.dtype = device, dtype
+        self.device = device
+        self.dtype = dtype
         # Tensor parallelism: tp is this rank's TensorParallelGroup (None: one process). The
         # KV pool holds this rank's KV heads only, so it is sized from kv_config.
         self.tp = tp
@@ -179,7 +180,8 @@ class ModelRunner:
 
     def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         for i, attn in enumerate(self.model.attention_layers()):
-            attn.k_cache, attn.v_cache = kv_cache[i, 0], kv_cache[i, 1]
+            attn.k_cache = kv_cache[i, 0]
+            attn.v_cache = kv_cache[i, 1]
             attn.backend = self.attention_backend
             attn.kv_cache_dtype = self.kv_cache_dtype
 
@@ -230,10 +232,15 @@ class ModelRunner:
     # --8<-- [start:prepare]
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]):
         """Flatten the step's work into input_ids, positions and attention metadata."""
-        input_ids, positions, slot_mapping, query_start_loc, seq_lens = [], [], [], [0], []
+        input_ids = []
+        positions = []
+        slot_mapping = []
+        query_start_loc = [0]
+        seq_lens = []
         bs = self.block_size
         for seq, n in zip(seqs, num_new_tokens):
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            start = seq.num_computed_tokens
+            end = seq.num_computed_tokens + n
             input_ids += (seq.token_ids + seq.spec_token_ids)[start:end]   # drafts last
             positions += range(start, end)
             slot_mapping += [seq.block_table[p // bs] * bs + p % bs for p in range(start, end)]
@@ -324,14 +331,18 @@ class ModelRunner:
         out = ModelRunnerOutput()
         if not seqs:
             return out
-        last, draft_rows, start = [], {}, 0
+        last = []
+        draft_rows = {}
+        start = 0
         for seq in seqs:
             k = len(seq.spec_token_ids)
             if k:                            # the draft rows wait for the rejection sampler
                 draft_rows[seq.seq_id] = logits[start:start + k]
             last.append(start + k)
             start += k + 1
-        rows, row_seqs, indices = [], [], []
+        rows = []
+        row_seqs = []
+        indices = []
         for seq, row in zip(seqs, last):
             forks = range(len(seq.group.seqs), seq.params.n) if seq.group.num_unforked else []
             for index in [seq.index, *forks]:

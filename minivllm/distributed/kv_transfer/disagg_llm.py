@@ -61,12 +61,17 @@ class DisaggLLM:
                   "kv_connector_extra_config": {"timeout": timeout}}
         self.consumer_process = consumer_process
         self.producer = LLMEngine(model, kv_transfer_config=config, **engine_kwargs)
-        self.tokenizer, self.conn = self.producer.tokenizer, self.producer.kv_connector
+        self.tokenizer = self.producer.tokenizer
+        self.conn = self.producer.kv_connector
         self.remote: dict[str, Handoff] = {}     # decoding on the consumer
         self.local: set[str] = set()             # prefilled again here: they stay here
         self.parts: dict[str, list] = {}         # n > 1: each sample's latest output
-        self.connected, self.error, self.report = True, None, None
-        self.num_reprefilled, self.num_steps, self._last_heard = 0, 0, time.monotonic()
+        self.connected = True
+        self.error = None
+        self.report = None
+        self.num_reprefilled = 0
+        self.num_steps = 0
+        self._last_heard = time.monotonic()
         self._counter = itertools.count()
 
     def __repr__(self) -> str:
@@ -141,13 +146,15 @@ class DisaggLLM:
 
     def _merge(self, outs: list[RequestOutput]) -> list[RequestOutput]:
         """The outputs of an n > 1 request's samples, as one output with n completions."""
-        merged, done = [], set()
+        merged = []
+        done = set()
         for out in outs:
             parent, _, i = out.request_id.rpartition("#")
             if parent not in self.parts:
                 merged.append(out)
                 continue
-            out.outputs[0].index, self.parts[parent][int(i)] = int(i), out
+            out.outputs[0].index = int(i)
+            self.parts[parent][int(i)] = out
             done.add(parent)
         for parent in [p for p in done if all(self.parts[p])]:
             parts = self.parts[parent]
@@ -174,7 +181,8 @@ class DisaggLLM:
 
     def _from_consumer(self, out: RequestOutput) -> RequestOutput:
         h = self.remote[out.request_id]
-        out.prompt, out.prompt_token_ids = h.prompt, h.prompt_token_ids
+        out.prompt = h.prompt
+        out.prompt_token_ids = h.prompt_token_ids
         out.metrics = dataclasses.replace(
             h.metrics, finished_time=time.perf_counter() if out.finished else None)
         if out.finished:
@@ -193,7 +201,8 @@ class DisaggLLM:
     def _lose_consumer(self, why: str) -> None:
         if self.connected:
             logger.error("%s; decoding on the kv_producer from now on", why)
-        self.connected, self.error = False, why
+        self.connected = False
+        self.error = why
         for request_id in list(self.remote):
             self._reprefill(request_id, why)
 

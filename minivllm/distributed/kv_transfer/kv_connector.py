@@ -60,10 +60,14 @@ class KVConnector:
     """One role's end of the connection; made by LLMEngine from config.kv_transfer_config."""
 
     def __init__(self, engine):
-        self.engine, cfg = engine, engine.config.kv_transfer_config
-        self.role, self.rank, self.peer = cfg.kv_role, cfg.rank, 1 - cfg.rank
+        self.engine = engine
+        cfg = engine.config.kv_transfer_config
+        self.role = cfg.kv_role
+        self.rank = cfg.rank
+        self.peer = 1 - cfg.rank
         self.peer_role = ("kv_producer", "kv_consumer")[self.peer]
-        self.timeout, self.where = cfg.timeout, f"{socket.gethostname()}/{engine.device}"
+        self.timeout = cfg.timeout
+        self.where = f"{socket.gethostname()}/{engine.device}"
         self.bytes_sent = self.bytes_received = self.num_sent = self.num_received = 0
         self.cached_tokens = 0                    # prompt tokens not sent: the consumer had them
         self.transfer_seconds = 0.0               # producer: gather + send; consumer: receive
@@ -72,12 +76,15 @@ class KVConnector:
                                         timedelta(days=7))     # idle receives wait for long
         # KV between two GPUs goes over NCCL; anything else (CPUs, or both roles on one GPU,
         # which NCCL refuses) over gloo, through host memory.
-        self.kv_pg, self.kv_device = self.pg, torch.device("cpu")
+        self.kv_pg = self.pg
+        self.kv_device = torch.device("cpu")
         if "/cuda" in self.where and "/cuda" in peer["where"] and self.where != peer["where"]:
             torch.cuda.set_device(engine.device)
             self.kv_pg = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), self.rank, 2)
             self.kv_device = engine.device
-        self.inbox, self.replies, self.lock = queue.Queue(), queue.Queue(), threading.Lock()
+        self.inbox = queue.Queue()
+        self.replies = queue.Queue()
+        self.lock = threading.Lock()
         threading.Thread(target=self._receive_loop, daemon=True, name="kv-recv").start()
 
     def _rendezvous(self, cfg) -> tuple[dist.TCPStore, dict]:
@@ -140,9 +147,11 @@ class KVConnector:
                 kind, num_bytes, num_kv = header.tolist()
                 data = torch.empty(num_bytes, dtype=torch.uint8)
                 self.pg.recv([data], self.peer, 0).wait()
-                payload, kv = pickle.loads(data.numpy().tobytes()), None
+                payload = pickle.loads(data.numpy().tobytes())
+                kv = None
                 if num_kv:
-                    t0, shape = time.perf_counter(), list(payload["kv_shape"])
+                    t0 = time.perf_counter()
+                    shape = list(payload["kv_shape"])
                     payload["cached"] = self._cached_tokens(payload["prompt_token_ids"])
                     self.send(HAVE, payload["cached"])
                     shape[2] -= payload["cached"]
@@ -172,7 +181,9 @@ class KVConnector:
         """Producer: send seq's first token (with its logprobs, if asked for), its sampler's
         generator and its prompt's K/V (the P prompt tokens, every layer, less those the
         consumer's prefix cache holds)."""
-        t0, runner, n = time.perf_counter(), self.engine.runner, seq.num_prompt_tokens
+        t0 = time.perf_counter()
+        runner = self.engine.runner
+        n = seq.num_prompt_tokens
         generator_state = runner.sampler.get_generator_state(seq)
         blocks = runner.kv_cache[:, :, seq.block_table]          # (L, 2, nb, bs, kvh, hd)
         kv = blocks.flatten(2, 3)[:, :, :n].to(self.kv_device)    # (L, 2, P, kvh, hd)
@@ -198,7 +209,9 @@ class KVConnector:
         new blocks (those the prefix cache holds are computed: left as they are) and take
         over the producer's generator."""
         def load_kv(seq) -> None:
-            runner, bs, cached = self.engine.runner, self.engine.runner.block_size, meta["cached"]
+            runner = self.engine.runner
+            bs = self.engine.runner.block_size
+            cached = meta["cached"]
             start = seq.num_computed_tokens
             if start < cached:                   # evicted since HAVE: the producer redoes it
                 self.engine.block_manager.free(seq)
@@ -216,7 +229,9 @@ class KVConnector:
 def serve_decode(engine) -> dict:
     """The consumer's loop: admit transferred requests when their blocks fit, decode, stream
     outputs back, until the producer says stop (or is gone). Returns the final report."""
-    conn, pending, error = engine.kv_connector, deque(), None
+    conn = engine.kv_connector
+    pending = deque()
+    error = None
     counts = {"num_steps": 0, "num_prefill_steps": 0}      # a prefill here would be a bug
     while True:
         msgs = conn.poll(0 if engine.has_unfinished_requests() or pending else 0.01)
@@ -260,7 +275,8 @@ def serve_decode(engine) -> dict:
 
 def _report(engine, counts: dict, error: str | None) -> dict:
     """The consumer's counters: bytes in, steps (and those that prefilled), its pool."""
-    conn, bm = engine.kv_connector, engine.block_manager
+    conn = engine.kv_connector
+    bm = engine.block_manager
     return {"bytes_received": conn.bytes_received, "num_received": conn.num_received,
             "receive_seconds": conn.transfer_seconds, **counts,
             "num_blocks": bm.num_blocks, "num_free_blocks": bm.num_free_blocks,

@@ -49,7 +49,8 @@ logger = logging.getLogger("minivllm")
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     """pydantic's errors, as one line that names each field and the value it got."""
-    parts, param = [], None
+    parts = []
+    param = None
     for err in exc.errors()[:3]:
         if err["type"] == "json_invalid":
             return (f"malformed JSON body: {err.get('ctx', {}).get('error', err['msg'])} "
@@ -128,7 +129,8 @@ class ServerMetrics:
 def build_app(aengine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None
               ) -> FastAPI:
     app = FastAPI(title="minivllm", version="0.1.0")
-    app.state.aengine, app.state.model_name = aengine, served_model_name
+    app.state.aengine = aengine
+    app.state.model_name = served_model_name
     app.state.metrics = ServerMetrics(aengine)
     tokenizer = aengine.tokenizer
 
@@ -187,7 +189,9 @@ class DisaggFront:
     producer's queue and pool, with the requests decoding on the consumer counted as running."""
 
     def __init__(self, llm):
-        self.llm, self.config, self.tokenizer = llm, llm.producer.config, llm.tokenizer
+        self.llm = llm
+        self.config = llm.producer.config
+        self.tokenizer = llm.tokenizer
 
     def __getattr__(self, name):          # add_request, step, abort_request, close, ...
         return getattr(self.llm, name)
@@ -229,7 +233,9 @@ class Server:
     def __init__(self, aengine: AsyncLLMEngine, sock: socket.socket, served_model_name: str,
                  api_key: str | None = None, graceful_s: float = 5.0, log_level="warning",
                  owns_engine: bool = True):
-        self.aengine, self.sock, self.owns_engine = aengine, sock, owns_engine
+        self.aengine = aengine
+        self.sock = sock
+        self.owns_engine = owns_engine
         self.app = build_app(aengine, served_model_name, api_key)
         self.uvicorn = uvicorn.Server(uvicorn.Config(
             self.app, log_level=log_level, timeout_graceful_shutdown=graceful_s))

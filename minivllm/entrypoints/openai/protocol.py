@@ -166,7 +166,9 @@ FIELDS = ("n", "temperature", "top_p", "top_k", "max_tokens", "stop", "stop_toke
 class OpenAIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status = status
+        self.message = message
+        self.param = param
 
 
 def param_of(message: str, default: str | None = None) -> str | None:
@@ -192,7 +194,10 @@ def _top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
 def completion_logprobs(c: CompletionOutput, start: int, k: int, decode,
                         text_offset: int) -> dict:
     """Legacy completions shape: parallel lists, top_logprobs as {token text: logprob}."""
-    tokens, token_lps, tops, offsets = [], [], [], []
+    tokens = []
+    token_lps = []
+    tops = []
+    offsets = []
     for tid, entry in zip(c.token_ids[start:], c.logprobs[start:]):
         tokens.append(decode(tid))
         token_lps.append(entry[tid])

@@ -65,7 +65,8 @@ async def until_disconnected(request: Request, work):
     async def disconnected():
         while (await request.receive())["type"] != "http.disconnect":
             pass
-    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(disconnected())
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -89,7 +90,8 @@ async def start_requests(app: FastAPI, request_id: str, prompts: list[str | list
                          ) -> tuple[list[AsyncIterator], list[int], SamplingParams]:
     """Validate, tokenize and add each prompt; return their output streams (timed), their
     prompt lengths and the SamplingParams. All or nothing: on an error, nothing stays queued."""
-    aengine, tokenizer = app.state.aengine, app.state.aengine.tokenizer
+    aengine = app.state.aengine
+    tokenizer = app.state.aengine.tokenizer
     max_len = aengine.engine.config.max_model_len
     t0 = time.perf_counter()
     try:                       # the values first (max_tokens checked here, with a placeholder)
@@ -98,7 +100,8 @@ async def start_requests(app: FastAPI, request_id: str, prompts: list[str | list
         raise OpenAIError(400, str(e), param_of(str(e))) from None
     ids = [tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else p
            for p in prompts]
-    streams, params = [], None
+    streams = []
+    params = None
     try:
         for i, prompt_ids in enumerate(ids):
             if not prompt_ids:
@@ -180,7 +183,8 @@ async def stream_events(app: FastAPI, request_id: str, envelope: dict, streams, 
                 if len(text) == start and not c.finished:
                     continue
                 yield chunk([choice(index, text[start:], c, sent_tokens.get(index, 0), start)])
-                sent_chars[index], sent_tokens[index] = len(text), len(c.token_ids)
+                sent_chars[index] = len(text)
+                sent_tokens[index] = len(c.token_ids)
                 if c.finished:
                     finished.add(index)
                     completion_tokens += len(c.token_ids)
@@ -214,7 +218,8 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         check_model(app, req.model)
-        rid, k = random_id("cmpl"), req.logprobs
+        rid = random_id("cmpl")
+        k = req.logprobs
         streams, prompt_lens, params = await start_requests(
             app, rid, req.prompts(), lambda mt: req.sampling_params(mt, k), req.max_tokens,
             lambda p: max(1, min(16, max_len - p)), "prompt")
@@ -237,7 +242,8 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_model(app, req.model)
-        rid, k = random_id("chatcmpl"), req.logprobs_k()
+        rid = random_id("chatcmpl")
+        k = req.logprobs_k()
         try:
             conversation = [{"role": m.role, "content": m.text()} for m in req.messages]
             prompt = app.state.aengine.tokenizer.apply_chat_template(
