@@ -220,15 +220,14 @@ class Scheduler:
             if seq.request_id in runner_output.errors or seq.is_finished:
                 continue
             draws = runner_output.sampled.get(seq.seq_id)
-            children = []
-            if seq.seq_id in runner_output.forked:       # n > 1: the other samples start now
-                children = seq.group.fork(self.seq_ids)
-                self._fork(seq, children)
+            fork_draws = runner_output.forked.get(seq.seq_id, [])
+            children = seq.group.fork(self.seq_ids) if fork_draws else []
+            self._fork(seq, children)                    # n > 1: the other samples start now
             if draws is not None:
                 self._count_accepted(seq, len(draws) - 1)
                 self._append(seq, draws)
                 updated.append(seq)
-            for child, draw in zip(children, runner_output.forked.get(seq.seq_id, [])):
+            for child, draw in zip(children, fork_draws):
                 self._append(child, [draw])
                 updated.append(child)
         for seq in so.seqs:                              # roll back the rejected drafts' slots

@@ -34,7 +34,9 @@ class OutputProcessor:
         for n in range(det.num_tokens + 1, end + 1):
             # The token that ended a sequence (stop token, length) flushes held-back text.
             final = n == end and seq.is_finished
-            new_text = det.update(seq.token_ids[:n], final=final)
+            # Only a speculative step (several new tokens) needs a prefix: no copy per decode.
+            tokens = seq.token_ids if n == end else seq.token_ids[:n]
+            new_text = det.update(tokens, final=final)
             seq.output_text = det.text
             if final and seq.status is SequenceStatus.FINISHED_STOPPED:
                 return False                 # a stop token: its text ends no stop string
