@@ -54,8 +54,10 @@ def test_preemption_under_a_tiny_pool_gives_the_same_tokens(smol, reference):
 
 def test_abort_frees_blocks_at_once(smol_llm):
     engine = smol_llm.engine
-    engine.add_request("a", "Tell me a long story.", SamplingParams(max_tokens=200))
-    engine.add_request("b", "Another one.", SamplingParams(max_tokens=200))
+    # ignore_eos: a sampled EOS in the first steps would free the blocks before the abort.
+    long = SamplingParams(max_tokens=200, ignore_eos=True, seed=0)
+    engine.add_request("a", "Tell me a long story.", long)
+    engine.add_request("b", "Another one.", long)
     for _ in range(3):
         engine.step()
     held = engine.block_manager.num_blocks - engine.block_manager.num_free_blocks
