@@ -165,11 +165,13 @@ def steps_of(run, request_id: str) -> int:
     return sum(any(s.request_id == request_id for s in step.scheduled) for step in run.steps)
 
 
-def predicted_counts(prompt_ids, output_ids, k, proposer) -> tuple[int, int, int]:
+def predicted_counts(prompt_ids, output_ids, k, proposer) -> tuple[int, int, int, list[int]]:
     """Replay the engine's speculation on a known greedy output: at each step the proposer
     sees the sequence so far, the target accepts the drafts that match the real output.
-    Returns (verifications, draft tokens, accepted tokens)."""
+    Returns (verifications, draft tokens, accepted tokens, per position: verifications that
+    accepted draft i)."""
     verifications = drafted = accepted = 0
+    per_pos = [0] * k
     n = 1                                          # the first token comes from the prefill
     while n < len(output_ids):
         room = min(k, len(output_ids) - n - 1)     # max_tokens - num_output_tokens - 1
@@ -179,13 +181,15 @@ def predicted_counts(prompt_ids, output_ids, k, proposer) -> tuple[int, int, int
             m += 1
         verifications += bool(drafts)
         drafted, accepted, n = drafted + len(drafts), accepted + m, n + m + 1
-    return verifications, drafted, accepted
+        per_pos[:m] = [c + 1 for c in per_pos[:m]]
+    return verifications, drafted, accepted, per_pos
 
 
 def test_greedy_output_is_unchanged_and_acceptance_is_as_predicted(smol):
     """A copying request and a free-form one, batched: the same tokens with k = 1, 3, 5 as
     without speculation; the engine's acceptance counts equal a replay of the proposer on
-    the plain output; copying accepts most drafts, so it takes far fewer steps."""
+    the plain output (per draft position too); copying accepts most drafts, so it takes far
+    fewer steps."""
     llm = smol(max_model_len=256)
     prompts = [copy_prompt(), "Once upon a time, in a small village by the sea,"]
     ids = [llm.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
@@ -195,16 +199,21 @@ def test_greedy_output_is_unchanged_and_acceptance_is_as_predicted(smol):
         llm.reconfigure(speculative_config=ngram(k))
         run = serve(llm, requests)
         assert tokens(run.outputs) == tokens(plain.outputs), k
+        per_pos = [0] * k
         for prompt_ids, out in zip(ids, run.outputs):
-            _, drafted, accepted = predicted_counts(prompt_ids, out.outputs[0].token_ids, k,
-                                                    NgramProposer(1, 4))
+            *_, drafted, accepted, pos = predicted_counts(prompt_ids, out.outputs[0].token_ids, k,
+                                                          NgramProposer(1, 4))
             assert (out.metrics.num_draft_tokens, out.metrics.num_accepted_tokens) == (
                 drafted, accepted), k
+            per_pos = [a + b for a, b in zip(per_pos, pos)]
         copying = run.outputs[0].metrics
         assert copying.acceptance_rate > 0.8, copying
         stats = run.steps[-1].stats
         assert stats.spec_decode_num_accepted_tokens == sum(
             o.metrics.num_accepted_tokens for o in run.outputs)
+        recorded = list(stats.spec_decode_num_accepted_tokens_per_pos)
+        assert recorded + [0] * (k - len(recorded)) == per_pos, k
+        assert stats.spec_decode_acceptance_per_pos[0] == per_pos[0] / stats.spec_decode_num_drafts
         assert stats.spec_decode_num_accepted_tokens == sum(s.num_accepted_tokens
                                                             for s in run.steps)
         assert stats.spec_decode_num_draft_tokens == sum(s.num_draft_tokens for s in run.steps)

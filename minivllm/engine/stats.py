@@ -7,8 +7,8 @@ vllm/v1/metrics/stats.py, SchedulerStats and IterationStats).
         ...
     engine.last_scheduler_output        # what the scheduler decided last, traced or not
 
-Left out, compared with vLLM: Prometheus export (the server adds it), LoRA counters, the
-per-position acceptance counts of speculative decoding, per-iteration histograms.
+Left out, compared with vLLM: Prometheus export (the server adds it), LoRA counters,
+per-iteration histograms.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class EngineStats:
     spec_decode_num_drafts: int = 0            # verifications: sequences that proposed, x steps
     spec_decode_num_draft_tokens: int = 0      # draft tokens verified
     spec_decode_num_accepted_tokens: int = 0   # ... and accepted
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()  # [i]: drafts i accepted
 
     @property
     def spec_decode_acceptance_rate(self) -> float:
@@ -46,6 +47,14 @@ class EngineStats:
         token the target adds (vLLM's "mean acceptance length"; 1.0 without speculation)."""
         n = self.spec_decode_num_drafts
         return 1 + self.spec_decode_num_accepted_tokens / n if n else 1.0
+
+    @property
+    def spec_decode_acceptance_per_pos(self) -> list[float]:
+        """alpha_i: the share of verifications that reached draft i (drafts 0..i-1 accepted)
+        that accepted it too. Leviathan et al.'s formula takes this, not accepted/drafted: at
+        alpha = 0.8, k = 4, independent guesses, accepted/drafted is only 0.59."""
+        reached = [self.spec_decode_num_drafts, *self.spec_decode_num_accepted_tokens_per_pos]
+        return [n / r if r else 0.0 for n, r in zip(reached[1:], reached)]
 
     @property
     def prefix_cache_hit_rate(self) -> float:
