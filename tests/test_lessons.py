@@ -28,6 +28,7 @@ renders a recorded run.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -294,6 +295,32 @@ def test_harness_reports_a_failed_finding(tmp_path):
     assert not run.ok and "test_tokens" in run.error
     failed = run.failed_tests
     assert [t["name"] for t in failed] == ["test_tokens"] and "assert tokens == 22" in failed[0]["error"]
+
+
+def test_harness_never_reuses_a_failed_run(tmp_path):
+    """A failed run (a loaded machine may have killed it) runs again; a passing one is reused."""
+    path = _write(tmp_path, "94_flaky.py", GOOD.replace("assert tokens == 21", "assert tokens == 22"))
+    first = lesson_runner.run_lesson(path, cache_dir=tmp_path / "cache", timeout=120)
+    assert not first.ok
+    again = lesson_runner.run_lesson(path, cache_dir=tmp_path / "cache", timeout=120)
+    assert not again.reused and not again.ok, "a failed run was reused from the cache"
+    shown = lesson_runner.run_lesson(path, cache_dir=tmp_path / "cache", execute=False)
+    assert shown.reused and not shown.ok, "execute=False shows the failed run (the site warns)"
+
+
+def test_strict_site_build_fails_while_a_page_shows_a_failed_run(tmp_path):
+    """`mkdocs build --strict` (MINIVLLM_DOCS_LESSONS=cached: nothing runs) on a lesson whose
+    cached run failed: the build fails and names the lesson."""
+    lessons = tmp_path / "lessons"
+    path = _write(lessons, "97_broken.py", GOOD.replace("tokens = 3 * 7", "tokens = 3 / 0"))
+    assert not lesson_runner.run_lesson(path, cache_dir=tmp_path / "cache", timeout=120).ok
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", MINIVLLM_LESSONS_DIR=str(lessons),
+               MINIVLLM_LESSON_CACHE=str(tmp_path / "cache"), MINIVLLM_DOCS_LESSONS="cached")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode != 0, f"a strict build published a failed run:\n{proc.stderr[-2000:]}"
+    assert "lesson 97_broken.py: 97_broken.py: cell 2 raised" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_harness_kills_a_hanging_lesson(tmp_path):

@@ -4,7 +4,8 @@
 `--headless` picks the lessons' CPU-sized settings), keeps what each cell printed, raised and
 displayed, and runs each cell made only of `test_*` functions with pytest (marimo's reactive
 tests). pytest and the site share that one run, cached in build/lessons/NN_name/ under a hash of
-the notebook, minivllm/ and kernels/: run.ipynb (figures as PNG files beside it) and run.json.
+the notebook, minivllm/ and kernels/: run.ipynb (figures as PNG files beside it) and run.json;
+a run that failed or timed out is run again, never reused.
 Custom, because no tool does it: the time limit, the cache, and reading pytest's report back.
 
     uv run python docs/hooks/lesson_runner.py [lessons/01_kv_cache.py ...] [--force]
@@ -88,9 +89,11 @@ class LessonRun(SimpleNamespace):
 
 def run_lesson(path: Path | str, *, cache_dir: Path = CACHE_DIR, timeout: float | None = None,
                force: bool = False, execute: bool = True) -> LessonRun | None:
-    """The run of `path`, running the lesson only when no run under its current key is cached;
-    execute=False takes the cached run, out of date or not (None if there is none). A lock file
-    serialises runs of one lesson across processes."""
+    """The run of `path`, running the lesson unless a run under its current key that passed is
+    cached: a failed or timed-out run is never reused (a loaded machine may have killed it), it
+    runs again. execute=False takes the cached run as it is, out of date or failed (None if there
+    is none; the site warns on a failed one, so a strict build fails). A lock file serialises
+    runs of one lesson across processes."""
     path, cache_dir = Path(path).resolve(), Path(cache_dir)
     key, out_dir, timeout = lesson_key(path), cache_dir / path.stem, timeout or DEFAULT_TIMEOUT_S
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -98,7 +101,7 @@ def run_lesson(path: Path | str, *, cache_dir: Path = CACHE_DIR, timeout: float 
         fcntl.flock(lock, fcntl.LOCK_EX)
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             cached = LessonRun.load(out_dir)
-            if not force and (cached.key == key or not execute):
+            if not force and (cached.key == key and cached.ok or not execute):
                 cached.reused, cached.stale = True, cached.key != key
                 return cached
         if not execute:
