@@ -80,6 +80,8 @@ def test_disaggregated_greedy_equals_colocated_and_sends_the_uncached_prompt_kv(
     assert sent["num_reprefilled"] == 0 and sent["connected"] and report["error"] is None
     # The decode side never prefilled, and returned every block it took.
     assert report["num_prefill_steps"] == 0 and report["num_steps"] >= GREEDY.max_tokens - 1
+    # ... so no decode there waited through a step larger than one token per running request.
+    assert 1 <= report["largest_decode_step_tokens"] <= len(prompts)
     assert report["num_referenced_blocks"] == 0
     assert report["num_free_blocks"] == report["num_blocks"] == 64
     # Prefix caching on both sides: the pairs found their 32-token prefix cached on the

@@ -232,7 +232,9 @@ def serve_decode(engine) -> dict:
     conn = engine.kv_connector
     pending = deque()
     error = None
-    counts = {"num_steps": 0, "num_prefill_steps": 0}      # a prefill here would be a bug
+    # A prefill here would be a bug; the largest step a decode waited through is the
+    # interference measure lesson 08 compares with colocated and chunked prefill.
+    counts = {"num_steps": 0, "num_prefill_steps": 0, "largest_decode_step_tokens": 0}
     while True:
         msgs = conn.poll(0 if engine.has_unfinished_requests() or pending else 0.01)
         if any(kind in (SHUTDOWN, ERROR) for kind, _, _ in msgs):
@@ -259,7 +261,11 @@ def serve_decode(engine) -> dict:
         if engine.has_unfinished_requests():
             outs = engine.step()
             counts["num_steps"] += 1
-            counts["num_prefill_steps"] += engine.last_scheduler_output.num_prefill_tokens > 0
+            so = engine.last_scheduler_output
+            counts["num_prefill_steps"] += so.num_prefill_tokens > 0
+            if so.num_decode_tokens:
+                counts["largest_decode_step_tokens"] = max(counts["largest_decode_step_tokens"],
+                                                           so.num_batched_tokens)
             try:
                 if outs:
                     conn.send(OUTPUTS, [dataclasses.replace(o, prompt=None,
