@@ -18,8 +18,8 @@ def _():
     from minivllm.core.block_manager import cdiv
     from minivllm.config import resolve_device, resolve_dtype
     from minivllm.core.kv_cache import kv_bytes_per_token, reference_config
-    from minivllm.workloads import lognormal_requests, serve
-    return (LLM, Rectangle, SamplingParams, cdiv, collections, kv_bytes_per_token,
+    from minivllm.workloads import Request, lognormal_requests, serve
+    return (LLM, Request, Rectangle, SamplingParams, cdiv, collections, kv_bytes_per_token,
             lognormal_requests, mo, np, plt, reference_config, resolve_device,
             resolve_dtype, serve, torch)
 
@@ -95,7 +95,7 @@ def _(mo):
     | page table | the sequence's `block_table`: logical block `i` -> physical block id |
     | physical page frame | a block of the KV pool, `block_size` tokens of K and V in every layer |
     | page size | `block_size` (16 by default) |
-    | reference count, `fork()`, copy-on-write | `BlockManager.ref_counts`, `fork`, `append_slots` |
+    | reference count, `fork()`, copy-on-write | `BlockManager.ref_counts`, `fork`, `append_slots` (vLLM V0's design for `n > 1`; V1 fans out instead, below) |
 
     A sequence is given a new block only when its last one is full, so the memory it holds but
     does not use is at most `block_size - 1` slots, whatever `max_model_len` is. Attention
@@ -291,8 +291,11 @@ def _(mo):
     mo.md(r"""
     ## The mechanism, live: block tables, reference counts, copy-on-write
 
-    Parallel sampling asks for `n` answers to one prompt (`SamplingParams(n=...)`). The
-    engine prefills the prompt once; when the first token is sampled, `BlockManager.fork`
+    Parallel sampling asks for `n` answers to one prompt (`SamplingParams(n=...)`). What
+    follows is **vLLM V0's design** (the PagedAttention paper's), which minivllm's
+    `LLMEngine` keeps because it shows reference counts and copy-on-write at work; vLLM V1
+    does it another way, shown after it. The engine prefills the prompt once; when the
+    first token is sampled, `BlockManager.fork`
     gives each of the other samples a block table that points at the same physical blocks,
     and raises each block's reference count to `n`. Nothing is copied yet.
 
@@ -358,7 +361,7 @@ def _(PAGED, SamplingParams, collections, llm):
         _cache[key] = result = {"n": n, "prompt_len": prompt_len, "snapshots": snapshots,
                                 "texts": texts}
         return result
-    return PROMPT_LEN, prompt_ids, run_parallel
+    return PROMPT_LEN, SAMPLE_TOKENS, prompt_ids, run_parallel
 
 
 @app.cell
@@ -488,6 +491,35 @@ def _(PROMPT_LEN, mo, run_parallel):
     """)
     return (aligned_cow_events, parallel_blocks_unshared, parallel_blocks_used,
             parallel_cow_events, parallel_shared_after_fork, parallel_shared_blocks)
+
+
+@app.cell
+def _(PAGED, PROMPT_LEN, Request, SAMPLE_TOKENS, SamplingParams, llm, mo, prompt_ids, serve):
+    # vLLM V1's way: n > 1 fans out into n child requests of one sample each (seed + i), and
+    # the children share the prompt's *full* blocks through prefix caching (lesson 05); no
+    # fork, no copy-on-write. minivllm's disaggregated front does exactly this
+    # (minivllm/distributed/kv_transfer/disagg_llm.py). minivllm caches a block once its K/V
+    # is computed, so the children here arrive one step after the first; V1 registers a full
+    # block's hash when it is allocated, so children scheduled together share too.
+    llm.reconfigure(**{**PAGED, "enable_prefix_caching": True})
+    _fan = serve(llm, [Request(prompt_ids[:PROMPT_LEN], SamplingParams(
+        temperature=0.8, seed=_i, max_tokens=SAMPLE_TOKENS, ignore_eos=True),
+        arrival_step=min(_i, 1)) for _i in range(4)])
+    fanout = {"prompt_tokens_computed": sum(_s.num_prefill_tokens for _s in _fan.steps),
+              "hit_tokens": _fan.steps[-1].stats.prefix_cache_hit_tokens,
+              "peak_blocks": max(_s.stats.num_blocks_used for _s in _fan.steps)}
+    print(f"V1 fan-out, n=4: {fanout}")
+    mo.md(f"""
+    **vLLM V1's way, beside it.** The same `n = 4` as four child requests with prefix caching
+    on: the prompt's {PROMPT_LEN // 16} full blocks are computed once and found in the cache
+    by the other three children (**{fanout['hit_tokens']}** prompt tokens hit), while each
+    child computes the partly filled block itself: **{fanout['prompt_tokens_computed']}**
+    prompt tokens computed in all, against {PROMPT_LEN} with fork, at a peak of
+    {fanout['peak_blocks']} blocks. V1 pays those few recomputed tokens to keep one code
+    path: a child is an ordinary request, and the scheduler needs no fork, no per-sample
+    groups and no copy-on-write.
+    """)
+    return (fanout,)
 
 
 @app.cell
@@ -715,6 +747,7 @@ def _(
     check_blocks_answer,
     exercise_blocks,
     exercise_by_hand,
+    fanout,
     paged_concurrency,
     paged_utilization,
     parallel_blocks_unshared,
@@ -745,6 +778,13 @@ def _(
         assert parallel_cow_events == 4 - 1
         assert aligned_cow_events == 0
         assert parallel_blocks_used < parallel_blocks_unshared
+
+    def test_v1_fan_out_shares_full_blocks_through_the_prefix_cache():
+        # Four one-sample children: the 2 full prompt blocks are computed once and hit by 3
+        # children; each child computes the partly filled block's 8 tokens.
+        _full = PROMPT_LEN // BLOCK_SIZE * BLOCK_SIZE
+        assert fanout["hit_tokens"] == 3 * _full
+        assert fanout["prompt_tokens_computed"] == PROMPT_LEN + 3 * (PROMPT_LEN - _full)
 
     def test_exercise_checker():
         assert exercise_blocks == exercise_by_hand == 23

@@ -98,6 +98,8 @@ def _(MAX_NUM_SEQS, PAGED, llm, mo, serve, spread_requests, torch):
         `slots` batch slots, and read the step trace: the batches (the requests scheduled in
         each step), the step in which each request finished (counted from 1), its tokens and
         the wall time."""
+        print(f"serving {len(requests)} requests, {scheduling} batching, {slots} slots ...",
+              flush=True)                       # progress: a line per run
         res = serve(llm.reconfigure(scheduling=scheduling, max_num_seqs=slots, **layout),
                     requests)
         batches = [sorted(int(x.request_id.removeprefix("req-")) for x in s.scheduled)
@@ -585,7 +587,12 @@ def _(continuous_run, grid, mo, static_run, step_ratio, sweep):
     ## Where the code lives
 
     * `minivllm/core/scheduler.py`: `Scheduler.schedule`, the three passes (running, swapped,
-      waiting) and the one line that makes `scheduling="static"` wait for an empty batch.
+      waiting) and the one line that makes `scheduling="static"` wait for an empty batch. Three
+      queues with a pass each is **vLLM V0's** scheduler; **V1's** (vllm/v1/core/sched/)
+      keeps a running list and a waiting queue and gives every request, prefill or decode,
+      a number of new tokens under one token budget (`num_computed_tokens` catching up with
+      the request's tokens), so chunked prefill and speculative tokens need no pass of their
+      own; swapping to CPU is gone from V1 (a preempted request is recomputed).
     * `minivllm/engine/llm_engine.py`: `LLMEngine.step`, one scheduling decision and one forward pass per
       call; `RequestOutput` comes back for every request in the batch.
     * `minivllm/config.py`: `max_num_seqs` (the slots) and `scheduling`.
