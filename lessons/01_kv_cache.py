@@ -241,8 +241,8 @@ def _(Request, SLABS, SamplingParams, concurrency, llm, mo, np, plt, serve):
                   f"the last first token after {burst['ttft_s'].max():.1f} s", fontsize=10)
     _fig.tight_layout()
     print(f"burst of {concurrency.value} on 8 slabs: {burst['steps']} steps, at most "
-          f"{burst['max_running']} running and {burst['max_waiting']} waiting; time to first "
-          f"token median {np.median(burst['ttft_s']):.2f} s, max {burst['ttft_s'].max():.2f} s")
+          f"{burst['max_running']} running and {burst['max_waiting']} waiting; TTFT median "
+          f"{np.median(burst['ttft_s']):.2f} s, max {burst['ttft_s'].max():.2f} s")
     mo.vstack([_fig, mo.md(
         f"Each request holds at most {len(_ids) + 8} of its slab's 2048 slots, yet at most "
         f"**{burst['max_running']}** ran and **{burst['max_waiting']}** waited. The queue "
@@ -274,8 +274,12 @@ def _(Request, SamplingParams, llm, mo, serve):
     # Paged now (lesson 02), so that 64 requests fit; the weights stay loaded.
     llm.reconfigure(kv_layout="paged", kv_cache_memory=None, max_num_seqs=64)
     _ids = llm.tokenizer.encode("The key to fast inference is")
+    # Warm-up: the first steps after a reconfigure pay one-time costs (allocation, kernel
+    # selection); unwarmed, batch 1 looked twice as slow as batch 2 and inflated the ratio.
+    serve(llm, [Request(_ids, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))] * 2)
     step_ms, decode_tokens_per_step, num_steps = [], [], []
     for _b in batch_sizes:
+        print(f"decoding a batch of {_b} ...", flush=True)
         _run = serve(llm, [Request(_ids, SamplingParams(temperature=0, max_tokens=12,
                                                         ignore_eos=True))] * _b)
         _decodes = [_s for _s in _run.steps if not _s.num_prefill_tokens]
@@ -510,6 +514,7 @@ def _(
     roofline_steps,
     static_utilization,
     step_time_growth,
+    weight_bytes,
 ):
     findings = {
         "ridge_flop_per_byte": peaks.ridge,
@@ -528,11 +533,15 @@ def _(
       in fp32, 128 KiB for Llama-3-8B and 320 KiB for Llama-3-70B in bf16.
     * Reserving `max_model_len` slots per request used **{static_utilization:.1%}** of the
       reserved memory on a realistic mix.
-    * One decode step served the whole batch ({decode_tokens_per_step[-1]} tokens for one
-      read of the weights at the largest batch); on this machine throughput grew
-      **{decode_speedup:.1f}x** from batch 1 to the largest batch, while each step became
-      only **{step_time_growth:.1f}x** slower: decode is bound by reading weights (and, at
-      long contexts, the KV cache), not by arithmetic.
+    * One decode step served the whole batch (counted: {decode_tokens_per_step[-1]} tokens
+      for one read of the weights at the largest batch, in as many steps as one request
+      took), so the weight bytes read per token fell {decode_tokens_per_step[-1]}-fold:
+      {weight_bytes / 1e6:.0f} MB per token at batch 1,
+      {weight_bytes / decode_tokens_per_step[-1] / 1e6:.1f} MB at batch
+      {decode_tokens_per_step[-1]}. The seconds, beside (a shared machine moves them): on
+      this run throughput grew {decode_speedup:.1f}x while each step became
+      {step_time_growth:.1f}x slower. Decode is bound by reading weights (and, at long
+      contexts, the KV cache), not by arithmetic.
     * This device's roofline puts the ridge at {peaks.ridge:.1f} FLOP/byte: decode crosses it
       near batch {knee_batch}, a prefill sits far to its right.
 

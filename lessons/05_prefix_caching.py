@@ -165,7 +165,7 @@ def _(BIG, SamplingParams, conversation, llm, mo):
     mo.md(f"""
     Without caching, **{_old / _all:.0%}** of the {_all} prompt tokens the engine prefilled
     had been sent, and computed, in an earlier turn (the red bars in the figure further down).
-    The time to first token grows with the history, from
+    The TTFT (time to first token) grows with the history, from
     {1000 * conv_uncached[0]['ttft_s']:.0f} ms on turn 1 to
     {1000 * conv_uncached[-1]['ttft_s']:.0f} ms on turn {len(conv_uncached)}, although each
     new message is a dozen words. Real agents run dozens of turns over tens of thousands of
@@ -316,7 +316,7 @@ def _(conv_cached, conv_uncached, mo, np, plt, turn_hit_rate):
     _a.set(xlabel="turn", ylabel="prompt tokens computed", title="prefill work per turn")
     _b.plot(_turns, 1000 * _ttft_u, "o-", color="tab:gray", label="without caching")
     _b.plot(_turns, 1000 * _ttft_c, "o-", color="tab:blue", label="with caching")
-    _b.set(xlabel="turn", xticks=_turns, ylabel="ms", ylim=(0, None), title="time to first token")
+    _b.set(xlabel="turn", xticks=_turns, ylabel="ms", ylim=(0, None), title="TTFT")
     for _ax in (_a, _b):
         _ax.legend(fontsize=8, loc="upper left")
     _fig.tight_layout()
@@ -329,8 +329,8 @@ def _(conv_cached, conv_uncached, mo, np, plt, turn_hit_rate):
     After the cold first turn almost the whole prompt is found in the cache, and the share
     grows with the history. The engine computed **{conv_computed_cached}** prompt tokens
     instead of **{conv_computed_uncached}**: a turn with a history computed
-    **{conv_work_ratio:.1f}x** fewer and reached its first token **{conv_ttft_ratio:.1f}x**
-    sooner on this machine (medians over turns 2 on). The answers were
+    **{conv_work_ratio:.1f}x** fewer and had a **{conv_ttft_ratio:.1f}x** lower TTFT on this
+    machine (medians over turns 2 on). The answers were
     {"identical, token for token" if conv_outputs_identical else "NOT identical"}: reused K/V
     changes the cost, not the result. Every hit count
     {"matched" if _match else "did NOT all match"} the hand prediction (`predicted` above):
@@ -414,7 +414,7 @@ def _(ASSISTANT, BIG, BLOCK_SIZE, SamplingParams, chat, common_prefix, llm, mo, 
     Each later question found **{_per_question}** tokens ({_per_question // BLOCK_SIZE}
     blocks, as predicted) in the cache: **{docs_prefix_skip:.0%}** of the system prompt was
     not computed again, the prompts cost {_with} tokens of prefill instead of {_total}, and a
-    later question's first token came after {1000 * _ttft[1]:.0f} ms instead of
+    later question's TTFT was {1000 * _ttft[1]:.0f} ms instead of
     {1000 * _ttft[0]:.0f} ms on this machine (a mean, and noisy), with
     {"identical" if docs_outputs_identical else "NOT identical"} answers. The questions share
     **{_shared}** tokens (the system prompt and the opening of a user message), but the last
