@@ -165,13 +165,15 @@ def steps_of(run, request_id: str) -> int:
     return sum(any(s.request_id == request_id for s in step.scheduled) for step in run.steps)
 
 
-def predicted_counts(prompt_ids, output_ids, k, proposer) -> tuple[int, int, int, list[int]]:
+def predicted_counts(prompt_ids, output_ids, k, proposer
+                     ) -> tuple[int, int, int, list[int], list[int]]:
     """Replay the engine's speculation on a known greedy output: at each step the proposer
     sees the sequence so far, the target accepts the drafts that match the real output.
     Returns (verifications, draft tokens, accepted tokens, per position: verifications that
-    accepted draft i)."""
+    accepted draft i, and verifications that judged it)."""
     verifications = drafted = accepted = 0
     per_pos = [0] * k
+    judged = [0] * k
     n = 1                                          # the first token comes from the prefill
     while n < len(output_ids):
         room = min(k, len(output_ids) - n - 1)     # max_tokens - num_output_tokens - 1
@@ -182,7 +184,9 @@ def predicted_counts(prompt_ids, output_ids, k, proposer) -> tuple[int, int, int
         verifications += bool(drafts)
         drafted, accepted, n = drafted + len(drafts), accepted + m, n + m + 1
         per_pos[:m] = [c + 1 for c in per_pos[:m]]
-    return verifications, drafted, accepted, per_pos
+        reached = min(m + 1, len(drafts))
+        judged[:reached] = [c + 1 for c in judged[:reached]]
+    return verifications, drafted, accepted, per_pos, judged
 
 
 def test_greedy_output_is_unchanged_and_acceptance_is_as_predicted(smol):
@@ -200,20 +204,24 @@ def test_greedy_output_is_unchanged_and_acceptance_is_as_predicted(smol):
         run = serve(llm, requests)
         assert tokens(run.outputs) == tokens(plain.outputs), k
         per_pos = [0] * k
+        judged = [0] * k
         for prompt_ids, out in zip(ids, run.outputs):
-            *_, drafted, accepted, pos = predicted_counts(prompt_ids, out.outputs[0].token_ids, k,
-                                                          NgramProposer(1, 4))
+            _, drafted, accepted, pos, judge = predicted_counts(
+                prompt_ids, out.outputs[0].token_ids, k, NgramProposer(1, 4))
             assert (out.metrics.num_draft_tokens, out.metrics.num_accepted_tokens) == (
                 drafted, accepted), k
             per_pos = [a + b for a, b in zip(per_pos, pos)]
+            judged = [a + b for a, b in zip(judged, judge)]
         copying = run.outputs[0].metrics
         assert copying.acceptance_rate > 0.8, copying
         stats = run.steps[-1].stats
         assert stats.spec_decode_num_accepted_tokens == sum(
             o.metrics.num_accepted_tokens for o in run.outputs)
-        recorded = list(stats.spec_decode_num_accepted_tokens_per_pos)
-        assert recorded + [0] * (k - len(recorded)) == per_pos, k
-        assert stats.spec_decode_acceptance_per_pos[0] == per_pos[0] / stats.spec_decode_num_drafts
+        pad = lambda counts: list(counts) + [0] * (k - len(counts))  # noqa: E731
+        assert pad(stats.spec_decode_num_accepted_tokens_per_pos) == per_pos, k
+        assert pad(stats.spec_decode_num_judged_tokens_per_pos) == judged, k
+        assert judged[0] == stats.spec_decode_num_drafts        # draft 0 is always judged
+        assert stats.spec_decode_acceptance_per_pos[0] == per_pos[0] / judged[0]
         assert stats.spec_decode_num_accepted_tokens == sum(s.num_accepted_tokens
                                                             for s in run.steps)
         assert stats.spec_decode_num_draft_tokens == sum(s.num_draft_tokens for s in run.steps)

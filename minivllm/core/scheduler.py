@@ -94,9 +94,11 @@ class SpecDecodingStats:
     num_draft_tokens: int = 0       # draft tokens verified
     num_accepted_tokens: int = 0    # ... and accepted
     num_accepted_this_step: int = 0
-    # [i]: verifications whose draft i (0-based) was accepted, so i + 1 leading drafts were:
-    # the per-position acceptance alpha_i = per_pos[i] / per_pos[i - 1] (per_pos[-1] = drafts).
+    # [i]: verifications whose draft i (0-based) was accepted, so i + 1 leading drafts were
+    # (vLLM's); and verifications that judged draft i: it was proposed and drafts 0..i-1 were
+    # accepted. alpha_i = accepted[i] / judged[i] (a short proposal is no rejection).
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    num_judged_tokens_per_pos: list[int] = field(default_factory=list)
 
 
 def check_stop(seq: Sequence, eos_token_ids: set[int], max_model_len: int
@@ -261,10 +263,14 @@ class Scheduler:
             stats.num_draft_tokens += len(seq.spec_token_ids)
             stats.num_accepted_tokens += num_accepted
             stats.num_accepted_this_step += num_accepted
-            per_pos = stats.num_accepted_tokens_per_pos
-            per_pos.extend([0] * (len(seq.spec_token_ids) - len(per_pos)))
+            accepted = stats.num_accepted_tokens_per_pos
+            judged = stats.num_judged_tokens_per_pos
+            for per_pos in (accepted, judged):
+                per_pos.extend([0] * (len(seq.spec_token_ids) - len(per_pos)))
             for i in range(num_accepted):
-                per_pos[i] += 1
+                accepted[i] += 1
+            for i in range(min(num_accepted + 1, len(seq.spec_token_ids))):
+                judged[i] += 1
             seq.metrics.num_draft_tokens += len(seq.spec_token_ids)
             seq.metrics.num_accepted_tokens += num_accepted
 

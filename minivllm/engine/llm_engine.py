@@ -244,7 +244,8 @@ class LLMEngine:
         return {"spec_decode_num_drafts": s.num_drafts,
                 "spec_decode_num_draft_tokens": s.num_draft_tokens,
                 "spec_decode_num_accepted_tokens": s.num_accepted_tokens,
-                "spec_decode_num_accepted_tokens_per_pos": tuple(s.num_accepted_tokens_per_pos)}
+                "spec_decode_num_accepted_tokens_per_pos": tuple(s.num_accepted_tokens_per_pos),
+                "spec_decode_num_judged_tokens_per_pos": tuple(s.num_judged_tokens_per_pos)}
 
     def list_loras(self) -> set[int]:
         """The ids of the LoRA adapters now in the engine's slots (vLLM's name)."""

@@ -35,6 +35,7 @@ class EngineStats:
     spec_decode_num_draft_tokens: int = 0      # draft tokens verified
     spec_decode_num_accepted_tokens: int = 0   # ... and accepted
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()  # [i]: drafts i accepted
+    spec_decode_num_judged_tokens_per_pos: tuple[int, ...] = ()    # [i]: drafts i judged
 
     @property
     def spec_decode_acceptance_rate(self) -> float:
@@ -50,11 +51,11 @@ class EngineStats:
 
     @property
     def spec_decode_acceptance_per_pos(self) -> list[float]:
-        """alpha_i: the share of verifications that reached draft i (drafts 0..i-1 accepted)
-        that accepted it too. Leviathan et al.'s formula takes this, not accepted/drafted: at
-        alpha = 0.8, k = 4, independent guesses, accepted/drafted is only 0.59."""
-        reached = [self.spec_decode_num_drafts, *self.spec_decode_num_accepted_tokens_per_pos]
-        return [n / r if r else 0.0 for n, r in zip(reached[1:], reached)]
+        """alpha_i: of the verifications that judged draft i (proposed, drafts 0..i-1
+        accepted), the share that accepted it. Leviathan et al.'s formula takes this, not
+        accepted/drafted: at alpha = 0.8, k = 4, independent guesses, that is only 0.59."""
+        return [n / j if j else 0.0 for n, j in zip(self.spec_decode_num_accepted_tokens_per_pos,
+                                                    self.spec_decode_num_judged_tokens_per_pos)]
 
     @property
     def prefix_cache_hit_rate(self) -> float:
