@@ -215,6 +215,7 @@ def _(
     def load_test(rate, seed=0):
         """Serve NUM_REQUESTS streamed requests arriving at `rate`/s; sample the queue."""
         prompts = make_prompts(NUM_REQUESTS, 16, seed)
+        print(f"load test: {NUM_REQUESTS} requests at {rate:.2f} req/s ...", flush=True)
         samples = []
 
         async def main():
@@ -303,7 +304,7 @@ def _(capacity_rps, mo):
     ### Try it: push the server over the knee
 
     Pick a request rate as a multiple of the predicted knee ({capacity_rps:.2f} req/s). Each
-    dot below is one request: its time to first token against its arrival order. Under the
+    dot below is one request: its TTFT against its arrival order. Under the
     knee the dots lie flat; over it they climb, each request waiting for all the ones before
     it. Where does the line start to climb?
 
@@ -426,8 +427,8 @@ def _(
     * An engine stepping inside the event loop freezes the server for a whole forward pass;
       on its own thread, the loop keeps running during the step (the ticker counts above).
     * One measured number, the step time at a full batch, predicts the request rate where
-      the server saturates. Past it, the waiting queue forms, and the time to first token
-      grows with it: latency is what pays for load beyond the knee.
+      the server saturates. Past it, the waiting queue forms, and TTFT grows with it:
+      latency is what pays for load beyond the knee.
 
     ## Where the code lives
 
