@@ -79,7 +79,7 @@ def calibrate(llm, save: bool = True, progress: bool = False) -> HardwareProfile
     base = _cpu_profile(llm, peaks)
     timer = StepTimer(llm.engine.model_config, base)
     rows, seconds = [], []
-    serve(llm, lognormal_requests(llm.tokenizer, 2, seed=100))     # warm up, not fitted
+    serve(llm, lognormal_requests(llm.tokenizer, 2, output=(1.0, 0.1, 2, 4), seed=100))  # warm-up
     for k, requests in enumerate(calibration_workloads(llm.tokenizer)):
         tag = f"cal{k}-"
         run = serve(llm, requests, tag=tag)

@@ -212,6 +212,8 @@ def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
             arrival[i] = r.arrival_time if r.arrival_time else clock
         # 1. schedule, 2. "execute" (the clock moves), 3. update: LLMEngine.step's phases.
         so = sched.schedule()
+        if not so.seqs:                           # as LLMEngine.step: cannot happen
+            raise RuntimeError(f"the scheduler found nothing to run: {_stats(sched, bm)}")
         out, seconds = runner.execute_model(so)
         updated = sched.update_from_output(so, out)
         clock += seconds
