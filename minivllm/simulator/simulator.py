@@ -23,6 +23,7 @@ disaggregation (two simulated engines and a KV link: not written yet).
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -182,10 +183,10 @@ def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
                    key=lambda i: (requests[i].arrival_step, requests[i].arrival_time))
     pending = deque(order)
     n = len(requests)
-    arrival = np.zeros(n)
-    first = np.full(n, np.nan)
-    last = np.zeros(n)
-    tokens = np.zeros(n, dtype=int)
+    arrival = [0.0] * n               # lists, not arrays: a simulation touches them per token
+    first = [math.nan] * n
+    last = [0.0] * n
+    tokens = [0] * n
     gaps: list[float] = []
     steps: list[StepRecord] = []
     blocks_used, batch_size, step_end = [], [], []
@@ -240,6 +241,7 @@ def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
         batch_size.append(len(so.seqs))
         step_end.append(clock)
     bar.close()
+    arrival, first, last, tokens = map(np.asarray, (arrival, first, last, tokens))
     e2e = last - arrival
     ttft = first - arrival
     mean_itl = np.where(tokens > 1, (last - first) / np.maximum(tokens - 1, 1), 0.0)
