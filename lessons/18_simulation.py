@@ -130,7 +130,7 @@ def _(StepTimer, cpu, held_out, llm, mo, np, plt, real_t, step_features, timing)
     _ax.set(xlabel="measured step, ms (this machine)", ylabel="predicted step, ms (fit)",
             title="held-out workload, step by step")
     _ax.legend()
-    _rows_md = "\n".join(f"| {k} | {m:.2f} s | {p:.2f} s | {p / m - 1:+.0%} |"
+    _rows_md = "\n    ".join(f"| {k} | {m:.2f} s | {p:.2f} s | {p / m - 1:+.0%} |"
                          for k, (m, p) in timing.items())
     mo.vstack([_fig, mo.md(f"""
     | held-out run | measured | simulated ({cpu.label}) | error |
@@ -291,10 +291,10 @@ def _(DEPLOY, PCIE_GEN5_BANDWIDTH, PROFILES, dataclasses, np, run, simulate, swe
 
 @app.cell
 def _(cache_ttft, chunk_rows, computed, mo, tp_rows):
-    _c = "\n".join(f"| {k} | {t} | {1000 * i:.0f} ms |" for k, (t, i) in chunk_rows.items())
-    _t = "\n".join(f"| {k} | {1000 * i:.1f} ms | {e:.1f} s |" for k, (i, e) in tp_rows.items())
+    _c = "\n    ".join(f"| {k} | {t} | {1000 * i:.0f} ms |" for k, (t, i) in chunk_rows.items())
+    _t = "\n    ".join(f"| {k} | {1000 * i:.1f} ms | {e:.1f} s |" for k, (i, e) in tp_rows.items())
     mo.md(f"""
-    | Llama-3-70B, 16 req/s (simulated, H100 data-sheet) | most tokens a decode waited through | ITL p99 |
+    | 70B at 16 req/s (simulated, H100 data-sheet) | most tokens a decode waited through | ITL p99 |
     |---|---|---|
     {_c}
 

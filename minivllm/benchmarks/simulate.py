@@ -1,6 +1,6 @@
-"""`minivllm simulate` (minivllm/simulator/, the command's front end here beside the
-benchmarks' since it is a tool around the engine): a deployment served in simulation, a summary table, plots, and the
-highest request rate that meets an SLO.
+"""`minivllm simulate`: a deployment served in simulation (minivllm/simulator/), a summary
+table, plots, and the highest request rate that meets an SLO. The command's front end lives
+here, beside the benchmarks, as a tool around the engine.
 
     minivllm simulate --model Llama-3-70B --profile H100 -tp 8 --num-prompts 2000 \
         --request-rate 10 --slo-ttft 2 --slo-itl 0.1 --plot sim.png
