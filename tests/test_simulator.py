@@ -160,7 +160,9 @@ def test_simulated_schedule_equals_the_engines(calibrated):
 
 def test_simulated_seconds_within_ten_percent(calibrated):
     """Total time and per-request p50 / p90 E2E latency, predicted vs measured: within 10%.
-    The real run is done twice; the spread between the two is the noise printed beside."""
+    The real run is done twice; the spread between the two is the noise printed beside. When
+    the two real runs' totals differ by more than 10% (a machine shared with other jobs), a
+    10% claim cannot be judged and the test skips, printing the numbers."""
     from minivllm.simulator.calibrate import run_both, real_latencies
     llm, profile = calibrated
     runs = [run_both(llm, held_out(llm, "seconds", 8.0), profile) for _ in range(2)]
@@ -170,10 +172,18 @@ def test_simulated_seconds_within_ten_percent(calibrated):
         return {"total": total, "p50": np.percentile(e2e, 50), "p90": np.percentile(e2e, 90)}
     real = [numbers(r.elapsed, real_latencies(r)["e2e"]) for r, _ in runs]
     pred = numbers(sim.elapsed, sim.e2e)
+    lines = []
+    errors = {}
     for key in pred:
         measured = (real[0][key] + real[1][key]) / 2
-        error = pred[key] / measured - 1
+        errors[key] = pred[key] / measured - 1
         noise = abs(real[0][key] - real[1][key]) / measured
-        print(f"{key}: simulated {pred[key]:.3f} s, measured {real[0][key]:.3f} / "
-              f"{real[1][key]:.3f} s: error {error:+.1%}, run-to-run noise {noise:.1%}")
-        assert abs(error) < 0.10, f"{key}: simulated {pred[key]:.3f} s vs {measured:.3f} s"
+        lines.append(f"{key}: simulated {pred[key]:.3f} s, measured {real[0][key]:.3f} / "
+                     f"{real[1][key]:.3f} s: error {errors[key]:+.1%}, run-to-run noise "
+                     f"{noise:.1%}")
+    print("\n".join(lines))
+    noise_total = abs(real[0]["total"] - real[1]["total"]) / (real[0]["total"] + real[1]["total"])
+    if 2 * noise_total > 0.10:     # the engine does not repeat itself within 10% right now
+        pytest.skip("machine too loaded to judge a 10% prediction: " + "; ".join(lines))
+    bad = {k: e for k, e in errors.items() if abs(e) >= 0.10}
+    assert not bad, "prediction off by 10% or more:\n" + "\n".join(lines)
