@@ -27,7 +27,7 @@ CORE = ("engine", "core", "worker", "attention", "sample", "models")
 # vLLM's distributed/ folder and are counted apart: tensor parallelism (distributed/) and
 # prefill/decode disaggregation (distributed/kv_transfer/), as vLLM keeps them apart too.
 ADD_ONS = ("spec_decode", "lora", "quantization", "structured_output", "distributed",
-           "distributed/kv_transfer")
+           "distributed/kv_transfer", "simulator")
 
 CORE_CODE = 3000
 ADD_ON_CODE = 450

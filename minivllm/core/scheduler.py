@@ -161,7 +161,7 @@ class Scheduler:
             # Drafts: what the budget leaves once each later running sequence has one token,
             # and only if their lookahead slots are free (speculation never preempts).
             del seq.spec_token_ids[max(0, budget - (len(self.running) - i)):]
-            if not bm.can_append_slots(seq, len(seq.spec_token_ids)):
+            if seq.spec_token_ids and not bm.can_append_slots(seq, len(seq.spec_token_ids)):
                 seq.spec_token_ids.clear()
             while not bm.can_append_slots(seq):
                 victim = self.running.pop()          # the newest running sequence

@@ -7,6 +7,7 @@ vLLM twin: vllm/entrypoints/cli/ (main.py, serve.py, benchmark/), in one file.
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
     minivllm bench NAME ...                # every benchmark: minivllm/benchmarks/main.py
     minivllm disagg [MODEL] [--role both|producer|consumer] [--kv-ip IP --kv-port PORT] ...
+    minivllm simulate --model Llama-3-70B --profile H100 -tp 8 ...   # minivllm/benchmarks/simulate.py
 
 Engine flags keep vLLM's names (minivllm/engine/arg_utils.py), so a vLLM command line works
 after `s/vllm/minivllm/` for the flags minivllm has. With no MODEL, the packaged
@@ -23,6 +24,7 @@ import sys
 from minivllm.benchmarks import main as benchmarks
 from minivllm.engine.arg_utils import add_cli_args, engine_kwargs
 from minivllm.entrypoints.openai.cli_args import DEFAULT_MODEL_NAME, make_arg_parser
+from minivllm.benchmarks import simulate as simulator
 
 
 def make_engine(args: argparse.Namespace):
@@ -116,10 +118,15 @@ def main(argv: list[str] | None = None) -> None:
     d = sub.add_parser("disagg", add_help=False, help="prefill and decode roles in two "
                        "processes (minivllm/distributed/kv_transfer/disagg_llm.py)")
     d.add_argument("rest", nargs=argparse.REMAINDER)
+    simulator.add_cli_args(sub.add_parser(
+        "simulate", help="the engine's scheduler on a simulated deployment (cost model)",
+        description=simulator.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         serve(args)
+    elif args.command == "simulate":
+        simulator.run(args)
     else:
         benchmarks.run(args)
 

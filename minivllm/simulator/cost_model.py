@@ -1,0 +1,230 @@
+"""What one engine step costs, in seconds, on a device that may not be here: a model's shapes
+(named, or any Llama/Qwen config.json), a hardware profile, and roofline.StepCost's FLOPs and
+bytes of the step, per GPU under tensor parallelism.
+
+    profile = get_profile("H100")                       # data-sheet peaks, assumed efficiencies
+    timer = StepTimer(model_config("Llama-3-70B"), profile, tensor_parallel_size=8)
+    timer.time([512], [512])                            # one 512-token prefill, seconds
+    timer.time([1] * 64, [900] * 64)                    # 64 sequences decoding
+
+A step's time is
+
+    overhead + per_seq x sequences + combine(compute, memory) + all-reduces
+    compute = linear FLOPs / (peak x compute_efficiency) + attention FLOPs / (peak x
+              attention_efficiency)
+    memory  = bytes moved / (bandwidth x memory_efficiency)
+    all-reduces = 2 per layer, each 2 (tp - 1) / tp x message / link_bandwidth + link_latency
+
+`combine` is max on a GPU (its copy engines and tensor cores overlap: the roofline) and a sum
+on a CPU (one core does both in turn; a fit decides how much of each). A profile is either a
+**measured fit** (`calibrate`, over real engine steps on this machine, least squares) or a
+**data sheet**: peak numbers from the vendor's sheet with efficiencies that are assumptions,
+labelled as such, until a GPU run replaces them with a fit.
+
+No vLLM twin: vLLM has no simulator. Vidur (Agrawal et al., MLSys 2024) profiles each operator
+and predicts with random forests; this is the one-line roofline version of that idea. Left out:
+pipeline parallelism, MoE, quantized weights, prefix-cache hits' cheaper attention (a hit's
+tokens are not computed, which the scheduler already counts), and CUDA-graph buckets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from minivllm.benchmarks.roofline import StepCost
+from minivllm.config import ModelConfig
+
+DATA = Path(__file__).parent / "data"
+# Named model shapes: the shape fields of each model's published config.json, in data/models/.
+MODEL_SHAPES = sorted(p.stem for p in (DATA / "models").glob("*.json"))
+
+
+def model_config(model) -> ModelConfig:
+    """A ModelConfig from a name in MODEL_SHAPES, a config.json path, a config dict, or a
+    ModelConfig (returned as it is)."""
+    if isinstance(model, ModelConfig):
+        return model
+    if isinstance(model, str) and model in MODEL_SHAPES:
+        model = DATA / "models" / f"{model}.json"
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise ValueError(f"unknown model {str(model)!r}: give one of "
+                             f"{sorted(MODEL_SHAPES)} or a Hugging Face config.json")
+        model = json.loads(path.read_text())
+    return ModelConfig.from_hf_dict(model)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One device (one GPU of a tensor-parallel group, or this CPU) as the cost model sees it."""
+
+    name: str
+    kind: str                      # "data-sheet" or "measured fit"
+    source: str                    # where the numbers come from
+    dtype: str                     # the weights' and KV cache's dtype
+    peak_flops: float              # dense FLOP/s of that dtype
+    bandwidth: float               # memory bytes/s
+    memory_bytes: float            # device memory (the KV pool is what the weights leave)
+    link_bandwidth: float = 0.0    # bytes/s per device for all-reduce (NVLink, PCIe)
+    link_latency: float = 0.0      # seconds per all-reduce
+    overhead: float = 0.0          # seconds per step: scheduling, launch, sampling, Python
+    per_seq: float = 0.0           # seconds per sequence in the step (metadata, sampling)
+    compute_efficiency: float = 1.0    # share of peak_flops reached by the linear layers
+    attention_efficiency: float = 1.0  # ... by attention
+    memory_efficiency: float = 1.0     # share of bandwidth reached by decode's reads
+    overlap: bool = True               # compute and memory overlap (max) or not (sum)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+GiB = 2**30
+# Data-sheet profiles, in data/profiles.json: peaks from NVIDIA's product briefs (dense BF16
+# tensor FLOP/s, memory bandwidth, NVLink or PCIe bandwidth per GPU and direction, memory).
+# Their efficiencies and overheads are ASSUMPTIONS, not measurements: 60% of peak for large
+# GEMMs and 40% for attention (the range the FlashAttention-2 paper reports on A100), 75% of
+# bandwidth for decode's weight reads, 4 ms per step of scheduling and sampling outside the GPU
+# (vLLM V1 with CUDA graphs, order of magnitude), 15 us per all-reduce. A fit from a GPU run
+# (calibrate.py on that GPU) replaces them.
+PROFILES = {name: HardwareProfile(**fields) for name, fields in
+            json.loads((DATA / "profiles.json").read_text()).items()}
+# One direction of a PCIe Gen5 x16 link, for "the same GPUs without NVLink" (lesson 18).
+PCIE_GEN5_BANDWIDTH = 64e9
+
+
+def profile_path() -> Path:
+    """Where `calibrate` stores this machine's fit: the user cache (MINIVLLM_CACHE, as the
+    converted model), one file per host, since a fit belongs to the machine, not the package."""
+    root = Path(os.environ.get("MINIVLLM_CACHE", Path.home() / ".cache" / "minivllm"))
+    return root / "profiles" / f"cpu-{socket.gethostname()}.json"
+
+
+def save_profile(profile: HardwareProfile, path: Path | None = None) -> Path:
+    path = Path(path or profile_path())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dataclasses.asdict(profile), indent=1))
+    return path
+
+
+def get_profile(profile) -> HardwareProfile:
+    """A HardwareProfile from a name in PROFILES, "cpu" (this machine's stored fit), a JSON
+    file written by save_profile, or a HardwareProfile (returned as it is)."""
+    if isinstance(profile, HardwareProfile):
+        return profile
+    if profile in PROFILES:
+        return PROFILES[profile]
+    path = profile_path() if profile == "cpu" else Path(profile)
+    if not path.is_file():
+        hint = ("run `minivllm simulate --calibrate` first" if profile == "cpu"
+                else f"give one of {sorted(PROFILES)}, 'cpu' or a profile JSON file")
+        raise ValueError(f"no hardware profile {str(profile)!r} ({path}): {hint}")
+    return HardwareProfile(**json.loads(path.read_text()))
+
+
+class StepTimer:
+    """Seconds per step for one model on one profile, tensor_parallel_size devices."""
+
+    def __init__(self, mc: ModelConfig, profile: HardwareProfile, tensor_parallel_size: int = 1):
+        tp = tensor_parallel_size
+        if mc.num_attention_heads % tp:
+            raise ValueError(f"tensor_parallel_size={tp} must divide the model's "
+                             f"{mc.num_attention_heads} attention heads")
+        self.cost = StepCost.of(mc, getattr(torch, profile.dtype))
+        self.profile = profile
+        self.tp = tp
+        # Per device: each weight is split tp ways; K/V heads too, or replicated if fewer.
+        self.kv_share = max(1, mc.num_key_value_heads // tp) / mc.num_key_value_heads
+        self.weight_bytes = self.cost.weight_bytes / tp
+        self.kv_token_bytes = self.cost.kv_token_bytes * self.kv_share
+        p = profile
+        self.s_per_flop = 1 / (p.peak_flops * p.compute_efficiency) / tp
+        self.s_per_attn_flop = 1 / (p.peak_flops * p.attention_efficiency) / tp
+        self.s_per_byte = 1 / (p.bandwidth * p.memory_efficiency)
+        self.attn_unit = 2 * self.cost.layers * self.cost.q_dim     # 4 L q x (sum of j) / 2
+        self.num_all_reduces = 2 * self.cost.layers if tp > 1 else 0
+        self.ring = 2 * (tp - 1) / tp / p.link_bandwidth if tp > 1 else 0.0
+
+    def kv_pool_blocks(self, block_size: int, utilization: float = 0.9) -> int:
+        """KV blocks that fit beside the weights in `utilization` of one device's memory."""
+        free = self.profile.memory_bytes * utilization - self.weight_bytes
+        blocks = int(free // (self.kv_token_bytes * block_size))
+        if blocks < 1:
+            raise ValueError(f"{self.weight_bytes / GiB:.1f} GiB of weights per device leave no "
+                             f"KV memory on {self.profile.label}: raise tensor_parallel_size")
+        return blocks
+
+    def features(self, new_tokens, context_lens, sampled: int) -> tuple[float, ...]:
+        """(sequences, linear FLOPs, attention FLOPs, bytes) of one step on one device; the
+        same counts as StepCost.step, in closed form (the attention sum over a chunk is an
+        arithmetic series), since a simulation asks this once per step."""
+        c = self.cost
+        tokens = sum(new_tokens)
+        attn = self.attn_unit * sum(n * (2 * ctx - n + 1) for n, ctx in zip(new_tokens,
+                                                                           context_lens))
+        linear = 2 * c.linear_params * tokens + 2 * c.head_params * sampled
+        moved = (self.weight_bytes + self.kv_token_bytes * sum(context_lens)
+                 + 4 * c.hidden_bytes * tokens)
+        return len(new_tokens), linear, attn, moved
+
+    def time(self, new_tokens, context_lens, sampled: int | None = None) -> float:
+        """Seconds for a step in which sequence i computes new_tokens[i] tokens and then
+        holds context_lens[i]; `sampled` rows reach the LM head (default: one each)."""
+        sampled = len(new_tokens) if sampled is None else sampled
+        num_seqs, linear, attn, moved = self.features(new_tokens, context_lens, sampled)
+        return self.time_of(num_seqs, linear, attn, moved, sum(new_tokens))
+
+    def time_of(self, num_seqs: int, linear: float, attn: float, moved: float,
+                tokens: int) -> float:
+        p = self.profile
+        compute = linear * self.s_per_flop + attn * self.s_per_attn_flop
+        memory = moved * self.s_per_byte
+        busy = max(compute, memory) if p.overlap else compute + memory
+        message = tokens * self.cost.hidden_bytes           # one all-reduce's payload
+        comm = self.num_all_reduces * (message * self.ring + p.link_latency)
+        return p.overhead + p.per_seq * num_seqs + busy + comm
+
+
+# --8<-- [start:fit]
+def fit_profile(rows: list[tuple[float, ...]], durations: list[float], peak_flops: float,
+                bandwidth: float, name: str = "this CPU", dtype: str = "float32",
+                memory_bytes: float = 8 * GiB) -> HardwareProfile:
+    """Least squares, non-negative, of step seconds on [1, sequences, linear FLOPs, attention
+    FLOPs, bytes] (rows from StepTimer.features on a 1-device profile): the intercept is the
+    per-step overhead, the other coefficients are seconds per unit, turned into efficiencies
+    against the measured peaks. A coefficient that comes out negative is dropped and the rest
+    refitted (the active-set idea of Lawson-Hanson's NNLS, one column at a time)."""
+    X = np.column_stack([np.ones(len(rows)), np.asarray(rows, dtype=float)])
+    y = np.asarray(durations, dtype=float)
+    scale = X.max(axis=0)                       # columns of 1 and of 1e9 FLOPs: condition it
+    active = list(range(X.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(X[:, active] / scale[active], y, rcond=None)
+        if (coef >= 0).all():
+            break
+        active.pop(int(np.argmin(coef)))
+    full = np.zeros(X.shape[1])
+    full[active] = coef / scale[active]
+    overhead, per_seq, s_linear, s_attn, s_byte = full
+    eff = lambda s, peak: 1 / (s * peak) if s > 0 else math.inf  # noqa: E731 (term unseen)
+    return HardwareProfile(name, kind="measured fit", source=f"{len(y)} engine steps, "
+                           "least squares (minivllm simulate --calibrate)", dtype=dtype,
+                           peak_flops=peak_flops, bandwidth=bandwidth,
+                           memory_bytes=memory_bytes, overhead=float(overhead),
+                           per_seq=float(per_seq),
+                           compute_efficiency=eff(s_linear, peak_flops),
+                           attention_efficiency=eff(s_attn, peak_flops),
+                           memory_efficiency=eff(s_byte, bandwidth), overlap=False)
+# --8<-- [end:fit]

@@ -1,0 +1,189 @@
+"""minivllm/simulator/: the cost model's counts, the fit, the simulated schedule, the capacity
+search and the CLI (device-free, fast); then the check that matters, on the real model: a
+calibrated simulation of a workload the calibration did not see schedules exactly as the
+engine did, step for step, and predicts its seconds.
+
+The timing check runs on a shared, loaded machine: calibration and both real runs happen in the
+same test, back to back, and the test prints the prediction error beside the run-to-run noise
+of the real engine (docs/benchmarks.md records a run)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from minivllm.benchmarks.roofline import StepCost
+from minivllm.entrypoints.cli import main
+from minivllm.simulator import (PROFILES, SLO, StepTimer, capacity, get_profile, model_config,
+                                simulate, synthetic_requests)
+from minivllm.simulator.cost_model import fit_profile
+from minivllm.workloads import poisson_arrivals
+
+
+def test_features_are_stepcosts_counts():
+    """The closed form the simulator uses per step equals roofline.StepCost.step."""
+    mc = model_config("Llama-3-8B")
+    timer = StepTimer(mc, PROFILES["H100"])
+    cost = StepCost.of(mc, torch.bfloat16)
+    new, ctx = [512, 1, 1, 37], [512, 900, 17, 1037]
+    _, linear, attn, moved = timer.features(new, ctx, sampled=3)
+    assert (linear + attn, moved) == cost.step(new, ctx, sampled=3)
+
+
+def test_fit_recovers_a_known_profile():
+    """Step times made from a known CPU-like profile: least squares gives it back."""
+    truth = dataclasses.replace(PROFILES["L4"], overlap=False, overhead=2e-3, per_seq=1e-4,
+                                compute_efficiency=0.5, attention_efficiency=0.2,
+                                memory_efficiency=0.8, link_bandwidth=0)
+    timer = StepTimer(model_config("SmolLM2-135M"), truth)
+    rng = np.random.default_rng(0)
+    rows, seconds = [], []
+    for _ in range(40):
+        b = int(rng.integers(1, 32))
+        new = rng.integers(1, 200, b).tolist() if rng.random() < 0.5 else [1] * b
+        ctx = [n + int(rng.integers(0, 500)) for n in new]
+        rows.append(timer.features(new, ctx, b))
+        seconds.append(timer.time(new, ctx, b))
+    fit = fit_profile(rows, seconds, truth.peak_flops, truth.bandwidth)
+    for name in ("overhead", "per_seq", "compute_efficiency", "attention_efficiency",
+                 "memory_efficiency"):
+        assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+
+
+def test_tensor_parallel_and_link_bandwidth():
+    """70B decode: TP=8 reads an eighth of the weights per GPU, so its step is faster than
+    TP=4's on NVLink; on a PCIe link the all-reduces cost more than NVLink's."""
+    mc = model_config("Llama-3-70B")
+    h100 = PROFILES["H100"]
+    pcie = dataclasses.replace(h100, link_bandwidth=64e9)
+    step = ([1] * 64, [1000] * 64)
+    assert StepTimer(mc, h100, 8).time(*step) < StepTimer(mc, h100, 4).time(*step)
+    assert StepTimer(mc, pcie, 8).time(*step) > StepTimer(mc, h100, 8).time(*step)
+    with pytest.raises(ValueError, match="leave no KV memory"):
+        StepTimer(mc, h100, 1).kv_pool_blocks(16)
+    with pytest.raises(ValueError, match="must divide"):
+        StepTimer(mc, h100, 3)
+
+
+def test_simulated_run_counts():
+    """Every request gets exactly its max_tokens; a pool too small for the batch preempts
+    (recompute), and swap mode swaps instead; blocks are all returned at the end."""
+    reqs = synthetic_requests(40, prompt=(5.0, 0.5, 16, 400), output=(4.0, 0.5, 4, 200), seed=1)
+    want = sum(r.params.max_tokens for r in reqs)
+    small = dict(model="Qwen3-0.6B", profile="L4", max_num_seqs=32, num_kv_blocks=120)
+    res = simulate(reqs, **small)
+    assert res.num_output_tokens == want and np.isfinite(res.ttft).all()
+    assert res.num_preemptions > 0 and res.steps[-1].stats.num_blocks_used == 0
+    assert max(res.blocks_used) == 120
+    swap = simulate(reqs, preemption_mode="swap", **small)
+    assert sum(len(s.swapped_out) for s in swap.steps) > 0
+    assert swap.num_output_tokens == want
+    roomy = simulate(reqs, model="Qwen3-0.6B", profile="L4", max_num_seqs=32)
+    assert roomy.num_preemptions == 0 and roomy.elapsed < res.elapsed
+
+
+def test_prefix_caching_and_chunked_prefill_change_the_schedule():
+    reqs = synthetic_requests(30, prompt=(4.0, 0.3, 16, 100), output=(3.0, 0.3, 4, 40),
+                              shared_prefix=1024, seed=2)
+    on = simulate(reqs, model="Llama-3-8B", profile="H100")
+    off = simulate(reqs, model="Llama-3-8B", profile="H100", enable_prefix_caching=False)
+    computed = lambda r: sum(s.num_prefill_tokens for s in r.steps)  # noqa: E731
+    assert computed(on) < computed(off) / 2
+    long = synthetic_requests(20, prompt=(7.5, 0.2, 1000, 4000), output=(4, 0.2, 8, 100))
+    chunked = simulate(long, model="Llama-3-8B", profile="H100", max_num_batched_tokens=512)
+    assert max(s.num_batched_tokens for s in chunked.steps) <= 512
+    whole = simulate(long, model="Llama-3-8B", profile="H100", enable_chunked_prefill=False,
+                     max_num_batched_tokens=8192)
+    assert max(s.num_prefill_tokens for s in whole.steps) > 512
+
+
+def test_capacity_search_brackets_the_slo():
+    slo = SLO(ttft=0.5, itl=0.05)
+    make = lambda: synthetic_requests(100, prompt=(6.0, 0.5, 16, 2000),  # noqa: E731
+                                      output=(4.5, 0.5, 4, 400), seed=3)
+    kw = dict(model="Llama-3-8B", profile="A100", max_num_seqs=128)
+    rate, res = capacity(make, slo, lo=1.0, iterations=4, **kw)
+    assert res.goodput(slo) >= 0.9
+    above = simulate(poisson_arrivals(make(), rate * 1.5, seed=0), **kw)
+    assert above.goodput(slo) < 0.9
+
+
+def test_cli_prints_the_summary(capsys, tmp_path):
+    main(["simulate", "--model", "Qwen3-0.6B", "--profile", "L4", "--num-prompts", "60",
+          "--request-rate", "5", "--plot", str(tmp_path / "sim.png")])
+    out = capsys.readouterr().out
+    assert "simulated: Qwen3-0.6B on 1 x L4-24GB (data-sheet)" in out
+    assert "requests 60" in out and "goodput" in out and (tmp_path / "sim.png").stat().st_size
+    with pytest.raises(ValueError, match="unknown model"):
+        model_config("Llama-9-1T")
+    with pytest.raises(ValueError, match="no hardware profile"):
+        get_profile("TPU")
+
+
+# ----------------------------------------------------------------- against the real engine
+@pytest.fixture(scope="module")
+def calibrated():
+    """The packaged model and this machine's profile, fitted now (not read from the cache:
+    the fit must describe the machine as loaded as it is during this test)."""
+    from minivllm import LLM
+    from minivllm.simulator.calibrate import calibrate
+    llm = LLM(max_model_len=512, enable_prefix_caching=False)
+    return llm, calibrate(llm, save=False)
+
+
+def held_out(llm, unit: str, rate: float):
+    """A workload the calibration did not see (its own seed, Poisson arrivals)."""
+    from minivllm.workloads import lognormal_requests
+    return poisson_arrivals(lognormal_requests(llm.tokenizer, 16, prompt=(4.3, 0.6, 16, 300),
+                                               output=(3.0, 0.5, 4, 48), seed=32),
+                            rate=rate, seed=32, unit=unit)
+
+
+def test_simulated_schedule_equals_the_engines(calibrated):
+    """Same requests, same output lengths (EOS ignored): every step schedules the same tokens
+    for the same requests, chunks and preemptions included."""
+    from minivllm.simulator.calibrate import run_both, schedule
+    llm, profile = calibrated
+    llm.reconfigure(num_kv_blocks=32, max_num_batched_tokens=64)
+    try:
+        real, sim = run_both(llm, held_out(llm, "steps", 0.5), profile)
+    finally:
+        llm.reconfigure(num_kv_blocks=None, max_num_batched_tokens=2048)
+    assert real.steps[-1].stats.num_preemptions > 0          # the small pool preempts
+    assert max(s.num_batched_tokens for s in real.steps) == 64   # prompts are chunked
+    assert schedule(sim.steps) == schedule(real.steps)
+    assert sim.num_preemptions == real.steps[-1].stats.num_preemptions
+
+
+def test_simulated_seconds_within_ten_percent(calibrated):
+    """Total time and per-request p50 / p90 E2E latency, predicted vs measured: within 10%.
+    The real run is done twice; the spread between the two is the noise printed beside. When
+    the two real runs' totals differ by more than 10% (a machine shared with other jobs), a
+    10% claim cannot be judged and the test skips, printing the numbers."""
+    from minivllm.simulator.calibrate import run_both, real_latencies
+    llm, profile = calibrated
+    runs = [run_both(llm, held_out(llm, "seconds", 8.0), profile) for _ in range(2)]
+    sim = runs[0][1]
+
+    def numbers(total, e2e):
+        return {"total": total, "p50": np.percentile(e2e, 50), "p90": np.percentile(e2e, 90)}
+    real = [numbers(r.elapsed, real_latencies(r)["e2e"]) for r, _ in runs]
+    pred = numbers(sim.elapsed, sim.e2e)
+    lines = []
+    errors = {}
+    for key in pred:
+        measured = (real[0][key] + real[1][key]) / 2
+        errors[key] = pred[key] / measured - 1
+        noise = abs(real[0][key] - real[1][key]) / measured
+        lines.append(f"{key}: simulated {pred[key]:.3f} s, measured {real[0][key]:.3f} / "
+                     f"{real[1][key]:.3f} s: error {errors[key]:+.1%}, run-to-run noise "
+                     f"{noise:.1%}")
+    print("\n".join(lines))
+    noise_total = abs(real[0]["total"] - real[1]["total"]) / (real[0]["total"] + real[1]["total"])
+    if 2 * noise_total > 0.10:     # the engine does not repeat itself within 10% right now
+        pytest.skip("machine too loaded to judge a 10% prediction: " + "; ".join(lines))
+    bad = {k: e for k, e in errors.items() if abs(e) >= 0.10}
+    assert not bad, "prediction off by 10% or more:\n" + "\n".join(lines)
