@@ -20,9 +20,9 @@ weights back into floats tile by tile, inside the matmul, never as a whole matri
 models/llama.py's `projection_layers` (the model's own code is untouched). Left out, and why: the lm_head, as vLLM does by default (it is
 tied to the embeddings here, and rounding it cost the most perplexity: int4-g32 on 400 tokens
 13.06 without it, 14.20 with it, fp32 12.93); the embedding table (a lookup reads one row per
-token, so its bytes cost memory, not time); the norms (tiny). The float modules are kept aside
-so that `reconfigure(quantization=...)` can switch formats on the same loaded weights; a
-server that quantizes once would drop them.
+token, so its bytes cost memory, not time); the norms (tiny). The float projections are dropped
+once quantized (kept, they made an int8 model hold more memory than the float one): to change
+format, `unquantize_model` puts empty nn.Linear back and the runner reloads the checkpoint.
 
 Left out, compared with vLLM: calibrated methods (GPTQ, AWQ, SmoothQuant), activation
 quantization (W8A8, FP8 GEMMs), loading pre-quantized checkpoints, Marlin/Machete kernels and
@@ -33,6 +33,7 @@ MoE. The KV-cache half of quantization (kv_cache_dtype="fp8" | "int8") is in ker
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.quant_matmul import (dequantize_int4, dequantize_int8, quantize_int4,
@@ -58,17 +59,20 @@ class QuantLinear(nn.Module):
             self.qweight, self.scales = quantize_int8(w)
             if self.use_torch_cpu_kernel:
                 self.scales_bf16 = self.scales.to(torch.bfloat16)
+        elif self.use_torch_cpu_kernel:
+            # torch's int4 CPU kernel takes N in tiles of 16 rows: pad with zero rows (they
+            # quantize to zeros) and drop their outputs, so any width works (72 -> 80 here).
+            w = F.pad(w, (0, 0, 0, -self.out_features % 16))
+            q, d, m = quantize_int4(w, group_size)
+            # torch's CPU layout: q - 8 in [-8, 7], w ~ (q - 8) * d + z with z = m + 8d,
+            # as (K/G, N, 2) [scale, zero] pairs; the weight repacked into its own tiles.
+            self.scales_zeros = torch.stack([d, m + 8 * d], -1).transpose(0, 1) \
+                .contiguous().to(torch.bfloat16)
+            self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                unpack_int4(q).to(torch.int32), 1)
+            self.scales = None                # the packed tensor holds everything
         else:
             self.qweight, self.scales, self.mins = quantize_int4(w, group_size)
-            if self.use_torch_cpu_kernel:
-                # torch's CPU layout: q - 8 in [-8, 7], w ~ (q - 8) * d + z with z = m + 8d,
-                # as (K/G, N, 2) [scale, zero] pairs; the weight repacked into its own tiles.
-                zeros = self.mins + 8 * self.scales
-                self.scales_zeros = torch.stack([self.scales, zeros], -1).transpose(0, 1) \
-                    .contiguous().to(torch.bfloat16)
-                self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                    unpack_int4(self.qweight).to(torch.int32), 1)
-                self.scales = self.mins = None    # the packed tensor holds everything
 
     def dequantized_weight(self) -> torch.Tensor:
         """The float weight this module stands for (N, K), for references and error plots."""
@@ -77,7 +81,7 @@ class QuantLinear(nn.Module):
         if self.use_torch_cpu_kernel:     # unpack through the kernel itself: x = identity
             eye = torch.eye(self.in_features, dtype=torch.bfloat16)
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                eye, self.qweight, self.group_size, self.scales_zeros).float().T
+                eye, self.qweight, self.group_size, self.scales_zeros).float().T[:self.out_features]
         return dequantize_int4(self.qweight, self.scales, self.mins, self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,8 +92,8 @@ class QuantLinear(nn.Module):
             if self.method == "int8":
                 y = torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales_bf16)
             else:
-                y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.qweight,
-                                                               self.group_size, self.scales_zeros)
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                    xb, self.qweight, self.group_size, self.scales_zeros)[:, :self.out_features]
             y = y.to(x.dtype)
         else:
             from kernels.quant_matmul import quant_matmul
@@ -104,11 +108,8 @@ class QuantLinear(nn.Module):
 
 
 def quantize_model(model: nn.Module, method: str | None) -> None:
-    """Put `model`'s projections in format `method` (None: back to the float originals)."""
-    originals: dict[str, nn.Module] = model.__dict__.setdefault("_float_linears", {})
-    for p in projection_layers(model):                    # back to float first
-        if isinstance(p.linear, QuantLinear):
-            p.replace(originals[p.path])
+    """Put `model`'s float projections in format `method` (None: leave them), dropping the float
+    weights. A model already quantized goes through `unquantize_model` and a reload first."""
     spec = parse_quantization(method)
     if spec is None:
         return
@@ -118,14 +119,28 @@ def quantize_model(model: nn.Module, method: str | None) -> None:
             raise ValueError(f"quantization={method!r}: {p.path} is a "
                              f"{type(p.linear).__name__}, not a plain nn.Linear; weight-only "
                              "quantization does not combine with LoRA or tensor-parallel "
-                             "linears in minivllm")
+                             "linears in minivllm (nor with a model quantized already)")
         if spec[0] == "int4" and p.linear.in_features % spec[1]:
             raise ValueError(f"quantization={method!r}: group size {spec[1]} does not divide "
                              f"{p.path}'s input dimension {p.linear.in_features}; use a group "
                              f"size that does (one of {list(INT4_GROUP_SIZES)})")
-    for p in projections:
-        originals[p.path] = p.linear
-        p.replace(QuantLinear(p.linear, *spec))
+    for p in projections:                                 # one at a time: the float weight of
+        p.replace(QuantLinear(p.linear, *spec))           # each is freed as the next is made
+
+
+def unquantize_model(model: nn.Module) -> int:
+    """Swap every QuantLinear back for an nn.Linear of its shape, uninitialized (the caller
+    loads the checkpoint into it: the float weights were not kept). Returns how many."""
+    n = 0
+    for p in projection_layers(model):
+        if isinstance(p.linear, QuantLinear):
+            q = p.linear
+            dtype = model.model.norm.weight.dtype
+            empty = nn.Linear(q.in_features, q.out_features, bias=q.bias is not None,
+                              device="meta", dtype=dtype)       # no time on a random init
+            p.replace(empty.to_empty(device=q.qweight.device))
+            n += 1
+    return n
 
 
 def model_weight_bytes(model: nn.Module) -> int:
