@@ -16,13 +16,18 @@ weights back into floats tile by tile, inside the matmul, never as a whole matri
           what gpt-fast calls); they take bf16 activations, so x goes in as bf16
     CUDA  kernels/quant_matmul.py: a Triton matmul that dequantizes each weight tile it loads
 
-`quantize_model` swaps the seven nn.Linear of every decoder layer for a QuantLinear, found by
-models/llama.py's `projection_layers` (the model's own code is untouched). Left out, and why: the lm_head, as vLLM does by default (it is
-tied to the embeddings here, and rounding it cost the most perplexity: int4-g32 on 400 tokens
-13.06 without it, 14.20 with it, fp32 12.93); the embedding table (a lookup reads one row per
-token, so its bytes cost memory, not time); the norms (tiny). The float projections are dropped
-once quantized (kept, they made an int8 model hold more memory than the float one): to change
-format, `unquantize_model` puts empty nn.Linear back and the runner reloads the checkpoint.
+`quantize_model` swaps the seven nn.Linear of every decoder layer, found by models/llama.py's
+`projection_layers`, for five QuantLinear: q/k/v become one `qkv_proj` and gate/up one
+`gate_up_proj` (the model's fused slots). Each output row is quantized on its own (its scale,
+its groups along K), so a fused layer holds exactly the rows its parts would, and gives the
+same tokens in fewer calls: at batch 1 a 576 x 192 int8 GEMV is mostly the cost of calling it.
+Left out, and why: the lm_head, as vLLM does by default (it is tied to the embeddings here,
+and rounding it cost the most perplexity: int4-g32 on 400 tokens 13.06 without it, 14.20 with
+it, fp32 12.93; yet in fp32 it is 113 of the 180 MB an int4 token reads: docs/benchmarks.md);
+the embedding table (a lookup reads one row per token, so its bytes cost memory, not time);
+the norms (tiny). The float projections are dropped once quantized (kept, they made an int8
+model hold more memory than the float one): to change format, `unquantize_model` puts empty
+nn.Linear back and the runner reloads the checkpoint.
 
 Left out, compared with vLLM: calibrated methods (GPTQ, AWQ, SmoothQuant), activation
 quantization (W8A8, FP8 GEMMs), loading pre-quantized checkpoints, Marlin/Machete kernels and
@@ -38,8 +43,12 @@ from torch import nn
 
 from kernels.quant_matmul import (dequantize_int4, dequantize_int8, quantize_int4,
                                   quantize_int8, unpack_int4)
-from minivllm.models.llama import projection_layers
+from minivllm.models.llama import PACKED_MODULES_MAPPING, projection_layers
 from minivllm.quantization import INT4_GROUP_SIZES, parse_quantization
+
+# False: the seven projections quantized one by one (the slower path the tests compare against).
+FUSE_PROJECTIONS = True
+
 
 class QuantLinear(nn.Module):
     """y = x @ dequant(W).T + b, with W stored as int8 or packed int4 (see the module docstring)."""
@@ -50,6 +59,7 @@ class QuantLinear(nn.Module):
         self.group_size = group_size
         self.in_features = linear.in_features
         self.out_features = linear.out_features
+        self.part_widths = [linear.out_features]    # a fused layer's parts (quantize_model)
         w = linear.weight.detach()
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
                                                                  requires_grad=False)
@@ -124,22 +134,56 @@ def quantize_model(model: nn.Module, method: str | None) -> None:
             raise ValueError(f"quantization={method!r}: group size {spec[1]} does not divide "
                              f"{p.path}'s input dimension {p.linear.in_features}; use a group "
                              f"size that does (one of {list(INT4_GROUP_SIZES)})")
-    for p in projections:                                 # one at a time: the float weight of
-        p.replace(QuantLinear(p.linear, *spec))           # each is freed as the next is made
+    parents: dict[nn.Module, dict[str, nn.Linear]] = {}
+    for p in projections:
+        parents.setdefault(p.parent, {})[p.name] = p.linear
+    for parent, linears in parents.items():
+        for fused, parts in PACKED_MODULES_MAPPING.items():
+            if FUSE_PROJECTIONS and all(name in linears for name in parts):
+                packed = QuantLinear(concat_linears([linears.pop(n) for n in parts]), *spec)
+                packed.part_widths = [getattr(parent, n).out_features for n in parts]
+                setattr(parent, fused, packed)
+                for name in parts:
+                    setattr(parent, name, None)
+        for name, lin in linears.items():                 # o_proj, down_proj: on their own
+            setattr(parent, name, QuantLinear(lin, *spec))
+
+
+def concat_linears(linears: list[nn.Linear]) -> nn.Linear:
+    """One nn.Linear whose output is the parts' outputs side by side (their rows stacked)."""
+    first = linears[0]
+    out = nn.Linear(first.in_features, sum(lin.out_features for lin in linears),
+                    bias=first.bias is not None, device="meta")
+    out.weight = nn.Parameter(torch.cat([lin.weight for lin in linears]), requires_grad=False)
+    if first.bias is not None:
+        out.bias = nn.Parameter(torch.cat([lin.bias for lin in linears]), requires_grad=False)
+    return out
 
 
 def unquantize_model(model: nn.Module) -> int:
-    """Swap every QuantLinear back for an nn.Linear of its shape, uninitialized (the caller
-    loads the checkpoint into it: the float weights were not kept). Returns how many."""
+    """Swap every QuantLinear (fused ones back into their parts) for an nn.Linear of its shape,
+    uninitialized: the caller loads the checkpoint into it, the float weights were not kept.
+    Returns how many projections it made."""
+    dtype = model.model.norm.weight.dtype
     n = 0
-    for p in projection_layers(model):
-        if isinstance(p.linear, QuantLinear):
+    for p in list(projection_layers(model)):
+        fused = next((f for f, parts in PACKED_MODULES_MAPPING.items() if p.name in parts), None)
+        packed = getattr(p.parent, fused) if fused else None
+        if packed is not None:                            # a part of a fused QuantLinear
+            q = packed
+            out = q.part_widths[PACKED_MODULES_MAPPING[fused].index(p.name)]
+        elif isinstance(p.linear, QuantLinear):
             q = p.linear
-            dtype = model.model.norm.weight.dtype
-            empty = nn.Linear(q.in_features, q.out_features, bias=q.bias is not None,
-                              device="meta", dtype=dtype)       # no time on a random init
-            p.replace(empty.to_empty(device=q.qweight.device))
-            n += 1
+            out = q.out_features
+        else:
+            continue
+        empty = nn.Linear(q.in_features, out, bias=q.bias is not None, device="meta", dtype=dtype)
+        p.replace(empty.to_empty(device=q.qweight.device))      # no time on a random init
+        n += 1
+    for p in projection_layers(model):                    # the fused slots empty again
+        for fused in PACKED_MODULES_MAPPING:
+            if hasattr(p.parent, fused):
+                setattr(p.parent, fused, None)
     return n
 
 
