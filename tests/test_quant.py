@@ -230,14 +230,14 @@ def test_quantized_model_drops_its_float_weights_and_reloads_them_to_change_form
 
 @pytest.mark.parametrize("method", ["int8", "int4-g32"])
 def test_fused_quantized_projections_give_the_unfused_tokens(smol_llm, method):
-    """Issue 33: quantization fuses q/k/v and gate/up (5 matmuls a layer, not 7); every row
+    """Issue 33: quantization fuses q/k/v and gate/up (4 matmuls a layer, not 7); every row
     keeps its own scale, so greedy tokens equal the seven-projection path's, token for token."""
     from minivllm.quantization import weight_only
     from minivllm.quantization.weight_only import QuantLinear
     model = smol_llm.engine.runner.model
     with reconfigured(smol_llm, kv_cache_memory=64 << 20, quantization=method):
         kinds = [m.part_widths for m in model.modules() if isinstance(m, QuantLinear)]
-        assert len(kinds) == 5 * 30      # per layer: qkv, o, gate_up, down as below
+        assert len(kinds) == 4 * 30      # per layer: qkv, o, gate_up, down as below
         assert sorted(kinds[:4]) == [[576], [576], [576, 192, 192], [1536, 1536]]
         fused = _greedy(smol_llm)
     weight_only.FUSE_PROJECTIONS = False

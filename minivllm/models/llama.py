@@ -16,7 +16,7 @@ parallelism's shards, weight-only quantization, LoRA) swap them after constructi
 `projection_layers` below, so this file never names them. An add-on may also fuse q/k/v into
 one `qkv_proj` and gate/up into one `gate_up_proj` (vLLM's `packed_modules_mapping`):
 quantization does, since at batch 1 a quantized GEMV costs about as much to call as to run
-(measured in docs/benchmarks.md: 5 matmuls a layer instead of 7). Float models stay unfused
+(measured in docs/benchmarks.md: 4 matmuls a layer instead of 7). Float models stay unfused
 (no faster on a 2-core CPU, batch 1 to 16, and LoRA and TP shard or wrap each projection).
 
 Left out, compared with vLLM's model files: custom fused kernels (RMSNorm + residual,

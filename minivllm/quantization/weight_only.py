@@ -17,7 +17,7 @@ weights back into floats tile by tile, inside the matmul, never as a whole matri
     CUDA  kernels/quant_matmul.py: a Triton matmul that dequantizes each weight tile it loads
 
 `quantize_model` swaps the seven nn.Linear of every decoder layer, found by models/llama.py's
-`projection_layers`, for five QuantLinear: q/k/v become one `qkv_proj` and gate/up one
+`projection_layers`, for four QuantLinear: q/k/v become one `qkv_proj` and gate/up one
 `gate_up_proj` (the model's fused slots). Each output row is quantized on its own (its scale,
 its groups along K), so a fused layer holds exactly the rows its parts would, and gives the
 same tokens in fewer calls: at batch 1 a 576 x 192 int8 GEMV is mostly the cost of calling it.
