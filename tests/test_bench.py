@@ -60,14 +60,15 @@ def test_lora_report(capsys):
 
 
 def test_cpu_report(capsys):
-    """`minivllm bench cpu` at tiny settings: the served rate, the FLOP rate against the
-    matmul peak and against the same linears alone, the step breakdown (shares summing to 1),
-    and batch-1 decode against both rooflines (the whole machine's copy bandwidth and one
-    core's read bandwidth) and against its GEMVs alone."""
+    """`minivllm bench cpu` at tiny settings, a float and a quantized format: the served rate,
+    the FLOP rate against the matmul peak and against the same linears alone, the step
+    breakdown (shares summing to 1), batch-1 decode against its read-bandwidth roofline (the
+    run's threads and one core's) and its GEMVs alone, the batch-1 profile (shares summing to
+    1), and the closing tables: int8 reads well under half of fp32's bytes a token."""
     from minivllm.benchmarks.cpu import read_bandwidth
 
     assert read_bandwidth(1, mib=16) > 1e8                      # > 0.1 GB/s: it measured
-    main(["cpu", "--num-prompts", "2", "--dtypes", "float32", "--hf-batch-sizes", "",
+    main(["cpu", "--num-prompts", "2", "--dtypes", "float32,int8", "--hf-batch-sizes", "",
                "--no-reference", "--max-tokens", "6"])
     out = capsys.readouterr().out
     # the peak probe is one 1024 x 1024 shape timed on a shared machine: a busy neighbour can
@@ -76,11 +77,26 @@ def test_cpu_report(capsys):
                      r"(\d+% of the matmul peak|above the measured peak)", out), out
     assert re.search(r"its linears alone\s+:\s+[\d.]+ GFLOP/s .*: \d+% of it", out), out
     assert re.search(r"its GEMVs alone\s+:\s+[\d.]+ tok/s \(\d+% of the roofline\)", out), out
-    shares = [int(x) for x in re.findall(r"(?:matmul|attention|other) (\d+)%", out)]
-    assert len(shares) == 3 and abs(sum(shares) - 100) <= 2, out
+    for line in re.findall(r"^step time \(profile\) : (.*)$", out, re.M):
+        shares = [int(x) for x in re.findall(r"(?:matmul|attention|other) (\d+)%", line)]
+        assert len(shares) == 3 and abs(sum(shares) - 100) <= 2, out
     assert re.search(r"batch-1 decode\s+:\s+[\d.]+ tok/s, roofline [\d.]+ tok/s .*: \d+%; "
                      r"one core's read roofline [\d.]+ tok/s: \d+%", out), out
-    assert re.search(r"^\| float32 \| [\d.]+ \| - \| - \| - \| [\d.]+ \| [\d.]+ \|$", out, re.M), out
+    profiles = re.findall(r"^batch-1 step \(profile\): (.*)$", out, re.M)
+    assert len(profiles) == 2, out
+    for line in profiles:
+        shares = dict((k, int(v)) for k, v in re.findall(r"([a-z][a-z+ ]*?) (-?\d+)%", line))
+        assert list(shares) == ["matmul", "attention", "other ops", "python+dispatch", "sample",
+                                "engine"] and abs(sum(shares.values()) - 100) <= 3, out
+        assert shares["matmul"] > 0, out
+    read = {}
+    for fmt in ("float32", "int8"):
+        m = re.search(rf"^\| {fmt} \| (\d+) MB \| [\d.]+ \| [\d.]+ \| \d+% \| [\d.]+ \| - \| - \|$",
+                      out, re.M)
+        assert m, out
+        read[fmt] = int(m[1])
+        assert re.search(rf"^\| {fmt} \| [\d.]+ \|( -?\d+% \|){{6}}$", out, re.M), out
+    assert 500 < read["float32"] < 560 and read["int8"] < 0.45 * read["float32"], read
 
 
 # Every name the docs, README and lessons use: a rename or a lost entry fails here.

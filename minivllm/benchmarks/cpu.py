@@ -1,29 +1,31 @@
-"""`minivllm bench cpu`: the CPU path at the machine's limit, in one invocation: throughput
-against transformers in fp32 and bf16, where a step's time goes, and batch-1 decode against
-the bandwidth roofline. No vLLM twin (vLLM's CPU backend has no benchmark of its own).
+"""`minivllm bench cpu`: the CPU path at the machine's limit, in one invocation: batch-1 decode
+of every weight format beside its bandwidth roofline, where its step goes, and batched
+throughput against transformers. No vLLM twin (vLLM's CPU backend has no benchmark of its own).
 
-    minivllm bench cpu                          # 48 held-out requests, fp32 and bf16
+    minivllm bench cpu                          # fp32, bf16, int8, int4-g32; 48 requests
+    minivllm bench cpu --dtypes int8,int4 --hf-batch-sizes ''     # the quantized rows alone
     minivllm bench cpu --num-prompts 16 --dtypes float32 --hf-batch-sizes 8
-    minivllm bench cpu --max-num-seqs 16        # the engine capped at transformers' batch
 
-For each dtype, side by side in the same process:
+For each format (fp32 and bf16 weights; int8 and int4-g32 weight-only, fp32 activations),
+side by side in the same process:
   * the held-out mixed workload (prompts 16-192 tokens, outputs 8-160, EOS ignored, seed 1:
     not the seed the other benchmarks tune on) served by minivllm, by minivllm with the padded
-    reference attention (attention.USE_REFERENCE, the path before kernels/cpu_attention.py),
-    and by transformers' generate at each static batch size given (its best is the baseline;
-    the default sizes include 48, the whole workload in one batch). minivllm runs with the
-    engine's defaults, as a new user would: up to 64 sequences a step;
-  * the end-to-end FLOP rate (2 x linear params x tokens processed, plus the LM head for each
-    output token, over time) against a measured matmul peak (minivllm/benchmarks/roofline.py), and
-    against the same linears timed alone at the run's step shapes: the rate the engine would
-    reach if attention, norms and Python cost nothing (`matmul_ceiling`);
-  * a torch.profiler breakdown of serving steps: matmul, attention (SDPA, K/V gathers and
-    writes) and everything else, by each op's own CPU time;
-  * batch-1 decode tok/s against its roofline, weight bytes over measured copy bandwidth, and
-    against its GEMVs alone.
+    reference attention (attention.USE_REFERENCE, the path before kernels/cpu_attention.py;
+    float formats), and by transformers' generate at each static batch size given (float
+    formats; its best is the baseline; the default sizes include 48, the whole workload in one
+    batch). minivllm runs with the engine's defaults, as a new user would: up to 64 sequences;
+  * the end-to-end FLOP rate against a measured matmul peak (minivllm/benchmarks/roofline.py)
+    and against the same linears timed alone at the run's step shapes (`matmul_ceiling`);
+  * batch-1 decode tok/s against its roofline: the bytes a token reads (every weight held,
+    quantized or not, a tied LM head being the whole embedding table, plus the KV so far) over
+    the measured read bandwidth at the run's threads; and against its GEMVs alone;
+  * a torch.profiler breakdown of a batch-1 decode step (`decode_profile`): matmuls,
+    attention, other ops, Python and dispatch between ops, sampling, the engine around it.
+The last lines print the whole comparison as two markdown tables, for docs/benchmarks.md.
 
 Whether the CPU has bf16 units (avx512_bf16 / amx) is printed: without them bf16 matmuls are
 emulated and slower than fp32, so on such a CPU the engine's "auto" dtype stays fp32.
+The llama.cpp side of the comparison is a recipe, not code: docs/benchmarks.md.
 
 Leaves out the GPU: `minivllm bench gpu` (minivllm/benchmarks/gpu.py).
 """
@@ -95,12 +97,13 @@ def linears_alone(model, rows: int, sampled: int) -> float:
     model in order, through the model's own `linear`, at `rows` rows (the LM head at `sampled`).
     Attention, norms, rotary and the engine cost nothing here: the most a step could gain."""
     from minivllm.models.llama import linear
+    from minivllm.quantization.weight_only import QuantLinear
     dtype = next(model.parameters()).dtype
     head = model.lm_head
     inputs = {}                                  # one random input per width
     t = time.perf_counter()
     for m in model.modules():
-        if isinstance(m, nn.Linear):
+        if isinstance(m, (nn.Linear, QuantLinear)):
             n = sampled if m is head else rows
             x = inputs.setdefault((n, m.in_features), torch.randn(n, m.in_features, dtype=dtype))
             linear(m, x)
@@ -133,9 +136,79 @@ def batch1_decode(llm, prompt: list[int], tokens: int) -> float:
     return len(decode) / sum(decode)
 
 
+# Op names by kind, for the batch-1 profile: the matmuls (float and torch's weight-only
+# kernels) and attention's own ops (SDPA, and the K/V gathers and writes around it).
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
+              "aten::_weight_int4pack_mm_for_cpu")
+ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::index",
+                 "aten::index_copy_", "aten::index_put_")
+
+
+def decode_profile(llm, prompt: list[int], steps: int = 16) -> dict[str, float]:
+    """Where a batch-1 decode step's time goes, ms per step, from torch.profiler over `steps`
+    decode steps (the prefill before them is not profiled): `matmul` and `attention` are those
+    ops' own time; `other ops` the rest of the forward's ops (norms, rotary, SiLU, adds, dtype
+    conversions); `python+dispatch` the forward's time between ops (the Python of 30 layers and
+    torch's dispatch of each op); `sample` the sampler (logits to a token: the LM head is a
+    matmul of the forward); `engine` the rest of the step (schedule, prepare the inputs,
+    update, detokenize). The profiler adds a few us per op, so the shares are read as shares,
+    and the step's time is taken without it."""
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+    engine = llm.engine
+    runner = engine.runner
+    engine.add_request("profile", prompt, SamplingParams(temperature=0, max_tokens=steps + 2,
+                                                         ignore_eos=True))
+    engine.step()                                               # the prefill, not profiled
+    for name in ("forward", "sample"):                         # labelled ranges, this run only
+        setattr(runner, name, _labelled(getattr(runner, name), name, record_function))
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                with record_function("step"):
+                    engine.step()
+    finally:
+        del runner.forward, runner.sample                      # the class's methods again
+    while engine.has_unfinished_requests():
+        engine.step()
+    ranges = {"step": 0.0, "forward": 0.0, "sample": 0.0}
+    kinds = {"matmul": 0.0, "attention": 0.0, "other ops": 0.0}
+    for e in prof.events():
+        if e.name in ranges:
+            ranges[e.name] += e.cpu_time_total
+            continue
+        parent = e.cpu_parent
+        while parent is not None and parent.name not in ranges:
+            parent = parent.cpu_parent
+        if parent is None or parent.name != "forward":
+            continue                                            # sampling and engine ops
+        kind = ("matmul" if e.name in MATMUL_OPS else "attention" if e.name in ATTENTION_OPS
+                else "other ops")
+        kinds[kind] += e.self_cpu_time_total
+    shares = kinds | {"python+dispatch": ranges["forward"] - sum(kinds.values()),
+                      "sample": ranges["sample"],
+                      "engine": ranges["step"] - ranges["forward"] - ranges["sample"]}
+    return {k: v / ranges["step"] for k, v in shares.items()}
+
+
+def _labelled(method, label: str, record_function):
+    def call(*args, **kwargs):
+        with record_function(label):
+            return method(*args, **kwargs)
+    return call
+
+
+# label -> (activation dtype, quantization): the formats `bench cpu` compares. The quantized
+# ones keep fp32 activations, as `bench quant` does (torch's kernels take them in bf16).
+FORMATS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),
+           "int8": ("float32", "int8"), "int4": ("float32", "int4-g32")}
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=48)
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dtypes", default="float32,bfloat16,int8,int4",
+                        help=f"comma-separated, of {list(FORMATS)} (int8/int4: fp32 "
+                             "activations, weight-only quantized projections)")
     parser.add_argument("--hf-batch-sizes", default="16,48", help="comma-separated; '' skips")
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="default: the engine's (64)")
@@ -148,95 +221,123 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from minivllm import LLM
-    print(f"threads={torch.get_num_threads()}  cpu capability="
-          f"{torch.backends.cpu.get_cpu_capability()}  bf16 units: {cpu_has_bf16_units()}")
+    from minivllm.quantization.weight_only import model_weight_bytes
+    threads = torch.get_num_threads()
+    read_bw = read_bandwidth(threads)
+    print(f"threads={threads}  cpu capability={torch.backends.cpu.get_cpu_capability()}  "
+          f"bf16 units: {cpu_has_bf16_units()}  read bandwidth {read_bw / 1e9:.1f} GB/s "
+          f"({threads} threads), {read_bandwidth(1) / 1e9:.1f} GB/s (1 thread)")
     rows = []
-    for dtype in args.dtypes.split(","):
+    for label in args.dtypes.split(","):
+        if label not in FORMATS:
+            raise ValueError(f"--dtypes: {label!r} is not one of {list(FORMATS)}")
+        dtype, quantization = FORMATS[label]
         llm = LLM(args.model, dtype=dtype, device="cpu", max_model_len=512,
+                  quantization=quantization,
                   **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}))
-        dt = llm.engine.dtype
-        requests = held_out_requests(llm.tokenizer, args.num_prompts)
-        for r in requests if args.max_tokens else []:
-            r.params.max_tokens = min(r.params.max_tokens, args.max_tokens)
-        n_out = sum(r.params.max_tokens for r in requests)
-        n_all = n_out + sum(len(r.prompt) for r in requests)
-        peaks = measure_peaks("cpu", dt)
-        cost = StepCost.of(llm.engine.model_config, dt)
-        # Warm up on the whole workload: the CPU matmul libraries set up per new shape (every
-        # batch size), and a run measured right after a short warm-up paid for that: in a
-        # first version the run measured first was 10-30% slower than the same code after it.
-        serve(llm, requests)
-        row = {"dtype": dtype}
-        if not args.no_reference:
-            attention.USE_REFERENCE = True
-            try:
-                row["reference attention"] = serve(llm, requests).output_throughput
-            finally:
-                attention.USE_REFERENCE = False
-        fast = serve(llm, requests)
-        row["minivllm"] = fast.output_throughput
-        # Every token through every projection, and each output token's row through the head.
-        flops = 2 * cost.linear_params * n_all + 2 * cost.head_params * n_out
-        flop_rate = flops / fast.elapsed
-        model = llm.engine.runner.model
-        ceiling = flops / matmul_ceiling(model, fast.steps)
-        print(f"\n[{dtype}] {len(requests)} requests, {n_out} output tokens, {n_all} "
-              f"tokens processed; peaks: {peaks.flops / 1e9:.0f} GFLOP/s matmul, "
-              f"{peaks.bandwidth / 1e9:.1f} GB/s copy")
-        print(f"minivllm            : {fast.output_throughput:7.1f} output tok/s "
-              f"({fast.elapsed:.1f} s, {len(fast.steps)} steps); FLOP rate "
-              f"{flop_rate / 1e9:.1f} GFLOP/s = " + (
-                  f"{flop_rate / peaks.flops:.0%} of the matmul peak" if flop_rate <= peaks.flops
-                  else "above the measured peak (its 1024 x 1024 probe is not this dtype's best "
-                       "shape here: no share claimed)"))
-        print(f"its linears alone   : {ceiling / 1e9:7.1f} GFLOP/s at the same step shapes (the "
-              f"FLOP rate with attention and all else free): {flop_rate / ceiling:.0%} of it"
-              + (f"; {ceiling / peaks.flops:.0%} of the matmul peak" if ceiling <= peaks.flops
-                 else ""))
-        if "reference attention" in row:
-            print(f"padded reference    : {row['reference attention']:7.1f} output tok/s "
-                  f"(fast path {fast.output_throughput / row['reference attention']:.2f}x)")
-        shares = step_breakdown(llm, requests[:12])
-        print("step time (profile) : " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
-        tps = batch1_decode(llm, requests[0].prompt, min(48, args.max_tokens or 48))
-        # Batch-1 decode is bound by bytes: its roofline is bandwidth over the bytes of a step
-        # (a bf16 matmul peak measured without bf16 units says nothing about it).
-        # MKL's GEMV at one row runs on one core, so the one-core read roofline is shown too.
-        moved = cost.step([1], [len(requests[0].prompt) + 24], sampled=1)[1]
-        roof = peaks.bandwidth / moved
-        one_core = read_bandwidth(1) / moved
-        gemvs = 5 / sum(linears_alone(model, 1, 1) for _ in range(5))   # a mean, as decode's
-        row |= {"batch-1 decode": tps, "roofline": roof}
-        print(f"batch-1 decode      : {tps:7.1f} tok/s, roofline {roof:.1f} tok/s "
-              f"({cost.weight_bytes / 1e6:.0f} MB of weights a token): {tps / roof:.0%}; "
-              f"one core's read roofline {one_core:.1f} tok/s: {tps / one_core:.0%}")
-        print(f"its GEMVs alone     : {gemvs:7.1f} tok/s ({gemvs / roof:.0%} of the roofline): "
-              f"decode runs at {tps / gemvs:.0%} of its own matmuls")
-        if args.hf_batch_sizes:
-            from transformers import AutoModelForCausalLM
-            hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path, dtype=dt).eval()
-            pad = llm.tokenizer.pad_token_id or 0
-            run_hf_static(hf, requests[:2], 2, pad)                 # warm-up
-            best = 0.0
-            for bs in map(int, args.hf_batch_sizes.split(",")):
-                t0 = time.perf_counter()
-                useful = run_hf_static(hf, requests, bs, pad)
-                secs = time.perf_counter() - t0
-                print(f"transformers (bs={bs:2d}): {useful / secs:7.1f} output tok/s "
-                      f"({secs:.1f} s)")
-                best = max(best, useful / secs)
-            row["transformers"] = best
-            print(f"minivllm / best transformers: {fast.output_throughput / best:.2f}x")
-            del hf
-        rows.append(row)
+        rows.append(run_format(llm, label, args, read_bw, model_weight_bytes))
         del llm
-    print("\n| dtype | minivllm tok/s | padded attention | transformers (best) | ratio | "
-          "batch-1 decode | roofline |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| format | weights read / token | batch-1 decode | its roofline | of roofline | "
+          "batched (output tok/s) | transformers (best) | batched / transformers |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         hf = r.get("transformers")
-        ref = r.get("reference attention")
-        ratio = f"{r['minivllm'] / hf:.2f}x" if hf else "-"
-        print(f"| {r['dtype']} | {r['minivllm']:.1f} | {f'{ref:.1f}' if ref else '-'} | "
-              f"{f'{hf:.1f}' if hf else '-'} | {ratio} | {r['batch-1 decode']:.1f} | "
-              f"{r['roofline']:.1f} |")
+        versus = f"{hf:.1f} | {r['minivllm'] / hf:.2f}x" if hf else "- | -"
+        print(f"| {r['format']} | {r['bytes'] / 1e6:.0f} MB | {r['batch-1 decode']:.1f} | "
+              f"{r['roofline']:.1f} | {r['batch-1 decode'] / r['roofline']:.0%} | "
+              f"{r['minivllm']:.1f} | {versus} |")
+    print("\nbatch-1 decode step, shares of its time (torch.profiler):")
+    kinds = list(rows[0]["profile"])
+    print("| format | step ms | " + " | ".join(kinds) + " |")
+    print("|---|---|" + "---|" * len(kinds))
+    for r in rows:
+        print(f"| {r['format']} | {1e3 / r['batch-1 decode']:.1f} | "
+              + " | ".join(f"{r['profile'][k]:.0%}" for k in kinds) + " |")
+
+
+def run_format(llm, label: str, args, read_bw: float, model_weight_bytes) -> dict:
+    """One format's rows: batched throughput (and transformers' for a float format), then
+    batch-1 decode beside its roofline and its profile."""
+    dt = llm.engine.dtype
+    quantized = llm.engine.config.quantization is not None
+    requests = held_out_requests(llm.tokenizer, args.num_prompts)
+    for r in requests if args.max_tokens else []:
+        r.params.max_tokens = min(r.params.max_tokens, args.max_tokens)
+    n_out = sum(r.params.max_tokens for r in requests)
+    n_all = n_out + sum(len(r.prompt) for r in requests)
+    peaks = measure_peaks("cpu", dt)
+    cost = StepCost.of(llm.engine.model_config, dt)
+    # Warm up on the whole workload: the CPU matmul libraries set up per new shape (every
+    # batch size), and a run measured right after a short warm-up paid for that: in a
+    # first version the run measured first was 10-30% slower than the same code after it.
+    serve(llm, requests)
+    row = {"format": label}
+    if not args.no_reference and not quantized:
+        attention.USE_REFERENCE = True
+        try:
+            row["reference attention"] = serve(llm, requests).output_throughput
+        finally:
+            attention.USE_REFERENCE = False
+    fast = serve(llm, requests)
+    row["minivllm"] = fast.output_throughput
+    # Every token through every projection, and each output token's row through the head.
+    flops = 2 * cost.linear_params * n_all + 2 * cost.head_params * n_out
+    flop_rate = flops / fast.elapsed
+    model = llm.engine.runner.model
+    ceiling = flops / matmul_ceiling(model, fast.steps)
+    print(f"\n[{label}] {len(requests)} requests, {n_out} output tokens, {n_all} "
+          f"tokens processed; peaks: {peaks.flops / 1e9:.0f} GFLOP/s matmul ({dt}), "
+          f"{peaks.bandwidth / 1e9:.1f} GB/s copy")
+    print(f"minivllm            : {fast.output_throughput:7.1f} output tok/s "
+          f"({fast.elapsed:.1f} s, {len(fast.steps)} steps); FLOP rate "
+          f"{flop_rate / 1e9:.1f} GFLOP/s = " + (
+              f"{flop_rate / peaks.flops:.0%} of the matmul peak" if flop_rate <= peaks.flops
+              else "above the measured peak (its 1024 x 1024 probe is not this dtype's best "
+                   "shape here: no share claimed)"))
+    print(f"its linears alone   : {ceiling / 1e9:7.1f} GFLOP/s at the same step shapes (the "
+          f"FLOP rate with attention and all else free): {flop_rate / ceiling:.0%} of it")
+    if "reference attention" in row:
+        print(f"padded reference    : {row['reference attention']:7.1f} output tok/s "
+              f"(fast path {fast.output_throughput / row['reference attention']:.2f}x)")
+    shares = step_breakdown(llm, requests[:12])
+    print("step time (profile) : " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
+    prompt = requests[0].prompt
+    tps = batch1_decode(llm, prompt, min(48, args.max_tokens or 48))
+    # Batch-1 decode is bound by bytes: every weight read once a token (a tied LM head is the
+    # whole embedding table), and the KV so far; its roofline is the read bandwidth over them.
+    # MKL's GEMV at one row runs on one core, so the one-core read roofline is shown too.
+    kv = cost.kv_token_bytes * (len(prompt) + 24)
+    moved = model_weight_bytes(model) + kv
+    roof = read_bw / moved
+    one_core = read_bandwidth(1) / moved
+    gemvs = 5 / sum(linears_alone(model, 1, 1) for _ in range(5))   # a mean, as decode's
+    row |= {"batch-1 decode": tps, "roofline": roof, "bytes": moved,
+            "profile": decode_profile(llm, prompt)}
+    print(f"batch-1 decode      : {tps:7.1f} tok/s, roofline {roof:.1f} tok/s "
+          f"({moved / 1e6:.0f} MB read a token): {tps / roof:.0%}; "
+          f"one core's read roofline {one_core:.1f} tok/s: {tps / one_core:.0%}")
+    print(f"its GEMVs alone     : {gemvs:7.1f} tok/s ({gemvs / roof:.0%} of the roofline): "
+          f"decode runs at {tps / gemvs:.0%} of its own matmuls")
+    print("batch-1 step (profile): " + ", ".join(f"{k} {v:.0%}"
+                                                 for k, v in row["profile"].items()))
+    if args.hf_batch_sizes and not quantized:
+        row["transformers"] = transformers_best(llm, requests, args.hf_batch_sizes)
+        print(f"minivllm / best transformers: {fast.output_throughput / row['transformers']:.2f}x")
+    return row
+
+
+def transformers_best(llm, requests, batch_sizes: str) -> float:
+    """transformers' generate on the same requests at each static batch size: the best tok/s."""
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(llm.engine.model_path,
+                                              dtype=llm.engine.dtype).eval()
+    pad = llm.tokenizer.pad_token_id or 0
+    run_hf_static(hf, requests[:2], 2, pad)                     # warm-up
+    best = 0.0
+    for bs in map(int, batch_sizes.split(",")):
+        t0 = time.perf_counter()
+        useful = run_hf_static(hf, requests, bs, pad)
+        secs = time.perf_counter() - t0
+        print(f"transformers (bs={bs:2d}): {useful / secs:7.1f} output tok/s ({secs:.1f} s)")
+        best = max(best, useful / secs)
+    return best

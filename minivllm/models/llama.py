@@ -13,11 +13,14 @@ Follows: Llama (Touvron et al. 2023), RoPE (Su et al. 2021), GQA (Ainslie et al.
 
 The model is built with plain nn.Linear projections; the add-ons that change them (tensor
 parallelism's shards, weight-only quantization, LoRA) swap them after construction, all through
-`projection_layers` below, so this file never names them.
+`projection_layers` below, so this file never names them. An add-on may also fuse q/k/v into
+one `qkv_proj` and gate/up into one `gate_up_proj` (vLLM's `packed_modules_mapping`):
+quantization does, since at batch 1 a quantized GEMV costs about as much to call as to run
+(measured in docs/benchmarks.md: 4 matmuls a layer instead of 7). Float models stay unfused
+(no faster on a 2-core CPU, batch 1 to 16, and LoRA and TP shard or wrap each projection).
 
-Left out, compared with vLLM's model files: fused QKV and gate/up projections (no faster on a
-2-core CPU, batch 1 to 16), custom fused kernels (RMSNorm + residual, SiLU-and-mul, rotary),
-and the other architectures (MoE, sliding-window, multi-modal).
+Left out, compared with vLLM's model files: custom fused kernels (RMSNorm + residual,
+SiLU-and-mul, rotary), and the other architectures (MoE, sliding-window, multi-modal).
 """
 
 from __future__ import annotations
@@ -127,12 +130,18 @@ class LlamaAttention(nn.Module):
         self.nkv = nkv
         self.hd = hd
         self.attn = Attention(nh, nkv, hd)
+        self.qkv_proj = None        # q, k, v as one module, when an add-on fused them
 
     def forward(self, x, md: AttentionMetadata, cos_sin):
         T = x.shape[0]
-        q = linear(self.q_proj, x).view(T, self.nh, self.hd)            # (T, nh, hd)
-        k = linear(self.k_proj, x).view(T, self.nkv, self.hd)           # (T, nkv, hd)
-        v = linear(self.v_proj, x).view(T, self.nkv, self.hd)           # (T, nkv, hd)
+        if self.qkv_proj is not None:                                   # one matmul, not three
+            q, k, v = self.qkv_proj(x).split([self.nh * self.hd, self.nkv * self.hd,
+                                              self.nkv * self.hd], -1)
+        else:
+            q, k, v = linear(self.q_proj, x), linear(self.k_proj, x), linear(self.v_proj, x)
+        q = q.view(T, self.nh, self.hd)                                 # (T, nh, hd)
+        k = k.view(T, self.nkv, self.hd)                                # (T, nkv, hd)
+        v = v.view(T, self.nkv, self.hd)                                # (T, nkv, hd)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, cos_sin)
@@ -148,9 +157,14 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=False)
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
+        self.gate_up_proj = None    # gate and up as one module, when an add-on fused them
 
     def forward(self, x):
-        return linear(self.down_proj, F.silu(linear(self.gate_proj, x)) * linear(self.up_proj, x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, -1)                # (T, i) each
+        else:
+            gate, up = linear(self.gate_proj, x), linear(self.up_proj, x)
+        return linear(self.down_proj, F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -211,6 +225,9 @@ class LlamaForCausalLM(nn.Module):
 # The seven projections of a decoder layer (Hugging Face's names), and the submodule holding each.
 PROJECTIONS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
                "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+# The fused modules an add-on may make, and their parts in output order (vLLM's name).
+PACKED_MODULES_MAPPING = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
+                          "gate_up_proj": ["gate_proj", "up_proj"]}
 
 
 @dataclass(frozen=True, slots=True)

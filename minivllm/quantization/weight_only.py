@@ -16,13 +16,18 @@ weights back into floats tile by tile, inside the matmul, never as a whole matri
           what gpt-fast calls); they take bf16 activations, so x goes in as bf16
     CUDA  kernels/quant_matmul.py: a Triton matmul that dequantizes each weight tile it loads
 
-`quantize_model` swaps the seven nn.Linear of every decoder layer for a QuantLinear, found by
-models/llama.py's `projection_layers` (the model's own code is untouched). Left out, and why: the lm_head, as vLLM does by default (it is
-tied to the embeddings here, and rounding it cost the most perplexity: int4-g32 on 400 tokens
-13.06 without it, 14.20 with it, fp32 12.93); the embedding table (a lookup reads one row per
-token, so its bytes cost memory, not time); the norms (tiny). The float modules are kept aside
-so that `reconfigure(quantization=...)` can switch formats on the same loaded weights; a
-server that quantizes once would drop them.
+`quantize_model` swaps the seven nn.Linear of every decoder layer, found by models/llama.py's
+`projection_layers`, for four QuantLinear: q/k/v become one `qkv_proj` and gate/up one
+`gate_up_proj` (the model's fused slots). Each output row is quantized on its own (its scale,
+its groups along K), so a fused layer holds exactly the rows its parts would, and gives the
+same tokens in fewer calls: at batch 1 a 576 x 192 int8 GEMV is mostly the cost of calling it.
+Left out, and why: the lm_head, as vLLM does by default (it is tied to the embeddings here,
+and rounding it cost the most perplexity: int4-g32 on 400 tokens 13.06 without it, 14.20 with
+it, fp32 12.93; yet in fp32 it is 113 of the 180 MB an int4 token reads: docs/benchmarks.md);
+the embedding table (a lookup reads one row per token, so its bytes cost memory, not time);
+the norms (tiny). The float projections are dropped once quantized (kept, they made an int8
+model hold more memory than the float one): to change format, `unquantize_model` puts empty
+nn.Linear back and the runner reloads the checkpoint.
 
 Left out, compared with vLLM: calibrated methods (GPTQ, AWQ, SmoothQuant), activation
 quantization (W8A8, FP8 GEMMs), loading pre-quantized checkpoints, Marlin/Machete kernels and
@@ -33,12 +38,17 @@ MoE. The KV-cache half of quantization (kv_cache_dtype="fp8" | "int8") is in ker
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.quant_matmul import (dequantize_int4, dequantize_int8, quantize_int4,
                                   quantize_int8, unpack_int4)
-from minivllm.models.llama import projection_layers
+from minivllm.models.llama import PACKED_MODULES_MAPPING, projection_layers
 from minivllm.quantization import INT4_GROUP_SIZES, parse_quantization
+
+# False: the seven projections quantized one by one (the slower path the tests compare against).
+FUSE_PROJECTIONS = True
+
 
 class QuantLinear(nn.Module):
     """y = x @ dequant(W).T + b, with W stored as int8 or packed int4 (see the module docstring)."""
@@ -49,6 +59,7 @@ class QuantLinear(nn.Module):
         self.group_size = group_size
         self.in_features = linear.in_features
         self.out_features = linear.out_features
+        self.part_widths = [linear.out_features]    # a fused layer's parts (quantize_model)
         w = linear.weight.detach()
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(),
                                                                  requires_grad=False)
@@ -58,17 +69,20 @@ class QuantLinear(nn.Module):
             self.qweight, self.scales = quantize_int8(w)
             if self.use_torch_cpu_kernel:
                 self.scales_bf16 = self.scales.to(torch.bfloat16)
+        elif self.use_torch_cpu_kernel:
+            # torch's int4 CPU kernel takes N in tiles of 16 rows: pad with zero rows (they
+            # quantize to zeros) and drop their outputs, so any width works (72 -> 80 here).
+            w = F.pad(w, (0, 0, 0, -self.out_features % 16))
+            q, d, m = quantize_int4(w, group_size)
+            # torch's CPU layout: q - 8 in [-8, 7], w ~ (q - 8) * d + z with z = m + 8d,
+            # as (K/G, N, 2) [scale, zero] pairs; the weight repacked into its own tiles.
+            self.scales_zeros = torch.stack([d, m + 8 * d], -1).transpose(0, 1) \
+                .contiguous().to(torch.bfloat16)
+            self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                unpack_int4(q).to(torch.int32), 1)
+            self.scales = None                # the packed tensor holds everything
         else:
             self.qweight, self.scales, self.mins = quantize_int4(w, group_size)
-            if self.use_torch_cpu_kernel:
-                # torch's CPU layout: q - 8 in [-8, 7], w ~ (q - 8) * d + z with z = m + 8d,
-                # as (K/G, N, 2) [scale, zero] pairs; the weight repacked into its own tiles.
-                zeros = self.mins + 8 * self.scales
-                self.scales_zeros = torch.stack([self.scales, zeros], -1).transpose(0, 1) \
-                    .contiguous().to(torch.bfloat16)
-                self.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                    unpack_int4(self.qweight).to(torch.int32), 1)
-                self.scales = self.mins = None    # the packed tensor holds everything
 
     def dequantized_weight(self) -> torch.Tensor:
         """The float weight this module stands for (N, K), for references and error plots."""
@@ -77,7 +91,7 @@ class QuantLinear(nn.Module):
         if self.use_torch_cpu_kernel:     # unpack through the kernel itself: x = identity
             eye = torch.eye(self.in_features, dtype=torch.bfloat16)
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                eye, self.qweight, self.group_size, self.scales_zeros).float().T
+                eye, self.qweight, self.group_size, self.scales_zeros).float().T[:self.out_features]
         return dequantize_int4(self.qweight, self.scales, self.mins, self.group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,8 +102,8 @@ class QuantLinear(nn.Module):
             if self.method == "int8":
                 y = torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales_bf16)
             else:
-                y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.qweight,
-                                                               self.group_size, self.scales_zeros)
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                    xb, self.qweight, self.group_size, self.scales_zeros)[:, :self.out_features]
             y = y.to(x.dtype)
         else:
             from kernels.quant_matmul import quant_matmul
@@ -104,11 +118,8 @@ class QuantLinear(nn.Module):
 
 
 def quantize_model(model: nn.Module, method: str | None) -> None:
-    """Put `model`'s projections in format `method` (None: back to the float originals)."""
-    originals: dict[str, nn.Module] = model.__dict__.setdefault("_float_linears", {})
-    for p in projection_layers(model):                    # back to float first
-        if isinstance(p.linear, QuantLinear):
-            p.replace(originals[p.path])
+    """Put `model`'s float projections in format `method` (None: leave them), dropping the float
+    weights. A model already quantized goes through `unquantize_model` and a reload first."""
     spec = parse_quantization(method)
     if spec is None:
         return
@@ -118,14 +129,62 @@ def quantize_model(model: nn.Module, method: str | None) -> None:
             raise ValueError(f"quantization={method!r}: {p.path} is a "
                              f"{type(p.linear).__name__}, not a plain nn.Linear; weight-only "
                              "quantization does not combine with LoRA or tensor-parallel "
-                             "linears in minivllm")
+                             "linears in minivllm (nor with a model quantized already)")
         if spec[0] == "int4" and p.linear.in_features % spec[1]:
             raise ValueError(f"quantization={method!r}: group size {spec[1]} does not divide "
                              f"{p.path}'s input dimension {p.linear.in_features}; use a group "
                              f"size that does (one of {list(INT4_GROUP_SIZES)})")
+    parents: dict[nn.Module, dict[str, nn.Linear]] = {}
     for p in projections:
-        originals[p.path] = p.linear
-        p.replace(QuantLinear(p.linear, *spec))
+        parents.setdefault(p.parent, {})[p.name] = p.linear
+    for parent, linears in parents.items():
+        for fused, parts in PACKED_MODULES_MAPPING.items():
+            if FUSE_PROJECTIONS and all(name in linears for name in parts):
+                packed = QuantLinear(concat_linears([linears.pop(n) for n in parts]), *spec)
+                packed.part_widths = [getattr(parent, n).out_features for n in parts]
+                setattr(parent, fused, packed)
+                for name in parts:
+                    setattr(parent, name, None)
+        for name, lin in linears.items():                 # o_proj, down_proj: on their own
+            setattr(parent, name, QuantLinear(lin, *spec))
+
+
+def concat_linears(linears: list[nn.Linear]) -> nn.Linear:
+    """One nn.Linear whose output is the parts' outputs side by side (their rows stacked)."""
+    first = linears[0]
+    out = nn.Linear(first.in_features, sum(lin.out_features for lin in linears),
+                    bias=first.bias is not None, device="meta")
+    out.weight = nn.Parameter(torch.cat([lin.weight for lin in linears]), requires_grad=False)
+    if first.bias is not None:
+        out.bias = nn.Parameter(torch.cat([lin.bias for lin in linears]), requires_grad=False)
+    return out
+
+
+def unquantize_model(model: nn.Module) -> int:
+    """Swap every QuantLinear (fused ones back into their parts) for an nn.Linear of its shape,
+    uninitialized: the caller loads the checkpoint into it, the float weights were not kept.
+    Returns how many projections it made."""
+    dtype = model.model.norm.weight.dtype
+    n = 0
+    for p in list(projection_layers(model)):
+        fused = next((f for f, parts in PACKED_MODULES_MAPPING.items() if p.name in parts), None)
+        packed = getattr(p.parent, fused) if fused else None
+        if packed is not None:                            # a part of a fused QuantLinear
+            q = packed
+            out = q.part_widths[PACKED_MODULES_MAPPING[fused].index(p.name)]
+        elif isinstance(p.linear, QuantLinear):
+            q = p.linear
+            out = q.out_features
+        else:
+            continue
+        empty = nn.Linear(q.in_features, out, bias=q.bias is not None, device="meta", dtype=dtype)
+        p.replace(empty.to_empty(device=q.qweight.device))      # no time on a random init
+        n += 1
+    for p in projection_layers(model):                    # the fused slots empty again
+        for fused in PACKED_MODULES_MAPPING:
+            if hasattr(p.parent, fused):
+                setattr(p.parent, fused, None)
+    return n
 
 
 def model_weight_bytes(model: nn.Module) -> int:

@@ -53,7 +53,7 @@ from minivllm.lora.models import LoRAManager
 from minivllm.models import LlamaForCausalLM
 from minivllm.models.loader import load_weights
 from minivllm.outputs import ModelRunnerOutput
-from minivllm.quantization.weight_only import quantize_model
+from minivllm.quantization.weight_only import quantize_model, unquantize_model
 from minivllm.sample.rejection_sampler import accept_drafts
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
@@ -90,6 +90,7 @@ class ModelRunner:
         if model_config.tie_word_embeddings:  # to_empty breaks the tie: restore it
             model.lm_head.weight = model.model.embed_tokens.weight
         load_weights(model, path)
+        self.path = path                    # read again to leave a quantized format
         self.model = model.eval()
         self.sampler = sampler if sampler is not None else Sampler(device)
         self.quantization = self.lora_manager = None
@@ -121,6 +122,9 @@ class ModelRunner:
         if self.lora_manager:                # plain nn.Linear back first: LoRA is rebuilt below
             self.lora_manager.unwrap()
         if engine_config.quantization != self.quantization:    # weights in the asked format
+            if unquantize_model(self.model):   # the float weights were dropped: read them again
+                load_weights(self.model, self.path)
+                self.quantization = None
             quantize_model(self.model, engine_config.quantization)   # (minivllm/quantization/weight_only.py)
             self.quantization = engine_config.quantization
         self.engine_config = engine_config
