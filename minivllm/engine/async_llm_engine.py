@@ -180,6 +180,8 @@ class AsyncLLMEngine:
             self._commands.put(("stop",))
             self._thread.join(timeout)
         self._compiler.shutdown(wait=False, cancel_futures=True)
+        if getattr(self.engine, "on_schedule", None) == self._snapshot:
+            self.engine.on_schedule = None        # the engine may serve on without us
 
     # ---------------------------------------------------------------- the engine thread
     def _run(self) -> None:

@@ -44,7 +44,7 @@ import torch
 
 from minivllm.attention.layer import resolve_attention_backend
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import CUDA_GRAPHS, EngineConfig, ModelConfig, incompatibility
 from minivllm.core.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.core.scheduler import SchedulerOutput
 from minivllm.core.sequence import Sequence, SequenceGroup
@@ -62,6 +62,18 @@ from minivllm.worker.compilation import CUDAGraphRunner, set_compilation
 logger = logging.getLogger("minivllm")
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the pool
+
+
+def use_cuda_graphs(config, device: torch.device, tp, attention_backend: str) -> bool:
+    """Whether decode steps replay CUDA graphs (CUDA, Triton attention, tp=1, not
+    enforce_eager); with LoRA on, the INCOMPATIBLE row's error instead: the graphs would
+    replay the base path only (LoRA's slots are Python state a replay never reads)."""
+    if device.type != "cuda" or config.enforce_eager or tp is not None \
+            or attention_backend != "triton":
+        return False
+    if config.enable_lora:
+        raise ValueError(incompatibility(CUDA_GRAPHS, "enable_lora"))
+    return True
 
 
 class ModelRunner:
@@ -172,8 +184,7 @@ class ModelRunner:
         # Fewer launches per step (minivllm/worker/compilation.py): torch.compile, then decode graphs
         # over this pool (a graph records the pool's addresses, so a new pool recaptures).
         self.num_compiled_modules = set_compilation(self.model, engine_config.compilation_config)
-        if (self.device.type == "cuda" and not engine_config.enforce_eager and self.tp is None
-                and self.attention_backend == "triton"):
+        if use_cuda_graphs(engine_config, self.device, self.tp, self.attention_backend):
             self.cuda_graphs = CUDAGraphRunner(
                 self.model, engine_config.max_num_seqs, engine_config.max_model_len,
                 self.block_size, self.decode_scratch, self.device)

@@ -1,0 +1,452 @@
+"""The server under hostile input (issue 30): no request crashes it, stalls the other streams,
+or keeps it busy after its client left; every error in OpenAI's shape. One uvicorn server on
+127.0.0.1 for the module (the session's engine, reconfigured), driven over raw HTTP.
+
+The fuzz test generates bodies from the server's own /openapi.json (each field's type, and
+values beyond it), bounded to ~60 s; the stall test times an unrelated stream's chunks while
+another client sends the expensive requests.
+"""
+
+import asyncio
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minivllm import SamplingParams
+from minivllm.engine.async_llm_engine import AsyncLLMEngine
+from minivllm.entrypoints.openai.api_server import Server, bind_socket
+
+from conftest import PROMPTS, reconfigured
+
+MODEL = "smol"
+MAX_MODEL_LEN = 256
+BODY_MB = 1.0
+MAX_PROMPTS = 32
+VOCAB = 49152
+
+
+@pytest.fixture(scope="module")
+def served(smol_llm):
+    with reconfigured(smol_llm, max_model_len=MAX_MODEL_LEN, max_num_seqs=16) as llm:
+        greedy = SamplingParams(temperature=0, max_tokens=6)
+        ref = [o.outputs[0].text for o in llm.generate(PROMPTS[:2], greedy, use_tqdm=False)]
+        aengine = AsyncLLMEngine(llm.engine)
+        server = Server(aengine, bind_socket("127.0.0.1", 0), MODEL, graceful_s=1.0,
+                        max_request_body_mb=BODY_MB,
+                        max_prompts_per_request=MAX_PROMPTS).start()
+        yield server, aengine, ref
+        server.stop()
+
+
+def call(server, method: str, path: str, body: bytes | dict | None = None,
+         headers: dict | None = None, timeout: float = 120) -> tuple[int, dict | bytes]:
+    """One request on a fresh connection to `server` (a Server, or a port on 127.0.0.1)
+    -> (status, JSON body or raw bytes)."""
+    host, port = ("127.0.0.1", server) if isinstance(server, int) else \
+        server.sock.getsockname()[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    try:
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json",
+                                                       **(headers or {})})
+        r = conn.getresponse()
+        raw = r.read()
+    finally:
+        conn.close()
+    try:
+        return r.status, json.loads(raw)
+    except ValueError:
+        return r.status, raw
+
+
+def assert_openai_error(status, body, code):
+    assert status == code, (status, body)
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["code"] == code and body["error"]["message"], body
+
+
+def wait_idle(aengine, timeout=30.0):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        s = aengine.stats()
+        if s.num_running == s.num_waiting == s.num_blocks_used == 0:
+            return s
+        time.sleep(0.02)
+    return aengine.stats()
+
+
+def healthy(server) -> bool:
+    return call(server, "GET", "/health", timeout=30)[0] == 200
+
+
+# ---------------------------------------------------------------- one item each
+def test_body_over_the_limit_is_413_before_parsing(served):
+    server, aengine, _ = served
+    big = json.dumps({"prompt": "x" * int(2 * BODY_MB * 2**20)}).encode()
+    status, body = call(server, "POST", "/v1/completions", big)
+    assert_openai_error(status, body, 413)
+    assert f"{int(BODY_MB * 2**20)} bytes" in body["error"]["message"]
+    # Chunked (no Content-Length): refused once the bytes received pass the limit.
+    host, port = server.sock.getsockname()[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    conn.request("POST", "/v1/completions", body=iter([big[i:i + 65536] for i in
+                                                       range(0, len(big), 65536)]),
+                 headers={"Content-Type": "application/json"}, encode_chunked=True)
+    r = conn.getresponse()
+    assert_openai_error(r.status, json.loads(r.read()), 413)
+    conn.close()
+    assert healthy(server)
+
+
+def test_long_prompt_refused_without_tokenizing(served):
+    """Under the body limit, but longer than max_model_len tokens of the longest token's
+    characters could hold: a 400 that counts characters (the tokenizer never ran)."""
+    server, _, _ = served
+    status, body = call(server, "POST", "/v1/completions",
+                        {"prompt": "ab" * 300_000, "max_tokens": 1})
+    assert_openai_error(status, body, 400)
+    assert "600000 characters" in body["error"]["message"] and body["error"]["param"] == "prompt"
+
+
+def test_too_many_prompts_and_empty_prompt_list(served):
+    server, aengine, _ = served
+    status, body = call(server, "POST", "/v1/completions",
+                        {"prompt": ["Hi"] * (MAX_PROMPTS + 1), "max_tokens": 1})
+    assert_openai_error(status, body, 400)
+    assert f"{MAX_PROMPTS + 1} prompts" in body["error"]["message"]
+    status, body = call(server, "POST", "/v1/completions", {"prompt": [], "max_tokens": 1})
+    assert_openai_error(status, body, 400)
+    assert body["error"]["param"] == "prompt"
+    status, body = call(server, "POST", "/v1/completions", {"prompt": ["Hi"] * MAX_PROMPTS,
+                                                            "max_tokens": 1})
+    assert status == 200 and len(body["choices"]) == MAX_PROMPTS
+
+
+def test_many_prompts_then_disconnect_leaves_nothing(served):
+    """The client gives up while its prompts run: every one of them is aborted at once."""
+    server, aengine, _ = served
+    with pytest.raises(TimeoutError):
+        call(server, "POST", "/v1/completions",
+             {"prompt": [f"Story {i}:" for i in range(MAX_PROMPTS)], "max_tokens": 200,
+              "ignore_eos": True}, timeout=1.5)
+    t0 = time.perf_counter()
+    s = wait_idle(aengine, timeout=20)
+    assert (s.num_running, s.num_waiting, s.num_blocks_used) == (0, 0, 0)
+    assert time.perf_counter() - t0 < 10
+
+
+@pytest.mark.parametrize("field, value", [("temperature", 1e-300), ("temperature", 5e-324),
+                                          ("top_p", 1e-300)])
+def test_tiny_temperature_or_top_p_is_greedy(served, field, value):
+    server, _, ref = served
+    status, body = call(server, "POST", "/v1/completions",
+                        {"prompt": PROMPTS[0], "max_tokens": 6, field: value, "seed": 1})
+    assert status == 200 and body["choices"][0]["text"] == ref[0], body
+
+
+@pytest.mark.parametrize("top_k", [2**63, 2**63 - 1, VOCAB + 1])
+def test_top_k_past_the_vocabulary_is_400(served, top_k):
+    server, _, _ = served
+    status, body = call(server, "POST", "/v1/completions",
+                        {"prompt": "Hi", "max_tokens": 2, "top_k": top_k})
+    assert_openai_error(status, body, 400)
+    assert body["error"]["param"] == "top_k" and str(VOCAB) in body["error"]["message"]
+
+
+def test_lone_surrogate_is_400(served):
+    server, _, _ = served
+    for path, body in [("/v1/completions", b'{"prompt": "Hi \\ud800 there", "max_tokens": 1}'),
+                       ("/v1/chat/completions",
+                        b'{"messages": [{"role": "user", "content": "\\udfff"}], '
+                        b'"max_tokens": 1}')]:
+        status, answer = call(server, "POST", path, body)
+        assert_openai_error(status, answer, 400)
+        assert "surrogate" in answer["error"]["message"], answer
+
+
+@pytest.mark.parametrize("method, path, body, code, words", [
+    ("POST", "/v1/completions", b'{"prompt": "\xff\xfe", "max_tokens": 1}', 400, "UTF-8"),
+    ("POST", "/v1/completions", b'{"prompt": "Hi", "guided_json": ' + b"[" * 100_000 +
+     b"]" * 100_000 + b"}", 400, "nested too deeply"),
+    ("GET", "/v1/completions", None, 405, "Method Not Allowed"),
+    ("GET", "/v1/nope", None, 404, "Not Found"),
+    ("DELETE", "/health", None, 405, "Method Not Allowed"),
+])
+def test_every_error_has_the_openai_shape(served, method, path, body, code, words):
+    server, _, _ = served
+    status, answer = call(server, method, path, body)
+    assert_openai_error(status, answer, code)
+    assert words in answer["error"]["message"], answer
+
+
+def test_bounded_grammar_cache(served):
+    """Past cache_limit_bytes, the least recently used grammar goes; a running request keeps
+    its own, so its matcher never compiles again on the engine thread."""
+    server, aengine, _ = served
+    manager = aengine.engine.structured_output
+    limit = manager.cache_limit_bytes
+    compiled = manager.num_compiled
+    manager.cache_limit_bytes = 1                    # nothing fits: nothing is kept
+    try:
+        status, body = call(server, "POST", "/v1/completions",
+                            {"prompt": "Pick:", "max_tokens": 8, "temperature": 0,
+                             "guided_choice": ["alpha", "beta"]})
+        assert status == 200 and body["choices"][0]["text"] in ("alpha", "beta"), body
+        assert manager.num_compiled == compiled + 1          # once: not again for the matcher
+        assert len(manager.grammars) == 0 and manager.cache_bytes == 0
+    finally:
+        manager.cache_limit_bytes = limit
+    status, body = call(server, "POST", "/v1/completions",
+                        {"prompt": "Pick:", "max_tokens": 8, "guided_choice": ["x", "y"]})
+    assert status == 200 and len(manager.grammars) == 1
+    assert 0 < manager.cache_bytes <= limit
+
+
+def test_metrics_count_disconnects_and_show_the_step_in_progress(served):
+    server, aengine, _ = served
+
+    def aborts() -> float:
+        with urllib.request.urlopen(f"{server.url}/metrics") as r:
+            text = r.read().decode()
+        return sum(float(line.split(" ")[1]) for line in text.splitlines()
+                   if line.startswith('minivllm:request_success_total{finished_reason="abort"}'))
+    before = aborts()
+    with pytest.raises(TimeoutError):
+        call(server, "POST", "/v1/completions", {"prompt": "Tell me a story.",
+                                                 "max_tokens": 200, "ignore_eos": True},
+             timeout=1.0)
+    wait_idle(aengine)
+    deadline = time.perf_counter() + 10
+    while aborts() < before + 1 and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    assert aborts() == before + 1
+    # While a step runs, the gauges already show its batch (not the last step's end).
+    engine = aengine.engine
+    seen = []
+    execute = engine.runner.execute_model
+
+    def spy(scheduler_output):
+        seen.append((len(scheduler_output.seqs), aengine.stats().num_running,
+                     aengine.stats().num_blocks_used))
+        return execute(scheduler_output)
+    engine.runner.execute_model = spy
+    try:
+        status, _ = call(server, "POST", "/v1/completions",
+                         {"prompt": "word " * 200, "max_tokens": 1})
+    finally:
+        del engine.runner.execute_model
+    assert status == 200
+    assert seen and seen[0][0] == 1 and seen[0][1] == 1 and seen[0][2] > 0, seen
+
+
+# ---------------------------------------------------------------- fuzz, from the schema
+def _schema(server) -> dict:
+    status, schema = call(server, "GET", "/openapi.json")
+    assert status == 200
+    return schema
+
+
+ODD = st.sampled_from([None, True, -1, 0, 1, 2, 3, 2**31, 2**63, -2**63, 1e-300, 0.5, 1.5,
+                       -0.0, "", "x", "\ud800", [], [1], {}, {"a": 1}, "1", [[]], [[5]]])
+
+
+def _value(prop: dict, defs: dict, depth=0):
+    """A strategy for one schema property: its own type(s), mostly small, sometimes odd."""
+    if "$ref" in prop:
+        target = defs[prop["$ref"].split("/")[-1]]
+        return _object(target, defs, depth + 1) if depth < 3 else ODD
+    options = prop.get("anyOf") or [prop]
+    strategies = []
+    for o in options:
+        kind = o.get("type")
+        if "$ref" in o:
+            strategies.append(_value(o, defs, depth))
+        elif "enum" in o:
+            strategies.append(st.sampled_from(o["enum"]))
+        elif kind == "integer":
+            strategies.append(st.integers(-2, 6))
+        elif kind == "number":
+            strategies.append(st.sampled_from([0.0, 0.3, 0.9, 1.0, 2.0, 1e-9]))
+        elif kind == "boolean":
+            strategies.append(st.booleans())
+        elif kind == "string":
+            strategies.append(st.text(max_size=12))
+        elif kind == "array":
+            item = _value(o.get("items", {}), defs, depth + 1)
+            strategies.append(st.lists(item, max_size=3))
+        elif kind == "object":
+            strategies.append(st.dictionaries(st.text(max_size=4), ODD, max_size=2))
+        elif kind == "null":
+            strategies.append(st.none())
+    return st.one_of(*strategies, ODD) if strategies else ODD
+
+
+def _object(schema: dict, defs: dict, depth=0):
+    props = schema.get("properties", {})
+    required = set(schema.get("required", []))
+    return st.fixed_dictionaries(
+        {k: _value(v, defs, depth) for k, v in props.items() if k in required},
+        optional={**{k: _value(v, defs, depth) for k, v in props.items() if k not in required},
+                  "bogus_field": ODD})
+
+
+def test_fuzz_from_the_openapi_schema(served):
+    """Bodies from /openapi.json's request schemas (and raw bytes): never a 5xx, every error
+    OpenAI-shaped, healthy after each; at the end the greedy reference is unchanged and no
+    KV block is held. Bounded: at most 60 s of requests (the count is printed)."""
+    server, aengine, ref = served
+    schema = _schema(server)
+    defs = schema["components"]["schemas"]
+    routes = {"/v1/completions": defs["CompletionRequest"],
+              "/v1/chat/completions": defs["ChatCompletionRequest"]}
+    bodies = st.one_of(
+        st.tuples(st.sampled_from(list(routes)), st.just(None)).flatmap(
+            lambda r: st.tuples(st.just(r[0]), _object(routes[r[0]], defs))),
+        st.tuples(st.sampled_from(list(routes)), st.binary(max_size=64)))
+    counts = {"sent": 0, "2xx": 0, "4xx": 0}
+    t0 = time.perf_counter()
+
+    @settings(max_examples=400, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(bodies)
+    def one(case):
+        if time.perf_counter() - t0 > 60:
+            return
+        path, body = case
+        if isinstance(body, dict) and isinstance(body.get("max_tokens"), int) \
+                and body["max_tokens"] > 8:
+            body["max_tokens"] = 8                   # bounded time, not fewer paths
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        status, answer = call(server, "POST", path, data, timeout=60)
+        counts["sent"] += 1
+        assert status < 500, (body, answer)
+        if status >= 400:
+            counts["4xx"] += 1
+            assert_openai_error(status, answer, status)
+        else:
+            counts["2xx"] += 1
+            assert answer["choices"], answer
+        assert healthy(server)
+    one()
+    elapsed = time.perf_counter() - t0
+    print(f"fuzz: {counts['sent']} requests ({counts['2xx']} 2xx, {counts['4xx']} 4xx, 0 "
+          f"failures) in {elapsed:.0f} s")
+    assert counts["sent"] >= 50 and counts["2xx"] > 0 and counts["4xx"] > 0, counts
+    status, body = call(server, "POST", "/v1/completions",
+                        {"prompt": PROMPTS[:2], "max_tokens": 6, "temperature": 0})
+    assert [c["text"] for c in sorted(body["choices"], key=lambda c: c["index"])] == ref
+    s = wait_idle(aengine)
+    assert (s.num_running, s.num_waiting, s.num_blocks_used) == (0, 0, 0)
+
+
+# ---------------------------------------------------------------- the stall test
+STALL_BOUND_S = 3.0      # generous: a decode step here is ~0.05-0.3 s under CI load
+HUGE_CHOICES = 4000      # compiles for several seconds (20,000 took 40 s on this machine)
+
+
+def test_no_stall_while_another_client_sends_expensive_requests(served):
+    """An unrelated stream's largest gap between chunks stays under STALL_BOUND_S while a
+    huge guided_choice compiles, a huge body, a long prompt and many prompts with a
+    disconnect arrive. Before the fix the grammar alone froze every stream for its compile."""
+    server, aengine, ref = served
+    gaps = []
+    errors = []
+    started = threading.Event()
+
+    def stream():
+        host, port = server.sock.getsockname()[:2]
+        conn = http.client.HTTPConnection(host, port, timeout=120)
+        conn.request("POST", "/v1/completions", body=json.dumps(
+            {"prompt": "Count to a thousand:", "max_tokens": 120, "ignore_eos": True,
+             "temperature": 0, "stream": True}), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        last = None
+        while line := r.readline():
+            if line.startswith(b"data: "):
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+                started.set()
+        conn.close()
+
+    def hostile():
+        started.wait(60)
+        choices = [f"option number {i} of the list" for i in range(HUGE_CHOICES)]
+        for path, body, timeout in [
+                ("/v1/completions", {"prompt": "Pick:", "max_tokens": 2,
+                                     "guided_choice": choices}, 1.0),
+                ("/v1/completions", b'{"prompt": "' + b"y" * 3_000_000 + b'"}', 60),
+                ("/v1/completions", {"prompt": "z " * 400_000}, 60),
+                ("/v1/completions", {"prompt": ["Go"] * MAX_PROMPTS, "max_tokens": 100},
+                 0.5)]:
+            try:
+                call(server, "POST", path, body, timeout=timeout)
+            except TimeoutError:            # the client leaves: the server must let go
+                pass
+            except Exception as e:          # noqa: BLE001
+                errors.append(e)
+    threads = [threading.Thread(target=stream), threading.Thread(target=hostile)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    assert len(gaps) >= 100, len(gaps)
+    print(f"stall: largest inter-chunk gap {max(gaps):.2f} s over {len(gaps)} chunks, "
+          f"median {sorted(gaps)[len(gaps) // 2]:.3f} s")
+    assert max(gaps) < STALL_BOUND_S, sorted(gaps)[-5:]
+    # The grammar finishes compiling in the background; then nothing is left.
+    deadline = time.perf_counter() + 120
+    while aengine.num_grammars_pending and time.perf_counter() < deadline:
+        time.sleep(0.1)
+    s = wait_idle(aengine)
+    assert (s.num_running, s.num_waiting, s.num_blocks_used) == (0, 0, 0)
+
+
+# ---------------------------------------------------------------- `minivllm serve` itself
+def test_serve_key_from_env_no_docs_and_ctrl_c_exits_cleanly(smol_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MINIVLLM_API_KEY": "sesame"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minivllm.entrypoints.cli", "serve", str(smol_path), "--port",
+         str(port), "--max-model-len", "128", "--disable-fastapi-docs",
+         "--uvicorn-log-level", "warning"], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.perf_counter() + 180
+        while time.perf_counter() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.5)
+        assert "sesame" not in " ".join(proc.args)           # not in `ps`
+        assert call(port, "GET", "/v1/models")[0] == 401
+        assert call(port, "GET", "/v1/models", headers={"Authorization": "Bearer sesam"}
+                    )[0] == 401
+        assert call(port, "GET", "/v1/models", headers={"Authorization": "Bearer sesame"}
+                    )[0] == 200
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert_openai_error(*call(port, "GET", path), 404)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
