@@ -76,7 +76,7 @@ def test_lora_with_cuda_graphs_is_refused():
     Python state a replay never reads), so LoRA under graphs would be ignored after the first
     token: refused with config.INCOMPATIBLE's message, on CUDA only, unless enforce_eager."""
     from minivllm.config import EngineConfig
-    from minivllm.worker.model_runner import use_cuda_graphs
+    from minivllm.worker.compilation import use_cuda_graphs
     cuda = torch.device("cuda")          # a device object only: nothing runs on it
     with pytest.raises(ValueError, match="enable_lora with CUDA graphs is not supported.*"
                                          "enforce_eager=True"):

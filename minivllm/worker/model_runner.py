@@ -44,7 +44,7 @@ import torch
 
 from minivllm.attention.layer import resolve_attention_backend
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.config import CUDA_GRAPHS, EngineConfig, ModelConfig, incompatibility
+from minivllm.config import EngineConfig, ModelConfig
 from minivllm.core.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.core.scheduler import SchedulerOutput
 from minivllm.core.sequence import Sequence, SequenceGroup
@@ -57,23 +57,11 @@ from minivllm.quantization.weight_only import quantize_model
 from minivllm.sample.rejection_sampler import accept_drafts
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
-from minivllm.worker.compilation import CUDAGraphRunner, set_compilation
+from minivllm.worker.compilation import CUDAGraphRunner, set_compilation, use_cuda_graphs
 
 logger = logging.getLogger("minivllm")
 
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the pool
-
-
-def use_cuda_graphs(config, device: torch.device, tp, attention_backend: str) -> bool:
-    """Whether decode steps replay CUDA graphs (CUDA, Triton attention, tp=1, not
-    enforce_eager); with LoRA on, the INCOMPATIBLE row's error instead: the graphs would
-    replay the base path only (LoRA's slots are Python state a replay never reads)."""
-    if device.type != "cuda" or config.enforce_eager or tp is not None \
-            or attention_backend != "triton":
-        return False
-    if config.enable_lora:
-        raise ValueError(incompatibility(CUDA_GRAPHS, "enable_lora"))
-    return True
 
 
 class ModelRunner:

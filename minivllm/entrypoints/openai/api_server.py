@@ -19,8 +19,8 @@ path, 405 for a wrong method, 413 for a body over --max-request-body-mb (refused
 before it is parsed: one 50 MB body once cost 12.7 GB), 503 once the engine loop has died,
 and 500 (logged) for a bug of ours.
 
-Left out, compared with vLLM: tools, structured output, the responses API, embeddings, LoRA
-routing, the tokenizer endpoints, and more than one model per server.
+Left out, compared with vLLM: tools, the responses API, embeddings, LoRA routing, the
+tokenizer endpoints, and more than one model per server.
 """
 
 from __future__ import annotations
