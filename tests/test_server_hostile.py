@@ -26,7 +26,7 @@ from conftest import PROMPTS, reconfigured
 MODEL = "smol"
 MAX_MODEL_LEN = 256
 BODY_MB = 1.0
-MAX_PROMPTS = 32
+MAX_PROMPTS = 128
 VOCAB = 49152
 
 
@@ -129,16 +129,20 @@ def test_too_many_prompts_and_empty_prompt_list(served):
 
 
 def test_many_prompts_then_disconnect_leaves_nothing(served):
-    """The client gives up while its prompts run: every one of them is aborted at once."""
+    """The client gives up while its prompts are added: every one of them is aborted at once.
+    (They were added one per engine step, and the client watched only after the last: 128
+    prompts kept the engine busy for tens of seconds after the client left.)"""
     server, aengine, _ = served
     with pytest.raises(TimeoutError):
         call(server, "POST", "/v1/completions",
              {"prompt": [f"Story {i}:" for i in range(MAX_PROMPTS)], "max_tokens": 200,
-              "ignore_eos": True}, timeout=1.5)
+              "ignore_eos": True}, timeout=1.0)
     t0 = time.perf_counter()
-    s = wait_idle(aengine, timeout=20)
+    s = wait_idle(aengine, timeout=120)
+    took = time.perf_counter() - t0
     assert (s.num_running, s.num_waiting, s.num_blocks_used) == (0, 0, 0)
-    assert time.perf_counter() - t0 < 10
+    print(f"many prompts: the engine let go {took:.2f} s after the client left")
+    assert took < 2.5, f"the engine let go {took:.1f} s after the client left"
 
 
 @pytest.mark.parametrize("field, value", [("temperature", 1e-300), ("temperature", 5e-324),
