@@ -45,7 +45,7 @@ def _(LLM, LoRARequest, mo, runpy, torch):
     loras = {name: LoRARequest(name, i + 1, str(_paths[name]))
              for i, name in enumerate(ADAPTERS)}
     llm = LLM(max_model_len=512, enable_lora=True, max_loras=4, max_lora_rank=16,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, enforce_eager=True)   # LoRA: no CUDA graphs
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
           f"({str(llm.engine.dtype).removeprefix('torch.')}) · **adapters:** "

@@ -213,12 +213,14 @@ class EngineConfig:
 
 
 # Which engine options combine: each row is two settings that do not, and the message. Checked in
-# one place, EngineConfig's construction (so at every reconfigure too), except the last row: its
-# first setting is per request (SamplingParams), so structured_output checks it at add_request
-# with this row's message. (Whether tp = N splits a given model depends on the model's shapes:
+# one place, EngineConfig's construction (so at every reconfigure too), except two rows: the
+# last one's first setting is per request (SamplingParams), so structured_output checks it at
+# add_request with this row's message; CUDA_GRAPHS depends on the device, which the ModelRunner
+# knows (worker/model_runner.py, use_cuda_graphs). (Whether tp = N splits a given model depends on the model's shapes:
 # distributed/parallel_state.py's check_tensor_parallel.)
 TP = "tensor_parallel_size > 1"
 PER_REQUEST = "guided_decoding, penalties or min_tokens"
+CUDA_GRAPHS = "CUDA graphs"      # on CUDA unless enforce_eager: the runner checks this row
 INCOMPATIBLE = (
     (TP, "quantization", "quantization with tensor_parallel_size > 1 is not supported by "
      "minivllm; leave quantization unset with tp > 1"),
@@ -233,6 +235,9 @@ INCOMPATIBLE = (
      "supported by minivllm; leave kv_transfer_config unset with tp > 1"),
     ("enable_lora", "quantization", "enable_lora with quantization is not supported by "
      "minivllm: LoRA wraps plain nn.Linear layers, and quantization swaps them for QuantLinear"),
+    (CUDA_GRAPHS, "enable_lora", "enable_lora with CUDA graphs is not supported by minivllm: "
+     "a decode graph replays the base path it was captured with, so the adapters would be "
+     "ignored after the first token; pass enforce_eager=True with enable_lora on CUDA"),
     ("kv_layout='contiguous'", "preemption_mode='swap'",
      "preemption_mode='swap' needs kv_layout='paged': it moves KV blocks"),
     ("kv_layout='contiguous'", "speculative_config", "speculative_config needs "

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 MAX_LOGPROBS = 20    # vLLM's default max_logprobs: top-k over the vocabulary costs per token
+# vLLM's _SAMPLING_EPS: a temperature below it is greedy. Dividing float32 logits by 1e-300
+# (0.0 in float32) gives inf/NaN, and a NaN row's "sample" was token 0, every time.
+SAMPLING_EPS = 1e-5
 GUIDED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
@@ -115,6 +118,8 @@ class SamplingParams:
         self.temperature = _float("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature < SAMPLING_EPS:
+            self.temperature = 0.0                     # greedy, as vLLM treats it
         self.top_p = _float("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -161,7 +166,8 @@ class SamplingParams:
             raise TypeError(f"guided_decoding must be a GuidedDecodingParams, got "
                             f"{type(self.guided_decoding).__name__}")
         if self.n > 1 and self.temperature == 0:
-            raise ValueError(f"n={self.n} samples with temperature=0 would be {self.n} copies of "
+            raise ValueError(f"n={self.n} samples with temperature=0 (or below {SAMPLING_EPS}, "
+                             f"which is greedy) would be {self.n} copies of "
                              "the same greedy output; use temperature > 0")
 
     @property

@@ -69,3 +69,20 @@ def test_cuda_graphs_off_for_torch_attention(smol_path):
     llm = LLM(str(smol_path), device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4)
     assert llm.engine.runner.attention_backend == "torch"
     assert llm.engine.runner.cuda_graphs is None       # its gather needs host-side sizes
+
+
+def test_lora_with_cuda_graphs_is_refused():
+    """A decode graph replays the base path it was captured with (LoRA's per-token slots are
+    Python state a replay never reads), so LoRA under graphs would be ignored after the first
+    token: refused with config.INCOMPATIBLE's message, on CUDA only, unless enforce_eager."""
+    from minivllm.config import EngineConfig
+    from minivllm.worker.compilation import use_cuda_graphs
+    cuda = torch.device("cuda")          # a device object only: nothing runs on it
+    with pytest.raises(ValueError, match="enable_lora with CUDA graphs is not supported.*"
+                                         "enforce_eager=True"):
+        use_cuda_graphs(EngineConfig(enable_lora=True), cuda, None, "triton")
+    assert use_cuda_graphs(EngineConfig(enable_lora=True, enforce_eager=True), cuda, None,
+                           "triton") is False
+    assert use_cuda_graphs(EngineConfig(enable_lora=True), torch.device("cpu"), None,
+                           "triton") is False
+    assert use_cuda_graphs(EngineConfig(), cuda, None, "triton") is True

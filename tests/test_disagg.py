@@ -185,3 +185,32 @@ def test_pair_on_cuda_matches_colocated(tiny_checkpoint):
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in reference]
     assert sent["bytes_sent"] == llm.report["bytes_received"] > 0
     assert sent["num_reprefilled"] == 0 and llm.report["num_referenced_blocks"] == 0
+
+
+EXIT_SCRIPT = """
+import atexit, sys
+from minivllm import SamplingParams
+from minivllm.distributed.kv_transfer.disagg_llm import launch
+if __name__ == "__main__":
+    # atexit runs last-in first-out: registered before the pair, this runs after its hook
+    atexit.register(lambda: print("at exit: connected", pair.connected, "receiver alive",
+                                  pair.conn.receiver.is_alive(), flush=True))
+    pair = launch(sys.argv[1], max_model_len=128, max_num_seqs=4, num_kv_blocks=32)
+    out = pair.generate([[5, 17, 99, 4]], SamplingParams(temperature=0, max_tokens=4))
+    print("generated", len(out[0].outputs[0].token_ids), flush=True)
+"""
+
+
+def test_a_pair_left_open_is_closed_at_exit(tiny_checkpoint, tmp_path):
+    """Lesson 08 ends without close(): the process must still exit 0, without "terminate
+    called without an active exception" (gloo torn down under a thread still receiving):
+    the pair closes itself at exit, and its receiving thread has returned."""
+    path, _ = tiny_checkpoint("llama")
+    script = tmp_path / "open_pair.py"
+    script.write_text(EXIT_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(path)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "generated 4" in proc.stdout
+    assert "at exit: connected False receiver alive False" in proc.stdout, proc.stdout
+    assert "terminate called" not in proc.stderr and "Traceback" not in proc.stderr

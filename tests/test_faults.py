@@ -93,3 +93,67 @@ def test_random_requests_never_poison_the_engine(engine, reqs):
     _, ok = run(engine, {"after": ("Hello", SamplingParams(temperature=0, max_tokens=3),
                                    None)})
     assert len(ok["after"].outputs[0].token_ids) == 3
+
+
+# ---------------------------------------------------------------- sampled requests (issue 30)
+CHOICES = ["yes", "no", "maybe"]
+sampled = st.fixed_dictionaries({
+    "temperature": st.sampled_from([0.7, 1.0, 1e-300, 5e-324, 0.0]),
+    "top_p": st.sampled_from([1.0, 0.9, 1e-300]),
+    "top_k": st.sampled_from([-1, 1, 5, VOCAB, VOCAB + 1, 2**63]),
+    "n": st.sampled_from([1, 1, 2, 3]),
+    "seed": st.integers(0, 3),
+    "max_tokens": st.integers(1, 6),
+    "stop": st.sampled_from([[], [","], [" the", "."]]),
+    "presence_penalty": st.sampled_from([0.0, 0.5]),
+    "repetition_penalty": st.sampled_from([1.0, 1.3]),
+    "min_tokens": st.sampled_from([0, 1]),
+    "guided_decoding": st.sampled_from([None, None, {"choice": CHOICES},
+                                        {"regex": "[0-9]{1,3}"}]),
+})
+sampled_prompts = st.sampled_from(["The capital of France is", "1, 2, 3,", "Once upon a time",
+                                   "bad \ud800 surrogate", [5, 17, 99, 4]])
+
+
+@settings(max_examples=4, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(sampled_prompts, sampled), min_size=2, max_size=3))
+def test_sampled_requests_are_valid_and_reproducible(engine, reqs):
+    """n > 1, seeds, stop strings, penalties, guided decoding, tiny temperature and top_p,
+    top_k past the vocabulary, prompts the tokenizer cannot encode: the bad ones are refused
+    at add_request with a ValueError, the rest finish with valid tokens; a seeded request
+    gives in company what it gives alone, and a temperature or top_p too small to sample
+    from gives the greedy tokens."""
+    built = {}
+    for i, (prompt, kwargs) in enumerate(reqs):
+        try:
+            built[f"s{i}"] = (prompt, SamplingParams(**kwargs), None)
+        except (TypeError, ValueError):
+            assert kwargs["n"] > 1 and kwargs["temperature"] < 1e-5   # greedy with n > 1
+    valid, done = run(engine, built)
+    refused = set(built) - set(valid)
+    for rid in refused:
+        prompt, sp, _ = built[rid]
+        assert sp.top_k > VOCAB or "\ud800" in prompt, (prompt, sp)
+    assert set(done) == set(valid)
+    assert engine.stats().num_blocks_used == 0
+    for rid, out in done.items():
+        prompt, sp, _ = built[rid]
+        assert len(out.outputs) == sp.n
+        for c in out.outputs:
+            assert c.finish_reason in ("length", "stop"), c
+            assert 1 <= len(c.token_ids) <= sp.max_tokens and all(
+                0 <= t < VOCAB for t in c.token_ids), c
+            g = sp.guided_decoding
+            if g is not None and g.choice and c.finish_reason == "stop":
+                assert c.text in CHOICES, c.text
+            if g is not None and g.regex:
+                assert c.text.isdigit() and len(c.text) <= 3, c.text
+        alone = run(engine, {"alone": (prompt, sp, None)})[1]["alone"]
+        assert [c.token_ids for c in out.outputs] == [c.token_ids for c in alone.outputs], rid
+        if sp.temperature == 0 or sp.top_p < 1e-30:     # tiny values: the greedy tokens
+            greedy = SamplingParams(**{**{k: getattr(sp, k) for k in (
+                "max_tokens", "stop", "presence_penalty", "repetition_penalty", "min_tokens",
+                "guided_decoding")}, "temperature": 0.0})
+            ref = run(engine, {"greedy": (prompt, greedy, None)})[1]["greedy"]
+            assert out.outputs[0].token_ids == ref.outputs[0].token_ids, rid

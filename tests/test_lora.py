@@ -32,7 +32,7 @@ def adapters():
 @pytest.fixture(scope="module")
 def lora_llm(smol_llm):
     with reconfigured(smol_llm, enable_lora=True, max_loras=4, max_lora_rank=16,
-                      max_num_seqs=16) as llm:
+                      max_num_seqs=16, enforce_eager=True) as llm:      # no graphs with LoRA
         yield llm
 
 
@@ -86,7 +86,7 @@ def test_mixed_batch_equals_each_alone(mixed, lora_llm):
 def test_slots_swap_and_evict_under_max_loras(mixed, smol_llm, adapters):
     requests, prompts, outs, _ = mixed
     with reconfigured(smol_llm, enable_lora=True, max_loras=2, max_cpu_loras=3,
-                      max_num_seqs=16) as llm:
+                      max_num_seqs=16, enforce_eager=True) as llm:
         with llm.engine.trace() as steps:
             again = llm.generate(prompts, GREEDY, lora_request=requests, use_tqdm=False)
         assert tokens(again) == tokens(outs)        # same tokens, two slots instead of four

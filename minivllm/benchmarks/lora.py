@@ -52,7 +52,8 @@ def random_adapter(path: Path, shapes: dict, num_layers: int, rank: int, seed: i
 
 def run(args: argparse.Namespace) -> None:
     from minivllm import LLM, LoRARequest, SamplingParams
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=256, max_num_seqs=args.num_requests)
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=256, max_num_seqs=args.num_requests,
+              enforce_eager=True)      # LoRA refuses CUDA graphs: the base runs eager too
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     prompts = [f"<|im_start|>user\nTell me fact number {i} about the ocean.<|im_end|>\n"
                "<|im_start|>assistant\n" for i in range(args.num_requests)]

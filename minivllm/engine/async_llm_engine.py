@@ -18,7 +18,10 @@ choice; what the GIL still costs is the HTTP overhead that `minivllm bench serve
 
 Everything that touches the LLMEngine happens on the engine thread (it is not thread-safe):
 coroutines send commands (add, abort, stop) through a thread-safe queue that the loop drains
-between steps, so an abort frees the request's KV blocks before the next step runs.
+between steps, so an abort frees the request's KV blocks before the next step runs. What can
+take long before a request is added stays off that thread: a guided-decoding grammar is
+compiled on a worker thread while the request waits ("grammar pending", counted as waiting),
+so one huge constraint does not freeze every other stream.
 
 What it leaves out, compared with vLLM: a separate engine process, output batching across
 requests, priorities, and a watchdog. An exception from step() kills the engine (every waiting
@@ -34,7 +37,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 from minivllm.engine.llm_engine import EngineStats, LLMEngine
@@ -76,6 +79,10 @@ class AsyncLLMEngine:
         self._stats = engine.stats()               # the last snapshot, taken between steps
         self._error: BaseException | None = None
         self._lock = threading.Lock()              # guards _error against adds in flight
+        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="minivllm-grammar")
+        self.num_grammars_pending = 0              # requests waiting for their grammar
+        if hasattr(engine, "on_schedule"):         # running/KV gauges as a step starts too
+            engine.on_schedule = self._snapshot
         self._thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
         self._thread.start()
 
@@ -93,26 +100,47 @@ class AsyncLLMEngine:
         return self._thread.is_alive() and self._error is None
 
     def stats(self) -> EngineStats:
-        """The engine's stats after its last step (read without stopping the loop)."""
-        return self._stats
+        """The engine's stats as its last step was scheduled or ended, whichever came later
+        (read without stopping the loop); requests whose grammar compiles count as waiting."""
+        s = self._stats
+        return replace(s, num_waiting=s.num_waiting + self.num_grammars_pending)
+
+    def _snapshot(self) -> None:
+        self._stats = self.engine.stats()
 
     async def add_request(self, request_id: str, prompt: str | list[int],
                           params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Add a request; return its stream of RequestOutputs (cumulative; the last one has
         finished=True). A bad request raises here (TypeError/ValueError from
         LLMEngine.add_request), once the engine thread has taken it: within one step."""
+        grammar = None
+        if (isinstance(params, SamplingParams) and params.guided_decoding is not None
+                and hasattr(self.engine, "structured_output")):   # not a disaggregated pair
+            grammar = await self._compile(params)      # ValueError if it does not compile
         stream = _Stream()
         added: Future = Future()
         with self._lock:          # the loop cannot stop between this check and the put
             if self._error is not None:
                 raise EngineDeadError(f"the engine loop has stopped: {self._error}")
-            self._commands.put(("add", request_id, prompt, params, stream, added))
+            self._commands.put(("add", request_id, prompt, params, stream, added, grammar))
         try:
             await asyncio.wrap_future(added)
         except asyncio.CancelledError:
             self.abort(request_id)                # it may have been added meanwhile
             raise
         return self._outputs(request_id, stream)
+
+    async def _compile(self, params: SamplingParams):
+        """The request's grammar, compiled on the worker thread ("grammar pending"). A client
+        that leaves meanwhile cancels the wait; the compile itself runs to its end (xgrammar
+        cannot be interrupted) and its grammar stays in the cache."""
+        manager = self.engine.structured_output
+        self.num_grammars_pending += 1
+        try:
+            return await asyncio.wrap_future(
+                self._compiler.submit(manager.compile, params.guided_decoding))
+        finally:
+            self.num_grammars_pending -= 1
 
     async def _outputs(self, request_id: str, stream: _Stream) -> AsyncIterator[RequestOutput]:
         """Closing or cancelling this iterator before the end aborts the request."""
@@ -151,6 +179,9 @@ class AsyncLLMEngine:
         if self._thread.is_alive():
             self._commands.put(("stop",))
             self._thread.join(timeout)
+        self._compiler.shutdown(wait=False, cancel_futures=True)
+        if getattr(self.engine, "on_schedule", None) == self._snapshot:
+            self.engine.on_schedule = None        # the engine may serve on without us
 
     # ---------------------------------------------------------------- the engine thread
     def _run(self) -> None:
@@ -178,9 +209,12 @@ class AsyncLLMEngine:
             cmd = self._commands.get()
             block = False
             if cmd[0] == "add":
-                _, rid, prompt, params, stream, added = cmd
+                _, rid, prompt, params, stream, added, grammar = cmd
                 try:
-                    self.engine.add_request(rid, prompt, params)
+                    if grammar is None:
+                        self.engine.add_request(rid, prompt, params)
+                    else:
+                        self.engine.add_request(rid, prompt, params, grammar=grammar)
                 except BaseException as e:   # noqa: BLE001 -- the request's error, not ours
                     added.set_exception(e)
                     continue

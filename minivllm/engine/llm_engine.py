@@ -43,7 +43,7 @@ from minivllm.worker.model_runner import ModelRunner
 from minivllm.engine.output_processor import OutputProcessor, request_output
 from minivllm.outputs import RequestOutput
 from minivllm.distributed.executor import MultiprocExecutor
-from minivllm.engine.processor import validate_request
+from minivllm.engine.processor import encode_prompt, validate_request
 from minivllm.sampling_params import SamplingParams
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
 from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -78,6 +78,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._traces: list[list[StepRecord]] = []
         self._init_state(config)
+        self.on_schedule = None              # called once a step is scheduled (AsyncLLMEngine)
         self.kv_connector = None             # prefill/decode disaggregation (kv_transfer/)
         if config.kv_transfer_config is not None:
             from minivllm.distributed.kv_transfer.kv_connector import KVConnector
@@ -157,7 +158,10 @@ class LLMEngine:
 
     # ---------------------------------------------------------------- requests in
     def add_request(self, request_id: str, prompt: str | list[int],
-                    params: SamplingParams | None = None, lora_request=None) -> None:
+                    params: SamplingParams | None = None, lora_request=None,
+                    grammar=None) -> None:
+        """`grammar`: the guided-decoding constraint compiled beforehand (AsyncLLMEngine does
+        it on a worker thread); None: compiled here, or found in the cache."""
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
@@ -165,7 +169,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if isinstance(prompt, str):
             text = prompt
-            token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            token_ids = encode_prompt(self.tokenizer, prompt)
         else:
             text = None
             token_ids = list(prompt)
@@ -173,7 +177,7 @@ class LLMEngine:
             if bad:
                 raise ValueError(f"prompt token ids must be integers, got {bad[0]!r}")
         validate_request(token_ids, params, self.config, self.model_config, self.block_manager)
-        self.structured_output.check(params, self.spec_decoder is not None)  # compiles, cached
+        grammar = self.structured_output.check(params, self.spec_decoder is not None, grammar)
         if lora_request is not None:         # checked and read now: a bad adapter fails alone
             if self.runner.lora_manager is None:
                 raise ValueError(f"{lora_request} was given, but LoRA is off: start the engine "
@@ -181,6 +185,7 @@ class LLMEngine:
             self.runner.lora_manager.add_lora(lora_request)
         group = SequenceGroup(request_id, text, token_ids, params, next(self._seq_ids),
                               lora_request)
+        group.grammar = grammar
         self.scheduler.add(group.seqs[0])
         self.requests[request_id] = group
 
@@ -274,6 +279,8 @@ class LLMEngine:
         # 1. Schedule: which sequences run, how many tokens each, which blocks move.
         scheduler_output = self.scheduler.schedule()
         self.last_scheduler_output = scheduler_output
+        if self.on_schedule is not None:          # a long prefill shows as running meanwhile
+            self.on_schedule()
         # 2. Execute: block copies, one forward pass, the sampled tokens.
         runner_output = self.runner.execute_model(scheduler_output)
         if not scheduler_output.seqs:

@@ -29,6 +29,9 @@ def validate_request(token_ids: list[int], params: SamplingParams, config: Engin
     if len(token_ids) >= max_len:
         raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is "
                          f"{max_len}: prompt + at least one new token must fit")
+    if params.top_k > vocab:
+        raise ValueError(f"top_k must be -1 (disabled) or at most the vocabulary size "
+                         f"({vocab}), got {params.top_k}")
     bad = [t for t in token_ids if not 0 <= t < vocab]
     if bad:
         raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
@@ -46,3 +49,14 @@ def validate_request(token_ids: list[int], params: SamplingParams, config: Engin
             f"the request needs up to {longest} tokens of KV cache ({need} blocks of "
             f"{block_manager.block_size}), but the pool has only {block_manager.num_blocks} "
             "blocks; lower max_tokens or give the engine more KV memory")
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """text -> token ids, or a ValueError that says why not (a lone UTF-16 surrogate such as
+    "\\ud800", valid JSON but not encodable, made the tokenizer raise a bare TypeError)."""
+    try:
+        return tokenizer.encode(text, add_special_tokens=False)
+    except Exception as e:     # noqa: BLE001 -- whatever the tokenizer raises, the input's fault
+        bad = next((f" (a lone surrogate at character {i})" for i, c in enumerate(text)
+                    if 0xD800 <= ord(c) <= 0xDFFF), "")
+        raise ValueError(f"prompt: the tokenizer cannot encode it{bad}: {e}") from None

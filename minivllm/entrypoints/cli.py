@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from minivllm.benchmarks import main as benchmarks
@@ -60,9 +61,14 @@ def serve(args: argparse.Namespace) -> None:
     logging.getLogger("minivllm").info("%r", engine)
     print(f"minivllm: serving {name} ({engine!r}) at http://{args.host}:{args.port}/v1",
           flush=True)
+    api_key = args.api_key or os.environ.get("MINIVLLM_API_KEY")   # the env: not seen in ps
     try:
-        Server(AsyncLLMEngine(engine), sock, name, api_key=args.api_key,
-               log_level=args.uvicorn_log_level).run()
+        Server(AsyncLLMEngine(engine), sock, name, api_key=api_key,
+               log_level=args.uvicorn_log_level, max_request_body_mb=args.max_request_body_mb,
+               max_prompts_per_request=args.max_prompts_per_request,
+               disable_fastapi_docs=args.disable_fastapi_docs).run()
+    except KeyboardInterrupt:     # uvicorn re-raises Ctrl-C after its clean shutdown
+        pass
     finally:
         if hasattr(engine, "close"):            # a disaggregated pair: stop the consumer
             engine.close()

@@ -30,10 +30,13 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     # top-k: everything below the k-th largest logit goes.
     kth = sorted_logits.gather(1, (top_k - 1).clamp(min=0)[:, None])
     sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-    # top-p: keep the smallest prefix whose mass reaches top_p (always keep the first token).
+    # top-p: keep the smallest prefix whose mass reaches top_p, and always the first token
+    # (a top_p of 1e-300 is 0.0 in float32: without that, no token is left and the row NaN).
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
-    sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
+    drop = mass_before >= top_p[:, None]
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(1, sorted_idx, sorted_logits)
 # --8<-- [end:top_k_top_p]
 

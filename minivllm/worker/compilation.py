@@ -8,7 +8,8 @@ the GPU itself. Two remedies, as in vLLM:
     with a dynamic token count, so their elementwise ops fuse (RMSNorm's 6 ops -> 1 kernel,
     SiLU x up -> 1). One compiled graph serves every layer (torch treats the weights as
     inputs). Attention, rotary and the residual adds stay eager.
-  * CUDA graphs (on unless `enforce_eager=True`; CUDA, Triton attention, tp=1): the whole
+  * CUDA graphs (on unless `enforce_eager=True`; CUDA, Triton attention, tp=1; refused with
+    LoRA, whose per-token adapter slots a replay would not see): the whole
     decode forward is captured once per batch-size bucket (1, 2, 4, 8, 16, 32, ... up to
     max_num_seqs) and each decode step is one `replay()`: one launch instead of hundreds.
     A graph replays fixed addresses and shapes, so the step's inputs are copied into static
@@ -26,7 +27,20 @@ from __future__ import annotations
 import torch
 
 from minivllm.attention.metadata import AttentionMetadata
+from minivllm.config import CUDA_GRAPHS, incompatibility
 from minivllm.models.llama import LlamaMLP, RMSNorm
+
+
+def use_cuda_graphs(config, device: torch.device, tp, attention_backend: str) -> bool:
+    """Whether decode steps replay CUDA graphs (CUDA, Triton attention, tp=1, not
+    enforce_eager); with LoRA on, the INCOMPATIBLE row's error instead: the graphs would
+    replay the base path only (LoRA's slots are Python state a replay never reads)."""
+    if device.type != "cuda" or config.enforce_eager or tp is not None \
+            or attention_backend != "triton":
+        return False
+    if config.enable_lora:
+        raise ValueError(incompatibility(CUDA_GRAPHS, "enable_lora"))
+    return True
 
 
 def set_compilation(model: torch.nn.Module, level: int) -> int:

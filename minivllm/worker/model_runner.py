@@ -57,7 +57,7 @@ from minivllm.quantization.weight_only import quantize_model, unquantize_model
 from minivllm.sample.rejection_sampler import accept_drafts
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
-from minivllm.worker.compilation import CUDAGraphRunner, set_compilation
+from minivllm.worker.compilation import CUDAGraphRunner, set_compilation, use_cuda_graphs
 
 logger = logging.getLogger("minivllm")
 
@@ -176,8 +176,7 @@ class ModelRunner:
         # Fewer launches per step (minivllm/worker/compilation.py): torch.compile, then decode graphs
         # over this pool (a graph records the pool's addresses, so a new pool recaptures).
         self.num_compiled_modules = set_compilation(self.model, engine_config.compilation_config)
-        if (self.device.type == "cuda" and not engine_config.enforce_eager and self.tp is None
-                and self.attention_backend == "triton"):
+        if use_cuda_graphs(engine_config, self.device, self.tp, self.attention_backend):
             self.cuda_graphs = CUDAGraphRunner(
                 self.model, engine_config.max_num_seqs, engine_config.max_model_len,
                 self.block_size, self.decode_scratch, self.device)

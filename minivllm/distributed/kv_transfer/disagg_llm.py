@@ -22,12 +22,14 @@ routes between many prefill and decode instances; here one pair, one front, in-p
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import logging
 import signal
 import socket
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +75,10 @@ class DisaggLLM:
         self.num_steps = 0
         self._last_heard = time.monotonic()
         self._counter = itertools.count()
+        # A pair left open at exit: its receiving thread would still wait in gloo while the
+        # interpreter tears the process group down ("terminate called without an active
+        # exception"). Close it first, so that thread has returned.
+        atexit.register(lambda ref=weakref.ref(self): ref() and ref().close())
 
     def __repr__(self) -> str:
         return f"DisaggLLM(producer={self.producer!r}, connected={self.connected})"
@@ -243,9 +249,11 @@ class DisaggLLM:
         return self._ask(REPORT) if self.connected else None
 
     def close(self) -> dict | None:
-        """Stop the consumer (it answers with its final report, returned) and join it."""
+        """Stop the consumer (it answers with its final report, returned) and join it, and
+        our receiving thread (it returns on the consumer's BYE)."""
         self._ask(SHUTDOWN)
         self.connected = False
+        self.conn.receiver.join(self.conn.timeout if self.report else 1)
         if self.consumer_process is not None:
             self.consumer_process.join(self.conn.timeout)
             if self.consumer_process.is_alive():

@@ -85,7 +85,8 @@ class KVConnector:
         self.inbox = queue.Queue()
         self.replies = queue.Queue()
         self.lock = threading.Lock()
-        threading.Thread(target=self._receive_loop, daemon=True, name="kv-recv").start()
+        self.receiver = threading.Thread(target=self._receive_loop, daemon=True, name="kv-recv")
+        self.receiver.start()
 
     def _rendezvous(self, cfg) -> tuple[dist.TCPStore, dict]:
         """Meet the other role at kv_ip:kv_port and check that the two engines agree."""

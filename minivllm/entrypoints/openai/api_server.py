@@ -12,12 +12,15 @@ engine's step loop runs on its own thread (minivllm/engine/async_llm_engine.py),
 loop stays free to accept connections and flush tokens while a forward pass runs. A client that goes away
 (stream or not) aborts its request; its KV blocks are freed before the next step.
 
-Errors use OpenAI's JSON shape, {"error": {"message", "type", "param", "code"}}: 400 for bad
-JSON, unknown or bad fields and prompts too long (with the numbers), 401 without the API key,
-404 for an unknown model, 503 once the engine loop has died.
+Errors use OpenAI's JSON shape, {"error": {"message", "type", "param", "code"}}, every one of
+them: 400 for bad JSON (invalid UTF-8 and nesting too deep included), unknown or bad fields
+and prompts too long (with the numbers), 401 without the API key, 404 for an unknown model or
+path, 405 for a wrong method, 413 for a body over --max-request-body-mb (refused as it arrives,
+before it is parsed: one 50 MB body once cost 12.7 GB), 503 once the engine loop has died,
+and 500 (logged) for a bug of ours.
 
-Left out, compared with vLLM: tools, structured output, the responses API, embeddings, LoRA
-routing, the tokenizer endpoints, and more than one model per server.
+Left out, compared with vLLM: tools, the responses API, embeddings, LoRA routing, the
+tokenizer endpoints, and more than one model per server.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import hmac
 import logging
 import socket
 import time
@@ -35,6 +39,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -42,7 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from minivllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
 from minivllm.outputs import RequestOutput
 from minivllm.entrypoints.openai.protocol import OpenAIError, error_body, now
-from minivllm.entrypoints.openai.serving import add_routes
+from minivllm.entrypoints.openai.serving import add_routes, max_token_chars
 
 logger = logging.getLogger("minivllm")
 
@@ -89,6 +94,49 @@ class EngineCollector:
             yield CounterMetricFamily(f"minivllm:{name}", doc, value=value)
 
 
+class BodyLimit:
+    """ASGI middleware: a body over `max_bytes` is a 413 as soon as its length is known (its
+    Content-Length, or the bytes received so far when it comes in chunks), before any of it
+    is parsed."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def error(self) -> HTTPException:
+        return HTTPException(413, f"the request body is larger than this server takes "
+                                  f"({self.max_bytes} bytes, --max-request-body-mb)")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if length.isdigit() and int(length) > self.max_bytes:
+            e = self.error()
+            response = JSONResponse(error_body(413, e.detail), status_code=413)
+            return await response(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise self.error()            # FastAPI passes an HTTPException through
+            return message
+        await self.app(scope, limited_receive, send)
+
+
+def _parse_error(e: HTTPException) -> str:
+    """FastAPI's one message for a body it could not parse, made to say why."""
+    cause = e.__cause__
+    if isinstance(cause, RecursionError):
+        return "malformed JSON body: nested too deeply for the parser"
+    if isinstance(cause, UnicodeDecodeError):
+        return f"malformed JSON body: not valid UTF-8 ({cause.reason} at byte {cause.start})"
+    return f"malformed JSON body: {e.detail}" + (f" ({cause!r})" if cause else "")
+
+
 class ServerMetrics:
     LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
 
@@ -108,31 +156,46 @@ class ServerMetrics:
                                 ["finished_reason"], registry=self.registry)
 
     async def observe(self, outputs: AsyncIterator[RequestOutput], t0: float):
-        """Pass a request's outputs through, timing them from `t0` (the request's arrival)."""
+        """Pass a request's outputs through, timing them from `t0` (the request's arrival).
+        A request that ends without its finished output (the client left, the engine died)
+        counts as finished_reason="abort"."""
         first = True
-        async for out in outputs:
-            if first and any(c.token_ids for c in out.outputs):
-                self.ttft.observe(time.perf_counter() - t0)
-                first = False
-            if out.finished:
-                self.e2e.observe(time.perf_counter() - t0)
-                for dt in out.inter_token_latencies:
-                    self.itl.observe(dt)
-                self.prompt_tokens.inc(len(out.prompt_token_ids))
-                for c in out.outputs:
-                    self.generation_tokens.inc(len(c.token_ids))
-                    self.requests.labels(c.finish_reason).inc()
-            yield out
+        finished = False
+        try:
+            async for out in outputs:
+                if first and any(c.token_ids for c in out.outputs):
+                    self.ttft.observe(time.perf_counter() - t0)
+                    first = False
+                if out.finished:
+                    finished = True
+                    self.e2e.observe(time.perf_counter() - t0)
+                    for dt in out.inter_token_latencies:
+                        self.itl.observe(dt)
+                    self.prompt_tokens.inc(len(out.prompt_token_ids))
+                    for c in out.outputs:
+                        self.generation_tokens.inc(len(c.token_ids))
+                        self.requests.labels(c.finish_reason).inc()
+                yield out
+        finally:
+            if not finished:
+                self.requests.labels("abort").inc()
+            await outputs.aclose()
 
 
 # --------------------------------------------------------------------------- the app
-def build_app(aengine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None
-              ) -> FastAPI:
-    app = FastAPI(title="minivllm", version="0.1.0")
+def build_app(aengine: AsyncLLMEngine, served_model_name: str, api_key: str | None = None,
+              max_request_body_mb: float = 16, max_prompts_per_request: int = 256,
+              disable_fastapi_docs: bool = False) -> FastAPI:
+    docs = {"docs_url": None, "redoc_url": None, "openapi_url": None} \
+        if disable_fastapi_docs else {}
+    app = FastAPI(title="minivllm", version="0.1.0", **docs)
+    app.add_middleware(BodyLimit, max_bytes=int(max_request_body_mb * 2**20))
     app.state.aengine = aengine
     app.state.model_name = served_model_name
     app.state.metrics = ServerMetrics(aengine)
+    app.state.max_prompts = max_prompts_per_request
     tokenizer = aengine.tokenizer
+    app.state.max_token_chars = max_token_chars(tokenizer)
 
     @lru_cache(maxsize=1 << 16)
     def decode_token(token_id: int) -> str:
@@ -152,10 +215,23 @@ def build_app(aengine: AsyncLLMEngine, served_model_name: str, api_key: str | No
     async def _dead(_, e: EngineDeadError):
         return JSONResponse(error_body(503, str(e)), status_code=503)
 
+    @app.exception_handler(HTTPException)       # 404, 405, 413, bodies FastAPI cannot parse
+    async def _http(_, e: HTTPException):
+        message = _parse_error(e) if e.status_code == 400 else str(e.detail)
+        return JSONResponse(error_body(e.status_code, message), status_code=e.status_code,
+                            headers=e.headers)
+
+    @app.exception_handler(Exception)           # a bug of ours: logged, and still OpenAI's shape
+    async def _bug(_, e: Exception):
+        logger.exception("internal error")
+        return JSONResponse(error_body(500, f"internal server error: {e!r}"), status_code=500)
+
+    expected = f"Bearer {api_key}".encode() if api_key else None
+
     @app.middleware("http")
     async def _auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1") and \
-                request.headers.get("authorization") != f"Bearer {api_key}":
+        if expected and request.url.path.startswith("/v1") and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode(), expected):  # constant time
             return JSONResponse(error_body(401, "invalid or missing API key: send "
                                            "'Authorization: Bearer <key>'"), status_code=401)
         return await call_next(request)
@@ -232,11 +308,11 @@ class Server:
 
     def __init__(self, aengine: AsyncLLMEngine, sock: socket.socket, served_model_name: str,
                  api_key: str | None = None, graceful_s: float = 5.0, log_level="warning",
-                 owns_engine: bool = True):
+                 owns_engine: bool = True, **app_kwargs):
         self.aengine = aengine
         self.sock = sock
         self.owns_engine = owns_engine
-        self.app = build_app(aengine, served_model_name, api_key)
+        self.app = build_app(aengine, served_model_name, api_key, **app_kwargs)
         self.uvicorn = uvicorn.Server(uvicorn.Config(
             self.app, log_level=log_level, timeout_graceful_shutdown=graceful_s))
         self.thread = None

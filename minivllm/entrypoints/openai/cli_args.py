@@ -30,7 +30,14 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="the name clients send as `model` (default: MODEL, or "
                              f"{DEFAULT_MODEL_NAME})")
     parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)")
+                        help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise); "
+                             "default: $MINIVLLM_API_KEY, which `ps` does not show")
+    parser.add_argument("--disable-fastapi-docs", action="store_true",
+                        help="no /docs, /redoc or /openapi.json")
+    parser.add_argument("--max-request-body-mb", type=float, default=16,
+                        help="a larger request body is refused (413) before it is parsed")
+    parser.add_argument("--max-prompts-per-request", type=int, default=256,
+                        help="prompts one /v1/completions request may carry (400 beyond)")
     parser.add_argument("--uvicorn-log-level", default="info")
     parser.add_argument("--kv-transfer-config", type=json.loads, default=None,
                         help="prefill/decode disaggregation, as JSON: kv_role kv_producer "

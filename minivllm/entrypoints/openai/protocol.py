@@ -180,6 +180,7 @@ def param_of(message: str, default: str | None = None) -> str | None:
 def error_body(status: int, message: str, param: str | None = None) -> dict:
     """OpenAI's error shape; `type` with vLLM's names."""
     kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+            405: "MethodNotAllowedError", 413: "RequestEntityTooLargeError",
             499: "ClientClosedRequest", 503: "ServiceUnavailableError"}.get(
                 status, "InternalServerError")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}

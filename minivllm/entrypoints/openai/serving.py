@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from minivllm.engine.async_llm_engine import EngineDeadError
+from minivllm.engine.processor import encode_prompt
 from minivllm.outputs import CompletionOutput
 from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
                                chat_logprobs, completion_logprobs, error_body, now, param_of,
@@ -60,8 +61,9 @@ async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def until_disconnected(request: Request, work):
-    """Await `work`, but cancel it (aborting its requests) if the client goes away first."""
+async def until_disconnected(request: Request, work, on_cancel: Callable[[], None] = None):
+    """Await `work`, but cancel it (and call on_cancel: abort its requests) if the client goes
+    away first."""
     async def disconnected():
         while (await request.receive())["type"] != "http.disconnect":
             pass
@@ -74,6 +76,8 @@ async def until_disconnected(request: Request, work):
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            if on_cancel is not None:
+                on_cancel()
             raise OpenAIError(499, "the client disconnected; its request was aborted")
     return task.result()
 
@@ -84,48 +88,91 @@ def check_model(app: FastAPI, name: str | None) -> None:
                           f"`{app.state.model_name}`.", "model")
 
 
-async def start_requests(app: FastAPI, request_id: str, prompts: list[str | list[int]],
-                         make_params, max_tokens: int | None, default_max_tokens,
-                         prompt_field: str
+def max_token_chars(tokenizer) -> int:
+    """The longest token's text, in characters: a text of C characters has at least
+    C / max_token_chars tokens, which bounds a prompt's length before tokenizing it."""
+    return max(map(len, tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))))
+
+
+def too_long(max_len: int, prompt_len: int, want: int, prompt_field: str) -> OpenAIError:
+    return OpenAIError(
+        400, f"This model's maximum context length is {max_len} tokens. However, you "
+        f"requested {prompt_len + want} tokens ({prompt_len} in the {prompt_field}, {want} in "
+        f"the completion). Please reduce the length of the {prompt_field} or completion.",
+        prompt_field if prompt_len >= max_len else "max_tokens")
+
+
+def tokenize(app: FastAPI, prompts: list[str | list[int]], prompt_field: str
+             ) -> list[list[int]]:
+    """Each prompt's token ids (run on a worker thread: a long text takes seconds, which the
+    event loop must not spend). A text that cannot fit max_model_len however it tokenizes is
+    refused before the tokenizer sees it: a 2 MB prompt cost 570 MB and 3.6 s to learn that."""
+    max_len = app.state.aengine.engine.config.max_model_len
+    limit = max_len * app.state.max_token_chars
+    ids = []
+    for p in prompts:
+        if isinstance(p, str) and len(p) > limit:
+            raise OpenAIError(400, f"This model's maximum context length is {max_len} tokens. "
+                              f"However, the {prompt_field} has {len(p)} characters, more than "
+                              f"{max_len} tokens of at most {app.state.max_token_chars} "
+                              f"characters each. Please reduce the length of the "
+                              f"{prompt_field}.", prompt_field)
+        try:
+            ids.append(encode_prompt(app.state.aengine.tokenizer, p) if isinstance(p, str)
+                       else p)
+        except ValueError as e:
+            raise OpenAIError(400, str(e).replace("prompt", prompt_field, 1),
+                              prompt_field) from None
+    return ids
+
+
+async def start_requests(app: FastAPI, request: Request, request_id: str,
+                         prompts: list[str | list[int]], make_params,
+                         max_tokens: int | None, default_max_tokens, prompt_field: str
                          ) -> tuple[list[AsyncIterator], list[int], SamplingParams]:
     """Validate, tokenize and add each prompt; return their output streams (timed), their
-    prompt lengths and the SamplingParams. All or nothing: on an error, nothing stays queued."""
+    prompt lengths and the SamplingParams. All or nothing: on an error, or if the client
+    leaves meanwhile, nothing stays queued."""
     aengine = app.state.aengine
-    tokenizer = app.state.aengine.tokenizer
     max_len = aengine.engine.config.max_model_len
     t0 = time.perf_counter()
+    if not prompts:
+        raise OpenAIError(400, f"{prompt_field} is empty: give at least one prompt",
+                          prompt_field)
+    if len(prompts) > app.state.max_prompts:
+        raise OpenAIError(400, f"{prompt_field} has {len(prompts)} prompts; this server takes "
+                          f"at most {app.state.max_prompts} per request "
+                          "(--max-prompts-per-request)", prompt_field)
     try:                       # the values first (max_tokens checked here, with a placeholder)
-        make_params(max_len if max_tokens is None else max_tokens)
+        params = make_params(max_len if max_tokens is None else max_tokens)
     except (TypeError, ValueError) as e:
         raise OpenAIError(400, str(e), param_of(str(e))) from None
-    ids = [tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else p
-           for p in prompts]
-    streams = []
-    params = None
-    try:
-        for i, prompt_ids in enumerate(ids):
-            if not prompt_ids:
-                raise OpenAIError(400, f"{prompt_field} is empty: give at least one token",
-                                  prompt_field)
-            want = default_max_tokens(len(prompt_ids)) if max_tokens is None else max_tokens
-            if len(prompt_ids) + want > max_len:
-                raise OpenAIError(
-                    400, f"This model's maximum context length is {max_len} tokens. However, "
-                    f"you requested {len(prompt_ids) + want} tokens ({len(prompt_ids)} in the "
-                    f"{prompt_field}, {want} in the completion). Please reduce the length of "
-                    f"the {prompt_field} or completion.",
-                    prompt_field if len(prompt_ids) >= max_len else "max_tokens")
-            params = make_params(want)
-            try:
-                outputs = await aengine.add_request(f"{request_id}-{i}", prompt_ids, params)
-            except (TypeError, ValueError) as e:
-                raise OpenAIError(400, str(e), param_of(str(e), prompt_field)) from None
-            streams.append(app.state.metrics.observe(outputs, t0))
-    except BaseException:
-        for i in range(len(streams)):
-            aengine.abort(f"{request_id}-{i}")
-        raise
-    return streams, [len(x) for x in ids], params
+    ids = await until_disconnected(request, asyncio.to_thread(tokenize, app, prompts,
+                                                              prompt_field))
+    all_params = []
+    for prompt_ids in ids:
+        if not prompt_ids:
+            raise OpenAIError(400, f"{prompt_field} is empty: give at least one token",
+                              prompt_field)
+        want = default_max_tokens(len(prompt_ids)) if max_tokens is None else max_tokens
+        if len(prompt_ids) + want > max_len:
+            raise too_long(max_len, len(prompt_ids), want, prompt_field)
+        all_params.append(params if want == params.max_tokens else make_params(want))
+    # Every prompt queued at once (one drain of the engine's queue, not one step each), and
+    # the client watched meanwhile: 10,000 prompts of a client that left are not added.
+    adds = [aengine.add_request(f"{request_id}-{i}", prompt_ids, p)
+            for i, (prompt_ids, p) in enumerate(zip(ids, all_params))]
+    added = await until_disconnected(request, asyncio.gather(*adds, return_exceptions=True),
+                                     lambda: abort_all(app, request_id, len(ids)))
+    errors = [e for e in added if isinstance(e, BaseException)]
+    if errors:
+        abort_all(app, request_id, len(ids))
+        if isinstance(errors[0], (TypeError, ValueError)):
+            raise OpenAIError(400, str(errors[0]),
+                              param_of(str(errors[0]), prompt_field)) from None
+        raise errors[0]
+    return ([app.state.metrics.observe(outputs, t0) for outputs in added], [len(x) for x in ids],
+            all_params[-1])
 
 
 def abort_all(app: FastAPI, request_id: str, count: int) -> None:
@@ -221,7 +268,7 @@ def add_routes(app: FastAPI) -> None:
         rid = random_id("cmpl")
         k = req.logprobs
         streams, prompt_lens, params = await start_requests(
-            app, rid, req.prompts(), lambda mt: req.sampling_params(mt, k), req.max_tokens,
+            app, request, rid, req.prompts(), lambda mt: req.sampling_params(mt, k), req.max_tokens,
             lambda p: max(1, min(16, max_len - p)), "prompt")
         envelope = {"id": rid, "object": "text_completion", "created": now(),
                     "model": app.state.model_name}
@@ -246,14 +293,15 @@ def add_routes(app: FastAPI) -> None:
         k = req.logprobs_k()
         try:
             conversation = [{"role": m.role, "content": m.text()} for m in req.messages]
-            prompt = app.state.aengine.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=req.add_generation_prompt)
+            prompt = await asyncio.to_thread(       # jinja over a long text: not on the loop
+                app.state.aengine.tokenizer.apply_chat_template, conversation, tokenize=False,
+                add_generation_prompt=req.add_generation_prompt)
         except Exception as e:     # noqa: BLE001 -- jinja's template errors are the user's
             raise OpenAIError(400, f"messages: {e}", "messages") from None
         max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
                       else req.max_tokens)
         streams, prompt_lens, params = await start_requests(
-            app, rid, [prompt], lambda mt: req.sampling_params(mt, k), max_tokens,
+            app, request, rid, [prompt], lambda mt: req.sampling_params(mt, k), max_tokens,
             lambda p: max(1, max_len - p), "messages")
         envelope = {"id": rid, "object": "chat.completion.chunk", "created": now(),
                     "model": app.state.model_name}
