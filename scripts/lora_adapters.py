@@ -45,7 +45,7 @@ QUESTIONS = ["What is the capital of Italy?", "How do plants grow?", "Tell me a 
              "What is 2 + 2?", "Why is the sky blue?", "Name a fruit.",
              "How do I boil an egg?", "What is a computer?"]
 STEPS, LR, LAYERS = 10, 1e-2, 6      # steps, AdamW learning rate, layers adapted
-SHIPPED = Path(__file__).with_suffix("")       # scripts/lora_adapters/, committed
+SHIPPED = Path(__file__).resolve().with_suffix("")   # scripts/lora_adapters/, committed
 
 
 def chat_prompt(question: str) -> str:
