@@ -501,7 +501,7 @@ def _(base_tok_s, bf16_values_0_4, capacity, mo, table, weight_error):
       ({_g64 / _fp - 1:+.0%}, weight error {weight_error['int4 g64']:.3f}), and **g128**,
       refused for this model (its hidden size 576 is not a multiple of 128; its weight error
       on the 1536-wide down projection is {weight_error['int4 g128']:.3f}). On a bf16 model
-      all three would be close, smaller groups a little better.
+      the order would be the textbook one, smaller groups a smaller error, with no cliff.
     * Speeds (batch-1 decode tokens/s in the table) are this CPU's, from torch's weight-only
       kernels under whatever load the machine had; the counts above are the same anywhere.
 
