@@ -26,7 +26,9 @@ def _(mo):
     After this lesson you can explain why a server that hosts hundreds of fine-tuned
     variants of one model never merges them into the weights, what the two small matmuls
     of a LoRA adapter cost next to the base layer, and how one forward pass serves tokens
-    that each use a different adapter (Punica's BGMV and S-LoRA's SGMV). You will serve four
+    that each use a different adapter (Punica's BGMV and SGMV kernels; S-LoRA added
+    unified paging of adapters and KV in one memory pool, with kernels of its own, MBGMM and
+    MBGMV). You will serve four
     real adapters and the base model in one batch, watch the adapter slots fill and evict,
     and find the setting that refuses an adapter outright.
     """)
@@ -35,8 +37,9 @@ def _(mo):
 
 @app.cell
 def _(LLM, LoRARequest, mo, runpy, torch):
-    # The adapters are made by scripts/lora_adapters.py with PEFT (trained once, in about a
-    # minute each, then cached): each one learned to open every answer with its own phrase.
+    # The adapters were made by scripts/lora_adapters.py with PEFT and ship beside it (4.3 MB):
+    # each one learned to open every answer with its own phrase. Only if the script's recipe
+    # changes are they trained again, here, printing every step (minutes on a CPU).
     adapters_script = runpy.run_path(str(mo.notebook_dir().parent / "scripts" /
                                          "lora_adapters.py"))
     ADAPTERS = adapters_script["ADAPTERS"]
@@ -190,6 +193,8 @@ def _(SamplingParams, chat_prompt, llm, loras, time):
     QUESTION = "What should I cook for dinner tonight?"
     GREEDY = SamplingParams(temperature=0, max_tokens=12)
     who = [None, *loras.values()]
+    print("serving the base model and four adapters in one batch, then each alone ...",
+          flush=True)
     _t0 = time.perf_counter()
     with llm.engine.trace() as _steps:
         mixed_outs = llm.generate([chat_prompt(QUESTION)] * len(who), GREEDY, lora_request=who,
@@ -280,6 +285,7 @@ def _(mo, widget_run):
 @app.cell
 def _(serve_with):
     # The two ends of the slider, measured once for the findings (counts, not seconds).
+    print("serving the mixed requests with 1 and 4 adapter slots, then rank 8 ...", flush=True)
     by_slots = {n: serve_with(n, 16) for n in (1, 4)}
     low_rank = serve_with(4, 8)
     print({n: (r["steps"], r["evictions"]) for n, r in by_slots.items()},

@@ -176,11 +176,14 @@ def _(LLM, SamplingParams, TP, llm, mo, time):
     _t0 = time.perf_counter()
     tp1_tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, _params, use_tqdm=False)]
     tp1_s = time.perf_counter() - _t0
+    print(f"starting {TP - 1} worker processes for tensor_parallel_size={TP} (each loads "
+          "the model: tens of seconds on a CPU) ...", flush=True)
     _t0 = time.perf_counter()
     llm_tp = LLM(tensor_parallel_size=TP, max_model_len=256, num_kv_blocks=64)
     tp_start_s = time.perf_counter() - _t0
     runner = llm_tp.engine.runner
     _before = runner.tp.num_all_reduce
+    _bytes_before = runner.tp.all_reduce_bytes
     with llm_tp.engine.trace() as _steps:
         _t0 = time.perf_counter()
         _outs = llm_tp.generate(PROMPTS, _params, use_tqdm=False)
@@ -188,6 +191,11 @@ def _(LLM, SamplingParams, TP, llm, mo, time):
     tpn_tokens = [o.outputs[0].token_ids for o in _outs]
     num_steps = len(_steps)
     all_reduce_per_step = (runner.tp.num_all_reduce - _before) / num_steps
+    # Bytes rank 0 handed to its all-reduces, counted by the group, and the tokens the steps
+    # computed (prompt tokens in prefill steps, one per sequence in decode steps).
+    all_reduce_bytes = runner.tp.all_reduce_bytes - _bytes_before
+    tokens_computed = sum(_s.num_batched_tokens for _s in _steps)
+    dtype_bytes = llm_tp.engine.dtype.itemsize
     same_tokens = tpn_tokens == tp1_tokens
     rank_bytes = runner.executor.rank_weight_bytes
     kv_heads_per_rank = runner.kv_cache.shape[4]
@@ -199,12 +207,18 @@ def _(LLM, SamplingParams, TP, llm, mo, time):
     requests of {NEW_TOKENS} tokens in **{num_steps} steps**; the tokens are
     **{'identical to' if same_tokens else 'DIFFERENT from'}** the single-process run's
     ("{PROMPTS[0]}" → "{_text}"). Rank 0 made **{all_reduce_per_step:.0f} all-reduces per
-    step**. Wall time: {tpn_s:.2f} s at tp={TP} against {tp1_s:.2f} s in one process
+    step**, handing them **{all_reduce_bytes:,} bytes** for the {tokens_computed} tokens the
+    steps computed: {all_reduce_bytes // tokens_computed:,} bytes per token, one hidden
+    vector ({llm_tp.engine.model_config.hidden_size} x {dtype_bytes} bytes) per all-reduce.
+    The traffic follows the tokens of a step, not the weights: a prefill step of 40 tokens
+    moves 40 times what a one-token decode step moves. Wall time: {tpn_s:.2f} s at tp={TP}
+    against {tp1_s:.2f} s in one process
     (on one CPU the three ranks share the same cores and memory, so splitting cannot win
     here; see the benchmark in docs/benchmarks.md).
     """)
-    return (PROMPTS, all_reduce_per_step, kv_heads_per_rank, llm_tp, num_steps, rank_bytes,
-            refusal, runner, same_tokens, tp1_tokens, tpn_tokens)
+    return (PROMPTS, all_reduce_bytes, all_reduce_per_step, dtype_bytes, kv_heads_per_rank,
+            llm_tp, num_steps, rank_bytes, refusal, runner, same_tokens, tokens_computed,
+            tp1_tokens, tpn_tokens)
 
 
 @app.cell
@@ -251,6 +265,7 @@ def _(mo):
 @app.cell
 def _(NVLINK4_BYTES_S, PCIE5_BYTES_S, measure_all_reduce, mo, plt, ring_all_reduce_seconds):
     SIZES = [1 << k for k in (10, 13, 16, 19, 22)]          # 1 KiB .. 4 MiB
+    print("timing gloo all-reduces between two processes ...", flush=True)
     gloo_s = measure_all_reduce(SIZES, tp=2, repeats=5)
     _fig, _ax = plt.subplots(figsize=(6.5, 3.4))
     _ax.loglog(SIZES, [1e6 * gloo_s[s] for s in SIZES], "o-", label="gloo here (measured)")
@@ -392,8 +407,9 @@ def _(answer, check_all_reduces, mo):
 
 
 @app.cell
-def _(TP, all_reduce_per_step, cfg, check_all_reduces, gloo_s, kv_heads_per_rank,
-      num_steps, rank_bytes, refusal, same_tokens, split_share, tp_plan):
+def _(TP, all_reduce_bytes, all_reduce_per_step, cfg, check_all_reduces, dtype_bytes,
+      kv_heads_per_rank, num_steps, rank_bytes, refusal, same_tokens, split_share,
+      tokens_computed, tp_plan):
     def test_tp_matches_one_process():
         assert same_tokens
 
@@ -415,20 +431,26 @@ def _(TP, all_reduce_per_step, cfg, check_all_reduces, gloo_s, kv_heads_per_rank
             "weights_gb"]
         assert tp_plan("Llama-3-8B", 16)["kv_heads"] == tp_plan("Llama-3-8B", 8)["kv_heads"]
 
-    def test_gloo_measured_and_exercise():
-        assert all(s > 0 for s in gloo_s.values())
+    def test_all_reduce_bytes_follow_the_tokens():
+        # Counted by rank 0's group: each all-reduce sums one hidden vector per token computed.
+        per_token = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size * dtype_bytes
+        assert all_reduce_bytes == tokens_computed * per_token > 0
+
+    def test_exercise():
         assert check_all_reduces(61).startswith("Correct")
         assert "embedding" in check_all_reduces(60)
     return
 
 
 @app.cell
-def _(TP, all_reduce_per_step, gloo_us_small, kv_heads_per_rank, llm_tp, mo, same_tokens,
-      split_share):
+def _(TP, all_reduce_bytes, all_reduce_per_step, gloo_us_small, kv_heads_per_rank, llm_tp,
+      mo, same_tokens, split_share, tokens_computed):
     findings = {
         "tp": TP,
         "tp_tokens_identical": same_tokens,
         "all_reduce_per_step": int(all_reduce_per_step),
+        "all_reduce_bytes": all_reduce_bytes,
+        "all_reduce_bytes_per_token": all_reduce_bytes // tokens_computed,
         "split_share_per_rank": [round(s, 6) for s in split_share],
         "kv_heads_per_rank": kv_heads_per_rank,
         "gloo_all_reduce_1kib_us": round(gloo_us_small, 1),
@@ -442,7 +464,9 @@ def _(TP, all_reduce_per_step, gloo_us_small, kv_heads_per_rank, llm_tp, mo, sam
       tokens as in one process: the split changes where the arithmetic happens, not what it
       computes (up to the order of a few float additions).
     * Rank 0 made **{int(all_reduce_per_step)}** all-reduces per step: two per layer and one
-      for the embedding; each rank held 1/{TP} of the split weights and
+      for the embedding, and handed them **{all_reduce_bytes // tokens_computed:,} bytes per
+      token computed** ({all_reduce_bytes:,} in all, counted): the link's load grows with
+      the batch's tokens. Each rank held 1/{TP} of the split weights and
       **{kv_heads_per_rank}** KV head.
     * Over gloo on this machine, even a 1 KiB all-reduce cost **{gloo_us_small:.0f} us**: on
       one CPU, tensor parallelism only adds work. It pays where each rank has its own

@@ -95,6 +95,7 @@ def _(N, mo):
 
 @app.cell
 def _(N, np, plt, sample, verdict):
+    print(f"sampling {N} answers unconstrained, then {N} guided ...", flush=True)
     free = sample(guided=False)
     guided = sample(guided=True)
     KINDS = ("valid", "wrong shape", "not JSON")
@@ -138,9 +139,14 @@ def _(mo):
     mo.md(r"""
     ## The mechanism: one mask per step
 
-    xgrammar compiles the schema into a grammar (a pushdown automaton over characters) and
-    precomputes, for each of its states, which of the 49,152 vocabulary tokens can come
-    next. Each guided sequence keeps a **matcher**, the automaton's current state. At every
+    xgrammar compiles the schema into a grammar (a pushdown automaton over characters).
+    For each position of that automaton it sorts the 49,152 vocabulary tokens in advance:
+    most are **context-independent**, accepted or rejected by the position alone, and their
+    bits are precomputed once per schema (its adaptive token mask cache); the few
+    **context-dependent** ones, whose fate depends on the stack below (which brackets are
+    open, which rule called this one), are checked at run time against the matcher's
+    actual stack. Each guided sequence keeps a **matcher**, the automaton's current state
+    with its stack. At every
     step the engine asks each matcher for a bitmask (one bit per token, 1,536 int32 words),
     sets the logits of the 0 bits to `-inf`, and samples as usual from what is left:
     temperature, top-k, top-p and the random draw are untouched.
@@ -177,8 +183,11 @@ def _(GuidedDecodingParams, PROMPT, SCHEMA, llm, so, torch, xgr):
     allowed_mask = torch.zeros(so.vocab_size, dtype=torch.bool)
     allowed_mask[allowed_after_name] = True
     mass_removed = float(probs_after_name[~allowed_mask].sum())
-    return (PREFIX, allowed_after_name, allowed_ids, allowed_mask, fresh_matcher,
-            mass_removed, prefix_ids, probs_after_name)
+    # How many of the model's 15 favourites the mask let through (counted token by token).
+    top_allowed = int(allowed_mask[probs_after_name.topk(15).indices].sum())
+    argmax_allowed = bool(allowed_mask[probs_after_name.argmax()])
+    return (PREFIX, allowed_after_name, allowed_ids, allowed_mask, argmax_allowed,
+            fresh_matcher, mass_removed, prefix_ids, probs_after_name, top_allowed)
 
 
 @app.cell
@@ -217,12 +226,13 @@ def _(
 
 
 @app.cell
-def _(allowed_after_name, mass_removed, mo, so):
+def _(allowed_after_name, argmax_allowed, mass_removed, mo, so, top_allowed):
     mo.md(f"""
     After `{{"name":` a JSON string must follow, perhaps after some whitespace: only
     **{len(allowed_after_name)}** of {so.vocab_size} tokens qualify (a quote, a quote with
-    the first letters of a name, whitespace). The model's own favourites were mostly among
-    them; the mask removed **{mass_removed:.1%}** of its probability here. That is the
+    the first letters of a name, whitespace). **{top_allowed}** of the model's 15 most likely
+    tokens were among them, its favourite {'included' if argmax_allowed else 'NOT'}; the
+    mask removed **{mass_removed:.1%}** of its probability here. That is the
     common case for a model that already understands the request: the mask rarely
     overrides it, it only removes the tail where the breakage lives.
     """)
@@ -307,6 +317,7 @@ def _(GPU, GuidedDecodingParams, PROMPT, SCHEMA, SamplingParams, llm, so):
                 "tokens": sum(len(_c.token_ids) for _c in _out.outputs)}
 
     BATCHES = (1, 32) if GPU else (1, 16)
+    print(f"timing batches {BATCHES}, free and guided ...", flush=True)
     timed_run(1, True, 4)                                       # warm-up
     cost = {(_b, _g): timed_run(_b, _g) for _b in BATCHES for _g in (False, True)}
     compile_ms = 1e3 * so.compile_seconds / max(so.num_compiled, 1)
@@ -452,6 +463,7 @@ def _(
     N,
     allowed_after_name,
     allowed_per_step,
+    argmax_allowed,
     check_allowed_first_tokens,
     choice_truth,
     cost,
@@ -463,6 +475,7 @@ def _(
     replay_terminated,
     replay_tokens,
     so,
+    top_allowed,
 ):
     def test_the_constraint_does_the_work():
         assert counts["guided"]["valid"] == N
@@ -470,7 +483,10 @@ def _(
 
     def test_one_mask_lets_few_tokens_through():
         assert 1 < len(allowed_after_name) < so.vocab_size // 100
-        assert 0 <= mass_removed < 1
+        # The model mostly agrees with the grammar here: its favourite token is allowed and
+        # the mask removes a tail, not the bulk (an inverted or shifted mask fails both).
+        assert argmax_allowed and 1 <= top_allowed < 15
+        assert 0 < mass_removed < 0.5
 
     def test_the_grammar_forces_structure_and_ends():
         assert len(allowed_per_step) == len(replay_tokens) and forced_steps >= 3

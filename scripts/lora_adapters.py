@@ -1,7 +1,7 @@
 """Tiny LoRA adapters for SmolLM2-135M-Instruct, made with PEFT, for lesson 12, the LoRA tests
 and anyone trying `LLM(enable_lora=True)`.
 
-Each adapter is trained for a few dozen steps to open every answer with its own phrase, a
+Each adapter is trained for ten steps to open every answer with its own phrase, a
 behaviour you can see in one greedy line. They differ on purpose in rank, alpha and the
 projections they adapt, so together they cover what minivllm/lora/models.py must handle:
 
@@ -11,18 +11,23 @@ projections they adapt, so together they cover what minivllm/lora/models.py must
     french  "Bonjour !"     r=2   q, k, v, o            use_rslora (scale alpha / sqrt(r))
 
 Only the last six layers are adapted, which keeps training to ten steps of a sixth of the
-model. They are generated on first use (2 to 3.5 minutes each measured on a 2-core CPU shared
-with four other jobs; much less on an idle one) into
-~/.cache/minivllm/lora/<name>-<recipe hash>/ in PEFT's own format (adapter_config.json +
-adapter_model.safetensors), and reused after; the recipe hash changes when this file's recipe
-does. The training is seeded, so a rerun makes the same adapters up to float summation order.
+model. The four adapters this recipe makes ship beside this file, in scripts/lora_adapters/
+<name>-<recipe hash>/ (PEFT's own format, adapter_config.json + adapter_model.safetensors,
+4.3 MB together), so lesson 12 and the tests load them at once. Change the recipe and its hash
+changes: the shipped copy no longer matches, and the adapter is trained on first use (printing
+each step; 2 to 3.5 minutes each measured on a 2-core CPU shared with four other jobs, much less
+on an idle one) into ~/.cache/minivllm/lora/<name>-<recipe hash>/ and reused after. The
+training is seeded, so a rerun makes the same adapters up to float summation order.
 
-    uv run python scripts/lora_adapters.py            # make all four, print where they are
+    uv run python scripts/lora_adapters.py            # where each adapter is (trains if needed)
+    uv run python scripts/lora_adapters.py --remake   # train all four again into the shipped
+                                                      # folder (then commit it)
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 import json
 import shutil
 import tempfile
@@ -40,7 +45,7 @@ QUESTIONS = ["What is the capital of Italy?", "How do plants grow?", "Tell me a 
              "What is 2 + 2?", "Why is the sky blue?", "Name a fruit.",
              "How do I boil an egg?", "What is a computer?"]
 STEPS, LR, LAYERS = 10, 1e-2, 6      # steps, AdamW learning rate, layers adapted
-VERBOSE = False
+SHIPPED = Path(__file__).resolve().with_suffix("")   # scripts/lora_adapters/, committed
 
 
 def chat_prompt(question: str) -> str:
@@ -54,8 +59,12 @@ def _recipe_hash(name: str) -> str:
 
 
 def adapter_path(name: str) -> Path:
+    """The shipped copy when it matches the recipe, else the per-user cache."""
     from minivllm.models.loader import cache_root
-    return cache_root() / "lora" / f"{name}-{_recipe_hash(name)}"
+    folder = f"{name}-{_recipe_hash(name)}"
+    shipped = SHIPPED / folder
+    return shipped if (shipped / "adapter_model.safetensors").exists() else (
+        cache_root() / "lora" / folder)
 
 
 def train_adapter(name: str, out: Path, model_path: Path) -> None:
@@ -108,19 +117,21 @@ def train_adapter(name: str, out: Path, model_path: Path) -> None:
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if VERBOSE:
-            print(f"  step {step}: loss {loss.item():.3f} ({time.perf_counter() - t0:.1f} s)")
-    print(f"  {name}: loss {loss.item():.3f} after {STEPS} steps")
+        print(f"  {name} step {step + 1}/{STEPS}: loss {loss.item():.3f} "
+              f"({time.perf_counter() - t0:.1f} s)", flush=True)
     model.save_pretrained(out)
 
 
-def ensure_adapters(names=None) -> dict[str, Path]:
-    """{name: PEFT adapter directory}, training any that are not cached yet."""
+def ensure_adapters(names=None, remake: bool = False) -> dict[str, Path]:
+    """{name: PEFT adapter directory}, training any that are neither shipped nor cached yet
+    (remake: train every one again, into the shipped folder)."""
     from minivllm.models.loader import resolve_model_path
     paths = {}
     for name in names or ADAPTERS:
-        path = adapter_path(name)
-        if not (path / "adapter_model.safetensors").exists():
+        path = SHIPPED / f"{name}-{_recipe_hash(name)}" if remake else adapter_path(name)
+        if remake or not (path / "adapter_model.safetensors").exists():
+            print(f"training LoRA adapter {name!r} ({STEPS} steps; a few seconds a step on a "
+                  f"CPU, so up to a few minutes) into {path}", flush=True)
             t0 = time.perf_counter()
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{name}-"))
@@ -136,5 +147,5 @@ def ensure_adapters(names=None) -> dict[str, Path]:
 
 
 if __name__ == "__main__":
-    for name, path in ensure_adapters().items():
+    for name, path in ensure_adapters(remake="--remake" in sys.argv).items():
         print(f"{name:8} {path}")

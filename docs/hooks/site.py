@@ -106,7 +106,8 @@ def _measured(entry) -> str:
         ladder = _found(LADDER).get("ablation", {})
         if rung not in ladder or "full engine" not in ladder:
             return f"{rung}: (lesson {LADDER} did not record the ablation ladder)"
-        on, off = ladder["full engine"], ladder[rung]
+        off = ladder[rung]              # against the row it differs from in one mechanism
+        on = ladder[off.get("vs") or "full engine"]
         return f"switched off ({rung}, lesson {LADDER}'s ladder): " + ", ".join(
             f"{what} {_show(on[k])} → **{_show(off[k])}**" for k, what in RUNG_COUNTS
             if k == "steps" or on[k] != off[k]) + (

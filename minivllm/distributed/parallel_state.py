@@ -39,11 +39,13 @@ class TensorParallelGroup:
         else:
             self.pg = dist.ProcessGroupGloo(store, rank, size, COLLECTIVE_TIMEOUT)
         self.num_all_reduce = 0     # counted, for lesson 15
+        self.all_reduce_bytes = 0   # bytes of the tensors summed (each rank's own copy)
         self.num_all_gather = 0
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks, in place: every rank ends with the same tensor."""
         self.num_all_reduce += 1
+        self.all_reduce_bytes += x.numel() * x.element_size()
         self.pg.allreduce([x]).wait()
         return x
 
