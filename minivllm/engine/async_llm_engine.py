@@ -81,8 +81,8 @@ class AsyncLLMEngine:
         self._lock = threading.Lock()              # guards _error against adds in flight
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="minivllm-grammar")
         self.num_grammars_pending = 0              # requests waiting for their grammar
-        if hasattr(engine, "on_schedule"):         # running/KV gauges as a step starts too
-            engine.on_schedule = self._snapshot
+        if hasattr(engine, "add_schedule_callback"):   # running/KV gauges as a step starts too
+            engine.add_schedule_callback(self._snapshot)
         self._thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
         self._thread.start()
 
@@ -180,8 +180,8 @@ class AsyncLLMEngine:
             self._commands.put(("stop",))
             self._thread.join(timeout)
         self._compiler.shutdown(wait=False, cancel_futures=True)
-        if getattr(self.engine, "on_schedule", None) == self._snapshot:
-            self.engine.on_schedule = None        # the engine may serve on without us
+        if hasattr(self.engine, "remove_schedule_callback"):   # the engine may serve on
+            self.engine.remove_schedule_callback(self._snapshot)
 
     # ---------------------------------------------------------------- the engine thread
     def _run(self) -> None:

@@ -30,6 +30,7 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
@@ -78,7 +79,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._traces: list[list[StepRecord]] = []
         self._init_state(config)
-        self.on_schedule = None              # called once a step is scheduled (AsyncLLMEngine)
+        self._schedule_callbacks: list[Callable[[], None]] = []   # see add_schedule_callback
         self.kv_connector = None             # prefill/decode disaggregation (kv_transfer/)
         if config.kv_transfer_config is not None:
             from minivllm.distributed.kv_transfer.kv_connector import KVConnector
@@ -208,6 +209,14 @@ class LLMEngine:
         self.requests[request_id] = group
         return True
 
+    def add_schedule_callback(self, callback: Callable[[], None]) -> None:
+        """Call callback() each time a step has been scheduled, before its forward pass (the
+        async engine refreshes its running/KV gauges there)."""
+        self._schedule_callbacks.append(callback)
+
+    def remove_schedule_callback(self, callback: Callable[[], None]) -> None:
+        self._schedule_callbacks.remove(callback)
+
     def abort_request(self, request_id: str) -> None:
         group = self.requests.pop(request_id, None)
         if group is not None:
@@ -279,8 +288,8 @@ class LLMEngine:
         # 1. Schedule: which sequences run, how many tokens each, which blocks move.
         scheduler_output = self.scheduler.schedule()
         self.last_scheduler_output = scheduler_output
-        if self.on_schedule is not None:          # a long prefill shows as running meanwhile
-            self.on_schedule()
+        for callback in self._schedule_callbacks:   # a long prefill shows as running meanwhile
+            callback()
         # 2. Execute: block copies, one forward pass, the sampled tokens.
         runner_output = self.runner.execute_model(scheduler_output)
         if not scheduler_output.seqs:

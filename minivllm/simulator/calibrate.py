@@ -52,6 +52,13 @@ def step_features(steps: list[StepRecord], prompt_lens: dict[str, int], timer: S
     return rows
 
 
+def step_seconds(steps: list[StepRecord]) -> list[float]:
+    """Each step's seconds from its start to the next step's start: the serving loop's own
+    work between steps (adding requests, outputs) is time a request waits too. The calibration
+    workloads arrive at once, so no idle wait for an arrival is counted."""
+    return [b.start_time - a.start_time for a, b in zip(steps, steps[1:])] + [steps[-1].duration]
+
+
 def calibration_workloads(tokenizer) -> list[list]:
     """Varied shapes: long prompts alone, a crowd of short ones decoding together, a mix."""
     return [lognormal_requests(tokenizer, 3, prompt=(5.5, 0.5, 100, 400), output=(1.5, 0.3, 3, 5),
@@ -85,7 +92,7 @@ def calibrate(llm, save: bool = True, progress: bool = False) -> HardwareProfile
         run = serve(llm, requests, tag=tag)
         lens = {f"{tag}{i}": len(r.prompt) for i, r in enumerate(requests)}
         rows += step_features(run.steps, lens, timer)
-        seconds += [st.duration for st in run.steps]
+        seconds += step_seconds(run.steps)
         if progress:
             print(f"calibration workload {k + 1}/3: {len(run.steps)} steps", flush=True)
     fit = fit_profile(rows, seconds, peaks.flops, peaks.bandwidth, dtype=base.dtype,
