@@ -76,9 +76,14 @@ class BlockManager:
 
     def _shared_blocks_to_write(self, seq: Sequence, lookahead: int = 0) -> list[int]:
         """Indices in seq's table of shared blocks that this step's tokens would write into."""
+        table, ref_counts = seq.block_table, self.ref_counts
         first = seq.num_computed_tokens // self.block_size
-        last = min(len(seq.block_table), cdiv(len(seq) + lookahead, self.block_size))
-        return [i for i in range(first, last) if self.ref_counts[seq.block_table[i]] > 1]
+        last = min(len(table), cdiv(len(seq.token_ids) + lookahead, self.block_size))
+        shared = []
+        for i in range(first, last):         # (a loop, not a comprehension: mostly 1 block)
+            if ref_counts[table[i]] > 1:
+                shared.append(i)
+        return shared
 
     def _block_hash(self, seq: Sequence, i: int) -> int:
         """Hash of seq's full block i (computed once per sequence, chained)."""
@@ -137,10 +142,11 @@ class BlockManager:
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Name every block of seq that is full and computed, so later requests can reuse it.
         Only computed blocks are named: a block still being filled this step is never hit."""
-        if self.prefix_cache is None:
-            return
-        for i in range(seq.num_cached_blocks, seq.num_computed_tokens // self.block_size):
-            bs = self.block_size
+        num_full = seq.num_computed_tokens // self.block_size
+        if self.prefix_cache is None or num_full <= seq.num_cached_blocks:
+            return                       # (most steps: a decode that fills no block)
+        bs = self.block_size
+        for i in range(seq.num_cached_blocks, num_full):
             block = seq.block_table[i]
             # The parent is the block the cache holds for the previous hash: when two sequences
             # computed the same prefix in one step, only one copy of it is named.
@@ -148,13 +154,18 @@ class BlockManager:
                                                           seq.block_table[i - 1]) if i else None)
             key = BlockKey(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]), seq.extra_keys)
             self.prefix_cache.insert(block, self._block_hash(seq, i), key)
-        seq.num_cached_blocks = max(seq.num_cached_blocks,
-                                    seq.num_computed_tokens // self.block_size)
+        seq.num_cached_blocks = num_full
 
     def can_append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> bool:
-        new_blocks = cdiv(len(seq) + num_lookahead_slots, self.block_size) - len(seq.block_table)
+        num_blocks = cdiv(len(seq.token_ids) + num_lookahead_slots, self.block_size)
+        new_blocks = max(num_blocks - len(seq.block_table), 0)
+        # Asked for every running sequence every step: when the pool has room even if each
+        # block this step writes were shared (copied), skip looking for the shared ones.
+        if new_blocks + num_blocks - seq.num_computed_tokens // self.block_size \
+                <= len(self.free_block_ids):
+            return True
         shared = self._shared_blocks_to_write(seq, num_lookahead_slots)
-        return max(new_blocks, 0) + len(shared) <= self.num_free_blocks
+        return new_blocks + len(shared) <= len(self.free_block_ids)
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         """Grow seq's table to cover all len(seq) tokens, and num_lookahead_slots more (the
@@ -166,7 +177,8 @@ class BlockManager:
             seq.block_table[i] = dst
             copies.append((src, dst))
             self.num_copy_on_write += 1
-        while len(seq.block_table) < cdiv(len(seq) + num_lookahead_slots, self.block_size):
+        num_blocks = cdiv(len(seq.token_ids) + num_lookahead_slots, self.block_size)
+        while len(seq.block_table) < num_blocks:
             seq.block_table.append(self._take())
         return copies
 

@@ -105,11 +105,12 @@ def check_stop(seq: Sequence, eos_token_ids: set[int], max_model_len: int
                ) -> SequenceStatus | None:
     """After appending a token: a stop token ends seq, so do max_tokens and max_model_len.
     (Stop strings need the text: engine/output_processor.py checks them.)"""
-    params = seq.params
+    params = seq.group.params
     token = seq.token_ids[-1]
     if token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids):
         return SequenceStatus.FINISHED_STOPPED
-    if seq.num_output_tokens >= params.max_tokens or len(seq) >= max_model_len:
+    num_tokens = len(seq.token_ids)
+    if num_tokens - seq.num_prompt_tokens >= params.max_tokens or num_tokens >= max_model_len:
         return SequenceStatus.FINISHED_LENGTH
     return None
 
@@ -158,11 +159,12 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            # Drafts: what the budget leaves once each later running sequence has one token,
-            # and only if their lookahead slots are free (speculation never preempts).
-            del seq.spec_token_ids[max(0, budget - (len(self.running) - i)):]
-            if seq.spec_token_ids and not bm.can_append_slots(seq, len(seq.spec_token_ids)):
-                seq.spec_token_ids.clear()
+            if seq.spec_token_ids:
+                # Drafts: what the budget leaves once each later running sequence has one
+                # token, and only if their lookahead slots are free (speculation never preempts).
+                del seq.spec_token_ids[max(0, budget - (len(self.running) - i)):]
+                if seq.spec_token_ids and not bm.can_append_slots(seq, len(seq.spec_token_ids)):
+                    seq.spec_token_ids.clear()
             while not bm.can_append_slots(seq):
                 victim = self.running.pop()          # the newest running sequence
                 self._preempt(victim, out)
@@ -216,30 +218,35 @@ class Scheduler:
         included), for output processing."""
         so = scheduler_output
         bm = self.block_manager
+        # (Each loop runs once per scheduled sequence per step: the dicts are looked up once.)
+        errors, sampled, forked = runner_output.errors, runner_output.sampled, runner_output.forked
         self.spec_decoding_stats.num_accepted_this_step = 0
         for seq, n in zip(so.seqs, so.num_new_tokens):
             seq.num_computed_tokens += n - len(seq.spec_token_ids)   # drafts: once accepted
             bm.cache_computed_blocks(seq)                # full blocks become reusable
         updated = []
         for seq in so.seqs:
-            if seq.request_id in runner_output.errors or seq.is_finished:
+            if seq.status.finished or (errors and seq.request_id in errors):
                 continue
-            draws = runner_output.sampled.get(seq.seq_id)
-            fork_draws = runner_output.forked.get(seq.seq_id, [])
+            draws = sampled.get(seq.seq_id)
+            fork_draws = forked.get(seq.seq_id, ())
             children = seq.group.fork(self.seq_ids) if fork_draws else []
-            self._fork(seq, children)                    # n > 1: the other samples start now
+            if children:
+                self._fork(seq, children)                # n > 1: the other samples start now
             if draws is not None:
-                self._count_accepted(seq, len(draws) - 1)
+                if seq.spec_token_ids:
+                    self._count_accepted(seq, len(draws) - 1)
                 self._append(seq, draws)
                 updated.append(seq)
             for child, draw in zip(children, fork_draws):
                 self._append(child, [draw])
                 updated.append(child)
         for seq in so.seqs:                              # roll back the rejected drafts' slots
-            if seq.spec_token_ids and not seq.is_finished:
-                seq.num_computed_tokens = len(seq) - 1   # the newest token has no K/V yet
-                bm.free_lookahead_slots(seq)
-            seq.spec_token_ids = []
+            if seq.spec_token_ids:
+                if not seq.is_finished:
+                    seq.num_computed_tokens = len(seq) - 1   # the newest token has no K/V yet
+                    bm.free_lookahead_slots(seq)
+                seq.spec_token_ids = []
         for request_id, error in runner_output.errors.items():
             group = next(s.group for s in so.seqs if s.request_id == request_id)
             group.error = error
@@ -257,22 +264,22 @@ class Scheduler:
                 return
 
     def _count_accepted(self, seq: Sequence, num_accepted: int) -> None:
-        if seq.spec_token_ids:
-            stats = self.spec_decoding_stats
-            stats.num_drafts += 1
-            stats.num_draft_tokens += len(seq.spec_token_ids)
-            stats.num_accepted_tokens += num_accepted
-            stats.num_accepted_this_step += num_accepted
-            accepted = stats.num_accepted_tokens_per_pos
-            judged = stats.num_judged_tokens_per_pos
-            for per_pos in (accepted, judged):
-                per_pos.extend([0] * (len(seq.spec_token_ids) - len(per_pos)))
-            for i in range(num_accepted):
-                accepted[i] += 1
-            for i in range(min(num_accepted + 1, len(seq.spec_token_ids))):
-                judged[i] += 1
-            seq.metrics.num_draft_tokens += len(seq.spec_token_ids)
-            seq.metrics.num_accepted_tokens += num_accepted
+        """Speculative decoding's counters, for a sequence that verified drafts this step."""
+        stats = self.spec_decoding_stats
+        stats.num_drafts += 1
+        stats.num_draft_tokens += len(seq.spec_token_ids)
+        stats.num_accepted_tokens += num_accepted
+        stats.num_accepted_this_step += num_accepted
+        accepted = stats.num_accepted_tokens_per_pos
+        judged = stats.num_judged_tokens_per_pos
+        for per_pos in (accepted, judged):
+            per_pos.extend([0] * (len(seq.spec_token_ids) - len(per_pos)))
+        for i in range(num_accepted):
+            accepted[i] += 1
+        for i in range(min(num_accepted + 1, len(seq.spec_token_ids))):
+            judged[i] += 1
+        seq.metrics.num_draft_tokens += len(seq.spec_token_ids)
+        seq.metrics.num_accepted_tokens += num_accepted
 
     def add_prefilled(self, seq: Sequence, load_kv, first_token: Draw) -> bool:
         """Admit a sequence whose prompt another engine prefilled (prefill/decode
@@ -301,9 +308,10 @@ class Scheduler:
 
     def _lora_fits(self, seq: Sequence) -> bool:
         """At most max_loras distinct adapters run at once: each needs a slot in the model."""
+        if not seq.lora_int_id:              # the base model needs no slot
+            return True
         active = {s.lora_int_id for s in self.running} - {0}
-        return seq.lora_int_id in active or not seq.lora_int_id or \
-            len(active) < self.config.max_loras
+        return seq.lora_int_id in active or len(active) < self.config.max_loras
 
     def _fork(self, parent: Sequence, children: list[Sequence]) -> None:
         """Parallel sampling: `children` join running, sharing every block of `parent`."""

@@ -42,9 +42,9 @@ class SequenceStatus(enum.Enum):
     FINISHED_LENGTH = "length"     # max_tokens or max_model_len reached
     FINISHED_ABORTED = "abort"     # aborted by the caller, or failed (then group.error says why)
 
-    @property
-    def finished(self) -> bool:
-        return self.name.startswith("FINISHED")
+    def __init__(self, value: str):
+        # A plain attribute, not a property: every sequence asks it every step.
+        self.finished = self.name.startswith("FINISHED")
 
 
 @dataclass(slots=True)
@@ -63,6 +63,7 @@ class Sequence:
                  token_ids: list[int], num_prompt_tokens: int):
         self.seq_id = seq_id
         self.group = group                       # the request this sample belongs to
+        self.request_id = group.request_id       # the group's, read per sequence per step
         self.index = index                       # which of the request's n samples
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = num_prompt_tokens
@@ -87,10 +88,6 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, {self.status.value}, tokens={len(self)}, "
                 f"computed={self.num_computed_tokens}, blocks={self.block_table})")
-
-    @property
-    def request_id(self) -> str:
-        return self.group.request_id
 
     @property
     def params(self) -> SamplingParams:
@@ -121,7 +118,8 @@ class Sequence:
     def is_prefill(self) -> bool:
         """Are prompt tokens (or, after a recompute preemption, any tokens but the newest)
         still without K/V? Then its next step is a prefill chunk, not a one-token decode."""
-        return self.num_uncomputed_tokens > 1 or self.num_output_tokens == 0
+        num_tokens = len(self.token_ids)
+        return num_tokens - self.num_computed_tokens > 1 or num_tokens == self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:
