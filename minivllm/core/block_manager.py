@@ -160,9 +160,9 @@ class BlockManager:
         num_blocks = cdiv(len(seq.token_ids) + num_lookahead_slots, self.block_size)
         new_blocks = max(num_blocks - len(seq.block_table), 0)
         # Asked for every running sequence every step: when the pool has room even if each
-        # block this step writes were shared (copied), skip looking for the shared ones.
-        if new_blocks + num_blocks - seq.num_computed_tokens // self.block_size \
-                <= len(self.free_block_ids):
+        # block this step writes into were shared (to be copied), skip looking which are.
+        writes_at_most = max(num_blocks - seq.num_computed_tokens // self.block_size, 0)
+        if new_blocks + writes_at_most <= len(self.free_block_ids):
             return True
         shared = self._shared_blocks_to_write(seq, num_lookahead_slots)
         return new_blocks + len(shared) <= len(self.free_block_ids)
