@@ -183,8 +183,7 @@ class StepTimer:
         """Seconds for a step in which sequence i computes new_tokens[i] tokens and then
         holds context_lens[i]; `sampled` rows reach the LM head (default: one each)."""
         sampled = len(new_tokens) if sampled is None else sampled
-        num_seqs, linear, attn, moved = self.features(new_tokens, context_lens, sampled)
-        return self.time_of(num_seqs, linear, attn, moved, sum(new_tokens))
+        return self.time_of(*self.features(new_tokens, context_lens, sampled), sum(new_tokens))
 
     def time_of(self, num_seqs: int, linear: float, attn: float, moved: float,
                 tokens: int) -> float:
