@@ -64,9 +64,13 @@ def _(mo):
     mo.md(r"""
     ## 1. Calibrate on this machine, then check the prediction against a real run
 
-    `calibrate` serves three small workloads of different shapes (long prompts alone, a
-    crowd of short ones decoding together, a mix), rebuilds each step's FLOPs, bytes and
-    sequence count from its `StepRecord`, and fits seconds per step by least squares. Then
+    `calibrate` serves four small workloads of different shapes (long prompts alone, a
+    crowd of short ones decoding together, a mix, and prompts arriving every other step),
+    rebuilds each step's FLOPs, bytes and sequence count from its `StepRecord`, and fits
+    seconds per step by least squares. The bytes are not fitted: they are read at the
+    bandwidth `measure_peaks` measured, since on one model they are nearly all weights, the
+    same every step, and a fitted bytes term would trade places with the per-step overhead
+    from one calibration to the next. Then
     a workload the fit never saw is served twice: for real, and simulated with the fitted
     profile. The schedules must be identical, step for step; the seconds are a prediction.
     """)
@@ -75,7 +79,7 @@ def _(mo):
 
 @app.cell
 def _(calibrate, llm, mo):
-    with mo.status.spinner("calibrating: about 50 real engine steps"):
+    with mo.status.spinner("calibrating: about 90 real engine steps"):
         cpu = calibrate(llm, save=False)
     print(f"fitted: overhead {1000 * cpu.overhead:.1f} ms/step, {1000 * cpu.per_seq:.2f} ms "
           f"per sequence, linear layers at {cpu.compute_efficiency:.0%} of the measured "
@@ -140,7 +144,8 @@ def _(StepTimer, cpu, held_out, llm, mo, np, plt, real_t, step_features, timing)
 
     One step at a time the fit is rough (the scatter: a shared CPU's steps vary by tens of
     percent), but whole-run totals and percentiles average that out; tests/test_simulator.py
-    asserts them within 10%, next to the noise of running the real engine twice. Vidur
+    prints them next to the noise of running the real engine twice and holds them to its
+    PREDICTION_BOUND (the target is 10%; docs/benchmarks.md records what was measured). Vidur
     reports under 9% on GPUs. This page asserts only the schedule: seconds on a shared CPU
     are evidence, not a finding.
     """)])

@@ -21,7 +21,7 @@ import os
 import numpy as np
 
 from minivllm.benchmarks.roofline import measure_peaks
-from minivllm.benchmarks.workloads import lognormal_requests, serve
+from minivllm.benchmarks.workloads import lognormal_requests, poisson_arrivals, serve
 from minivllm.engine.stats import StepRecord
 from minivllm.simulator.cost_model import HardwareProfile, StepTimer, fit_profile, save_profile
 
@@ -57,14 +57,19 @@ def step_seconds(steps: list[StepRecord]) -> list[float]:
 
 
 def calibration_workloads(tokenizer) -> list[list]:
-    """Varied shapes: long prompts alone, a crowd of short ones decoding together, a mix."""
+    """Varied shapes: long prompts alone, a crowd of short ones decoding together, a mix, and
+    prompts arriving one every two steps or so: steps of one short prefill beside a few
+    decodes, the shape of open-loop serving, where a fit to whole-batch prefills alone
+    under-predicts (a small matmul runs further from the peak than a large one)."""
     return [lognormal_requests(tokenizer, 3, prompt=(5.5, 0.5, 100, 400), output=(1.5, 0.3, 3, 5),
                                seed=101),
             lognormal_requests(tokenizer, 16, prompt=(3.5, 0.5, 16, 80), output=(2.5, 0.4, 6, 20),
                                seed=102),
             lognormal_requests(tokenizer, 10, prompt=(4.5, 0.8, 16, 300), output=(2.5, 0.6, 4, 20),
-                               seed=103)]
-
+                               seed=103),
+            poisson_arrivals(lognormal_requests(tokenizer, 12, prompt=(4.0, 0.7, 16, 300),
+                                                output=(2.8, 0.5, 4, 30), seed=105),
+                             rate=0.5, seed=105, unit="steps")]
 
 
 # --8<-- [start:calibrate]

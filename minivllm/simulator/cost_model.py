@@ -201,12 +201,18 @@ def fit_profile(rows: list[tuple[float, ...]], durations: list[float], peak_flop
                 bandwidth: float, name: str = "this CPU", dtype: str = "float32",
                 memory_bytes: float = 8 * GiB) -> HardwareProfile:
     """Least squares, non-negative, of step seconds on [1, sequences, linear FLOPs, attention
-    FLOPs, bytes] (rows from StepTimer.features on a 1-device profile): the intercept is the
-    per-step overhead, the other coefficients are seconds per unit, turned into efficiencies
-    against the measured peaks. A coefficient that comes out negative is dropped and the rest
-    refitted (the active-set idea of Lawson-Hanson's NNLS, one column at a time)."""
-    X = np.column_stack([np.ones(len(rows)), np.asarray(rows, dtype=float)])
-    y = np.asarray(durations, dtype=float)
+    FLOPs] (rows from StepTimer.features on a 1-device profile), once the bytes' time at the
+    measured `bandwidth` is taken off: the intercept is the per-step overhead, the other
+    coefficients are seconds per unit, turned into efficiencies against the measured peaks.
+    The bytes are not fitted: on one model they are nearly all the weights, the same in every
+    step, so a fitted bytes coefficient and the overhead trade places from one calibration to
+    the next (collinear columns), and the fit lands elsewhere each time. Read at the measured
+    bandwidth, whatever that misses of the weights' time is also the same every step, and the
+    overhead takes it. A coefficient that comes out negative is dropped and the rest refitted
+    (the active-set idea of Lawson-Hanson's NNLS, one column at a time)."""
+    rows = np.asarray(rows, dtype=float)
+    X = np.column_stack([np.ones(len(rows)), rows[:, :3]])
+    y = np.asarray(durations, dtype=float) - rows[:, 3] / bandwidth
     scale = X.max(axis=0)                       # columns of 1 and of 1e9 FLOPs: condition it
     active = list(range(X.shape[1]))
     while True:
@@ -216,14 +222,12 @@ def fit_profile(rows: list[tuple[float, ...]], durations: list[float], peak_flop
         active.pop(int(np.argmin(coef)))
     full = np.zeros(X.shape[1])
     full[active] = coef / scale[active]
-    overhead, per_seq, s_linear, s_attn, s_byte = full
-    eff = lambda s, peak: 1 / (s * peak) if s > 0 else math.inf  # noqa: E731 (term unseen)
+    overhead, per_seq, s_linear, s_attn = full
+    eff = lambda s: 1 / (s * peak_flops) if s > 0 else math.inf  # noqa: E731 (term unseen)
     return HardwareProfile(name, kind="measured fit", source=f"{len(y)} engine steps, "
                            "least squares (minivllm simulate --calibrate)", dtype=dtype,
                            peak_flops=peak_flops, bandwidth=bandwidth,
                            memory_bytes=memory_bytes, overhead=float(overhead),
-                           per_seq=float(per_seq),
-                           compute_efficiency=eff(s_linear, peak_flops),
-                           attention_efficiency=eff(s_attn, peak_flops),
-                           memory_efficiency=eff(s_byte, bandwidth), overlap=False)
+                           per_seq=float(per_seq), compute_efficiency=eff(s_linear),
+                           attention_efficiency=eff(s_attn), overlap=False)
 # --8<-- [end:fit]
