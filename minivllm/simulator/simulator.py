@@ -105,7 +105,8 @@ class SimResult:
 class SimEngine:
     """One simulated engine: LLMEngine.step without the weights. `step` is
     `Scheduler.schedule()`, the SimulatedRunner's made-up output and its seconds on the clock,
-    then `Scheduler.update_from_output`; a StepRecord of each step, as engine.trace() keeps."""
+    then `Scheduler.update_from_output`; a StepRecord of each step, as engine.trace() keeps.
+    vLLM twin: EngineCore.step (vllm/v1/engine/core.py) with no model executor behind it."""
 
     def __init__(self, mc, timer: StepTimer, config: EngineConfig, num_blocks: int):
         self.mc, self.timer, self.config = mc, timer, config
@@ -120,6 +121,7 @@ class SimEngine:
         self.steps: list[StepRecord] = []
 
     def sequence(self, request_id: str, prompt: list[int], params: SamplingParams):
+        """The request's Sequence, checked as the engine's processor checks it."""
         validate_request(prompt, params, self.config, self.mc, self.bm)
         group = SequenceGroup(request_id, None, prompt, params, next(self.sched.seq_ids))
         return group.seqs[0]
