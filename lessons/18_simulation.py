@@ -70,7 +70,8 @@ def _(mo):
     seconds per step by least squares. The bytes are not fitted: they are read at the
     bandwidth `measure_peaks` measured, since on one model they are nearly all weights, the
     same every step, and a fitted bytes term would trade places with the per-step overhead
-    from one calibration to the next. Then
+    from one calibration to the next; and each step's error counts relative to its length,
+    so the many short decode steps pin the overhead down. Then
     a workload the fit never saw is served twice: for real, and simulated with the fitted
     profile. The schedules must be identical, step for step; the seconds are a prediction.
     """)

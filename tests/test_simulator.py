@@ -216,10 +216,12 @@ def test_simulated_schedule_equals_the_engines(calibrated):
 # fit (bytes fitted beside the overhead, three whole-batch calibration workloads), six
 # calibrations on a quiet 2-core EPYC erred: total -17% to -8%, p50 -25% to -2%, p90 -23% to
 # +5%, while the real engine repeats itself within 0-5%. The fit now reads the bytes at the
-# measured bandwidth (the overhead/bytes pair was collinear on one model) and calibrates on a
-# fourth workload of staggered arrivals (small prefills beside decodes, the held-out shape);
-# it has not yet been measured on a quiet machine (docs/benchmarks.md), so CI holds the
-# prediction to 40%: it still fails when the cost model or the schedule drifts grossly.
+# measured bandwidth (the overhead/bytes pair was collinear on one model), weighs each step's
+# error relative to its seconds, and calibrates on a fourth workload of staggered arrivals
+# (small prefills beside decodes, the held-out shape); on synthetic noisy steps that narrows
+# the held-out total's spread from -7%..+6% to -4%..+2% (docs/benchmarks.md). It has not yet
+# been measured on a quiet machine, so CI holds the prediction to 40%: it still fails when
+# the cost model or the schedule drifts grossly.
 PREDICTION_BOUND = 0.40
 
 

@@ -208,11 +208,13 @@ def fit_profile(rows: list[tuple[float, ...]], durations: list[float], peak_flop
     step, so a fitted bytes coefficient and the overhead trade places from one calibration to
     the next (collinear columns), and the fit lands elsewhere each time. Read at the measured
     bandwidth, whatever that misses of the weights' time is also the same every step, and the
-    overhead takes it. A coefficient that comes out negative is dropped and the rest refitted
-    (the active-set idea of Lawson-Hanson's NNLS, one column at a time)."""
-    rows = np.asarray(rows, dtype=float)
-    X = np.column_stack([np.ones(len(rows)), rows[:, :3]])
-    y = np.asarray(durations, dtype=float) - rows[:, 3] / bandwidth
+    overhead takes it. Each step's error counts relative to its seconds: a shared CPU's noise is
+    a share of the step, and in absolute terms the few long prefills would outvote the many
+    short decodes that pin the overhead down. A coefficient that comes out negative is dropped
+    and the rest refitted (the active-set idea of Lawson-Hanson's NNLS, one column at a time)."""
+    rows, t = np.asarray(rows, dtype=float), np.asarray(durations, dtype=float)
+    X = np.column_stack([np.ones(len(rows)), rows[:, :3]]) / t[:, None]     # relative errors
+    y = (t - rows[:, 3] / bandwidth) / t
     scale = X.max(axis=0)                       # columns of 1 and of 1e9 FLOPs: condition it
     active = list(range(X.shape[1]))
     while True:

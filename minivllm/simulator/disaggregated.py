@@ -52,9 +52,8 @@ def simulate_disaggregated(requests: list[Request], num_prefill: int = 1, num_de
     prefill = [e for name, e in engines.items() if name.startswith("prefill")]
     decode = [e for name, e in engines.items() if name.startswith("decode")]
     load = lambda e: len(e.sched.running) + len(e.sched.waiting)  # noqa: E731
-    n = len(requests)
-    times = RequestTimes(n)
-    pending = deque(sorted(range(n), key=lambda i: requests[i].arrival_time))
+    times = RequestTimes(len(requests))
+    pending = deque(sorted(range(len(requests)), key=lambda i: requests[i].arrival_time))
     in_flight: list[tuple] = []         # heap of (the KV lands, request, decode-side sequence)
     landed: deque[tuple] = deque()      # KV here, waiting for a decode engine with room
     while True:
