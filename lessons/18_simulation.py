@@ -14,15 +14,16 @@ def _():
     import torch
 
     from minivllm import LLM
+    from minivllm.benchmarks.simulate import real_latencies, run_both, same_schedule
     from minivllm.simulator import SLO, PROFILES, StepTimer, model_config, simulate
-    from minivllm.simulator import synthetic_requests
-    from minivllm.simulator.calibrate import (calibrate, real_latencies, run_both,
-                                              same_schedule, step_features)
+    from minivllm.simulator import simulate_disaggregated, synthetic_requests
+    from minivllm.simulator.calibrate import calibrate, step_features
     from minivllm.simulator.cost_model import PCIE_GEN5_BANDWIDTH
     from minivllm.workloads import lognormal_requests, poisson_arrivals
     return (LLM, PCIE_GEN5_BANDWIDTH, PROFILES, SLO, StepTimer, calibrate, dataclasses,
             lognormal_requests, mo, model_config, np, plt, poisson_arrivals, real_latencies,
-            run_both, same_schedule, simulate, step_features, synthetic_requests, torch)
+            run_both, same_schedule, simulate, simulate_disaggregated, step_features,
+            synthetic_requests, torch)
 
 
 @app.cell
@@ -63,9 +64,14 @@ def _(mo):
     mo.md(r"""
     ## 1. Calibrate on this machine, then check the prediction against a real run
 
-    `calibrate` serves three small workloads of different shapes (long prompts alone, a
-    crowd of short ones decoding together, a mix), rebuilds each step's FLOPs, bytes and
-    sequence count from its `StepRecord`, and fits seconds per step by least squares. Then
+    `calibrate` serves four small workloads of different shapes (long prompts alone, a
+    crowd of short ones decoding together, a mix, and prompts arriving every other step),
+    rebuilds each step's FLOPs, bytes and sequence count from its `StepRecord`, and fits
+    seconds per step by least squares. The bytes are not fitted: they are read at the
+    bandwidth `measure_peaks` measured, since on one model they are nearly all weights, the
+    same every step, and a fitted bytes term would trade places with the per-step overhead
+    from one calibration to the next; and each step's error counts relative to its length,
+    so the many short decode steps pin the overhead down. Then
     a workload the fit never saw is served twice: for real, and simulated with the fitted
     profile. The schedules must be identical, step for step; the seconds are a prediction.
     """)
@@ -74,7 +80,7 @@ def _(mo):
 
 @app.cell
 def _(calibrate, llm, mo):
-    with mo.status.spinner("calibrating: about 50 real engine steps"):
+    with mo.status.spinner("calibrating: about 90 real engine steps"):
         cpu = calibrate(llm, save=False)
     print(f"fitted: overhead {1000 * cpu.overhead:.1f} ms/step, {1000 * cpu.per_seq:.2f} ms "
           f"per sequence, linear layers at {cpu.compute_efficiency:.0%} of the measured "
@@ -139,7 +145,8 @@ def _(StepTimer, cpu, held_out, llm, mo, np, plt, real_t, step_features, timing)
 
     One step at a time the fit is rough (the scatter: a shared CPU's steps vary by tens of
     percent), but whole-run totals and percentiles average that out; tests/test_simulator.py
-    asserts them within 10%, next to the noise of running the real engine twice. Vidur
+    prints them next to the noise of running the real engine twice and holds them to its
+    PREDICTION_BOUND (the target is 10%; docs/benchmarks.md records what was measured). Vidur
     reports under 9% on GPUs. This page asserts only the schedule: seconds on a shared CPU
     are evidence, not a finding.
     """)])
@@ -236,8 +243,9 @@ def _(mo):
 def _(SLO_70B, mo, np, plt, rate_pick, run, sweep):
     _res = sweep.get(rate_pick.value) or run(rate_pick.value)
     _fig, _ax = plt.subplots(figsize=(9, 3))
-    _ax.plot(_res.step_end, [s.stats.num_waiting for s in _res.steps], label="waiting")
-    _ax.plot(_res.step_end, _res.batch_size, label="running (batch size)")
+    _end = [s.start_time + s.duration for s in _res.steps]
+    _ax.plot(_end, [s.stats.num_waiting for s in _res.steps], label="waiting")
+    _ax.plot(_end, [len(s.scheduled) for s in _res.steps], label="running (batch size)")
     _ax.set(xlabel="seconds (simulated)", ylabel="requests", title=_res.label)
     _ax.legend()
     _ok = _res.goodput(SLO_70B) >= 0.9
@@ -310,10 +318,105 @@ def _(cache_ttft, chunk_rows, computed, mo, tp_rows):
     tokens computed **{computed['on']:,}** with caching against **{computed['off']:,}**
     without; TTFT p50 {1000 * cache_ttft['on']:.0f} ms against
     {1000 * cache_ttft['off']:.0f} ms (simulated).
-
-    *Prefill/decode disaggregation* (lesson 08) is not simulated yet: it needs two simulated
-    engines and a KV transfer timed by the link, which `minivllm/simulator/` does not have.
     """)
+    return
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## 4. Disaggregation against colocation: goodput per GPU
+
+    Lesson 08 split prefill and decode across two engines on this CPU. At scale the question
+    is DistServe's (OSDI 2024): for a given SLO, which deployment serves the most requests per
+    second **per GPU**? `simulate_disaggregated` runs a prefill engine and a decode engine,
+    each the real `Scheduler` and `BlockManager` on its own clock: a request is prefilled on
+    the first (one token sampled there), its prompt's K/V crosses a link timed by its
+    bandwidth (bytes of the KV from the model's shapes), and the decode engine admits it with
+    `Scheduler.add_prefilled`, the path lesson 08's consumer takes. Three 8-GPU deployments of
+    Llama-3-70B on the H100 data-sheet profile: one TP=8 engine with chunked prefill (budget
+    2048), the same without chunking, and one TP=4 prefill engine beside one TP=4 decode
+    engine over NVLink. The SLO is tighter on ITL than above: TTFT within 1 s and a mean ITL
+    within 25 ms; each deployment's goodput is the highest rate of the grid at which 90% of
+    requests meet it, divided by its 8 GPUs.
+    """)
+    return
+
+
+@app.cell
+def _(DEPLOY, SLO, SLO_70B, mo, np, run, simulate_disaggregated, sweep, workload):
+    SLO_TIGHT = SLO(ttft=1.0, itl=0.025)
+    DISAGG_RATES = (8, 12, 16, 20, 24)
+    _split = {**DEPLOY, "tensor_parallel_size": 4}
+    deployments = {
+        "colocated TP=8, chunked": lambda r: sweep.get(r) or run(r),
+        "colocated TP=8, whole prompts": lambda r: run(r, enable_chunked_prefill=False,
+                                                       max_num_batched_tokens=8192),
+        "1 prefill + 1 decode, TP=4 each": lambda r: simulate_disaggregated(workload(r),
+                                                                            **_split)}
+    with mo.status.progress_bar(total=len(deployments) * len(DISAGG_RATES),
+                                title="simulating three deployments") as _bar:
+        disagg_runs = {}
+        for _name, _serve in deployments.items():
+            for _r in DISAGG_RATES:
+                disagg_runs[_name, _r] = _serve(_r)
+                _bar.update()
+    attainment = {k: res.goodput(SLO_TIGHT) for k, res in disagg_runs.items()}
+    best_rate = {name: max((r for r in DISAGG_RATES if attainment[name, r] >= 0.9), default=0)
+                 for name in deployments}
+    per_gpu = {name: rate / 8 for name, rate in best_rate.items()}
+    loose_rate = {name: max((r for r in DISAGG_RATES
+                             if disagg_runs[name, r].goodput(SLO_70B) >= 0.9), default=0)
+                  for name in deployments}
+    _split_run = disagg_runs["1 prefill + 1 decode, TP=4 each", 16]
+    engine_tokens = {name: (sum(s.num_prefill_tokens for s in steps),
+                            sum(s.num_decode_tokens for s in steps))
+                     for name, steps in _split_run.engine_steps.items()}
+    itl_p99 = {name: float(np.percentile(disagg_runs[name, 16].itl, 99))
+               for name in deployments}
+    # The same split over a slower link between nodes (25 GB/s per GPU, 200 Gb/s InfiniBand).
+    _ib = simulate_disaggregated(workload(16), kv_link_bandwidth=25e9, **_split)
+    link_ttft = {"NVLink": float(np.median(_split_run.ttft)),
+                 "25 GB/s": float(np.median(_ib.ttft))}
+    print({name: f"rates meeting the SLO: {[r for r in DISAGG_RATES if attainment[name, r] >= 0.9]}"
+           f", goodput {per_gpu[name]:.2f} req/s per GPU, ITL p99 at 16 req/s "
+           f"{1000 * itl_p99[name]:.0f} ms" for name in deployments})
+    print("tokens (prefill, decode) per engine at 16 req/s:", engine_tokens)
+    return (DISAGG_RATES, SLO_TIGHT, attainment, best_rate, deployments, engine_tokens,
+            itl_p99, link_ttft, loose_rate, per_gpu)
+
+
+@app.cell
+def _(DISAGG_RATES, SLO_TIGHT, attainment, best_rate, deployments, engine_tokens, itl_p99,
+      link_ttft, loose_rate, mo, per_gpu, plt):
+    _fig, _ax = plt.subplots(figsize=(7, 3.4))
+    for _name in deployments:
+        _ax.plot(DISAGG_RATES, [attainment[_name, r] for r in DISAGG_RATES], "o-", label=_name)
+    _ax.axhline(0.9, ls=":", c="k", label="90% attainment")
+    _ax.set(xlabel="requests/s", ylabel=f"share within TTFT {SLO_TIGHT.ttft} s, ITL "
+            f"{1000 * SLO_TIGHT.itl:.0f} ms", title="Llama-3-70B, 8 x H100 (data-sheet), "
+            "simulated")
+    _ax.legend(fontsize=8)
+    _rows = "\n    ".join(f"| {n} | {best_rate[n]} | {per_gpu[n]:.2f} | "
+                          f"{1000 * itl_p99[n]:.0f} ms |" for n in deployments)
+    _p, _d = engine_tokens["prefill-0"], engine_tokens["decode-0"]
+    mo.vstack([_fig, mo.md(f"""
+    | 8 GPUs (simulated, H100 data-sheet) | highest rate meeting the SLO | goodput per GPU | ITL p99 at 16 req/s |
+    |---|---|---|---|
+    {_rows}
+
+    Colocated, a decode step that shares its GPUs with a prefill chunk waits for it: the ITL
+    tail is the chunk (or, unchunked, the whole prompt). Split, the decode engine's steps
+    carry decodes only: at 16 requests/s the decode engine computed **{_d[1]:,}** decode
+    tokens and **{_d[0]}** prefill tokens, the prefill engine **{_p[0]:,}** prompt tokens
+    and **{_p[1]}** decode tokens. Its ITL is flat, so it meets a tight ITL SLO at rates
+    where colocation cannot, and pays in TTFT: half the GPUs prefill, and each prompt's K/V
+    crosses the link (TTFT p50 {1000 * link_ttft['NVLink']:.0f} ms over NVLink,
+    {1000 * link_ttft['25 GB/s']:.0f} ms over a 25 GB/s link between nodes: a transfer is
+    milliseconds, small next to queueing). Under section 2's looser SLO (2 s, 100 ms) the
+    ranking turns: the highest rate of the grid each meets is {loose_rate}, colocation's
+    whole GPU count decoding and prefilling at once is then worth more.
+    """)])
     return
 
 
@@ -373,8 +476,9 @@ def _(EXERCISE_RATE, mo):
 
 
 @app.cell
-def _(cache_ttft, chunk_rows, computed, goodput, knee_rate, mo, peak_waiting,
-      real_preemptions, real_small, schedule_identical, timing, tp_rows, ttft_p90):
+def _(best_rate, cache_ttft, chunk_rows, computed, engine_tokens, goodput, itl_p99, knee_rate,
+      link_ttft, loose_rate, mo, peak_waiting, real_preemptions, real_small, schedule_identical,
+      timing, tp_rows, ttft_p90):
     findings = {
         "schedule_identical": schedule_identical,
         "validation_steps": len(real_small.steps),
@@ -389,6 +493,11 @@ def _(cache_ttft, chunk_rows, computed, goodput, knee_rate, mo, peak_waiting,
         "tp_itl_p50_ms": {k: round(1000 * i, 2) for k, (i, _) in tp_rows.items()},
         "prefix_computed_tokens": computed,
         "prefix_ttft_p50_ms": {k: round(1000 * v, 1) for k, v in cache_ttft.items()},
+        "disagg_best_rate_tight_slo": best_rate,
+        "disagg_best_rate_loose_slo": loose_rate,
+        "disagg_itl_p99_ms": {k: round(1000 * v, 1) for k, v in itl_p99.items()},
+        "disagg_engine_tokens": engine_tokens,
+        "disagg_ttft_p50_ms": {k: round(1000 * v, 1) for k, v in link_ttft.items()},
     }
     print("findings:", findings)
     mo.md(r"""
@@ -396,13 +505,16 @@ def _(cache_ttft, chunk_rows, computed, goodput, knee_rate, mo, peak_waiting,
 
     * `minivllm/simulator/simulator.py`: `SimulatedRunner.execute_model` (tokens for the
       sequences that reached their end, and the step's seconds) and `simulate`, the loop of
-      `workloads.serve` on a virtual clock: `schedule`, execute, `update_from_output`.
-      `capacity` is the binary search over the rate.
+      `workloads.serve` on a virtual clock: `SimEngine.step` is `schedule`, execute,
+      `update_from_output`.
+    * `minivllm/simulator/disaggregated.py`: `simulate_disaggregated`, prefill and decode
+      `SimEngine`s in time order, the KV handed over after its transfer time.
     * `minivllm/simulator/cost_model.py`: `StepTimer` (StepCost's counts per GPU under TP,
       the roofline, the all-reduces), the profiles, and `fit_profile`.
-    * `minivllm/simulator/calibrate.py`: `calibrate`, `step_features` (a step's shape from
-      its StepRecord) and `run_both`.
-    * `minivllm/benchmarks/simulate.py`: the `minivllm simulate` command, its table and plots.
+    * `minivllm/simulator/calibrate.py`: `calibrate` and `step_features` (a step's shape
+      from its StepRecord).
+    * `minivllm/benchmarks/simulate.py`: the `minivllm simulate` command, its table and plots,
+      `capacity` (the binary search over the rate) and `run_both` (real against simulated).
     * Everything the simulator schedules with is `minivllm/core/`: `Scheduler`,
       `BlockManager`, `Sequence`, untouched.
     """)
@@ -410,8 +522,8 @@ def _(cache_ttft, chunk_rows, computed, goodput, knee_rate, mo, peak_waiting,
 
 
 @app.cell
-def _(chunk_rows, computed, knee_rate, peak_waiting, RATES, schedule_identical, tp_rows,
-      validation_ok):
+def _(RATES, best_rate, chunk_rows, computed, engine_tokens, itl_p99, knee_rate, link_ttft,
+      loose_rate, peak_waiting, schedule_identical, tp_rows, validation_ok):
     def test_the_simulated_schedule_is_the_engines():
         assert schedule_identical and validation_ok
 
@@ -429,6 +541,14 @@ def _(chunk_rows, computed, knee_rate, peak_waiting, RATES, schedule_identical, 
 
     def test_prefix_caching_computes_the_system_prompt_once():
         assert computed["on"] < computed["off"] / 2
+
+    def test_disaggregation_wins_a_tight_itl_slo_per_gpu():
+        split, chunked = "1 prefill + 1 decode, TP=4 each", "colocated TP=8, chunked"
+        assert engine_tokens["prefill-0"][1] == 0 and engine_tokens["decode-0"][0] == 0
+        assert best_rate[split] > best_rate[chunked] > 0
+        assert loose_rate[chunked] > loose_rate[split]
+        assert itl_p99[split] < itl_p99[chunked] < itl_p99["colocated TP=8, whole prompts"]
+        assert link_ttft["25 GB/s"] > link_ttft["NVLink"]
     return
 
 

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from minivllm.benchmarks.roofline import StepCost
+from minivllm.benchmarks.simulate import capacity
 from minivllm.entrypoints.cli import main
-from minivllm.simulator import (PROFILES, SLO, StepTimer, capacity, get_profile, model_config,
-                                simulate, synthetic_requests)
+from minivllm.simulator import (PROFILES, SLO, StepTimer, get_profile, model_config, simulate,
+                                simulate_disaggregated, synthetic_requests)
 from minivllm.simulator.cost_model import fit_profile
 from minivllm.workloads import poisson_arrivals
 
@@ -34,10 +35,13 @@ def test_features_are_stepcosts_counts():
 
 
 def test_fit_recovers_a_known_profile():
-    """Step times made from a known CPU-like profile: least squares gives it back."""
+    """Step times made from a known CPU-like profile: least squares gives it back. The bytes
+    are read at the measured bandwidth, not fitted: a slower real read (memory_efficiency 0.8)
+    costs the same weights every step, so the overhead takes it, and the step times the fit
+    predicts are still the truth's."""
     truth = dataclasses.replace(PROFILES["L4"], overlap=False, overhead=2e-3, per_seq=1e-4,
                                 compute_efficiency=0.5, attention_efficiency=0.2,
-                                memory_efficiency=0.8, link_bandwidth=0)
+                                memory_efficiency=1.0, link_bandwidth=0)
     timer = StepTimer(model_config("SmolLM2-135M"), truth)
     rng = np.random.default_rng(0)
     rows, seconds = [], []
@@ -51,6 +55,19 @@ def test_fit_recovers_a_known_profile():
     for name in ("overhead", "per_seq", "compute_efficiency", "attention_efficiency",
                  "memory_efficiency"):
         assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    # Decode steps only (the bytes nearly all weights), read at 80% of the measured bandwidth:
+    # the fit still predicts each step, the weights' extra time in its overhead.
+    slow = StepTimer(model_config("SmolLM2-135M"),
+                     dataclasses.replace(truth, memory_efficiency=0.8))
+    steps = [([1] * b, [c] * b) for b in (1, 2, 4, 8) for c in (50, 200, 400)]
+    fit = fit_profile([timer.features(n, c, len(n)) for n, c in steps],
+                      [slow.time(n, c) for n, c in steps], truth.peak_flops, truth.bandwidth,
+                      dtype=truth.dtype)
+    fitted = StepTimer(model_config("SmolLM2-135M"), fit)
+    for n, c in steps:
+        assert fitted.time(n, c) == pytest.approx(slow.time(n, c), rel=0.02)
+    weights = timer.weight_bytes / truth.bandwidth
+    assert fit.overhead == pytest.approx(truth.overhead + weights * (1 / 0.8 - 1), rel=0.05)
 
 
 def test_tensor_parallel_and_link_bandwidth():
@@ -77,7 +94,7 @@ def test_simulated_run_counts():
     res = simulate(reqs, **small)
     assert res.num_output_tokens == want and np.isfinite(res.ttft).all()
     assert res.num_preemptions > 0 and res.steps[-1].stats.num_blocks_used == 0
-    assert max(res.blocks_used) == 120
+    assert max(s.stats.num_blocks_used for s in res.steps) == 120
     swap = simulate(reqs, preemption_mode="swap", **small)
     assert sum(len(s.swapped_out) for s in swap.steps) > 0
     assert swap.num_output_tokens == want
@@ -98,6 +115,43 @@ def test_prefix_caching_and_chunked_prefill_change_the_schedule():
     whole = simulate(long, model="Llama-3-8B", profile="H100", enable_chunked_prefill=False,
                      max_num_batched_tokens=8192)
     assert max(s.num_prefill_tokens for s in whole.steps) > 512
+
+
+def test_disaggregated_prefill_and_decode_engines():
+    """Two prefill engines and one decode engine: every request gets all its tokens; the
+    prefill engines never decode, the decode engine never prefills (with room), and a
+    request's TTFT holds its KV transfer: one request alone waits exactly prefill + transfer."""
+    reqs = poisson_arrivals(synthetic_requests(60, prompt=(6.0, 0.5, 16, 2000),
+                                               output=(4.0, 0.5, 4, 200), seed=5), 20, seed=5)
+    kw = dict(model="Llama-3-8B", profile="H100", max_num_seqs=64, max_num_batched_tokens=1024)
+    res = simulate_disaggregated(reqs, num_prefill=2, num_decode=1, **kw)
+    assert res.num_output_tokens == sum(r.params.max_tokens for r in reqs)
+    assert np.isfinite(res.ttft).all() and set(res.engine_steps) == {"prefill-0", "prefill-1",
+                                                                      "decode-0"}
+    prefill = res.engine_steps["prefill-0"] + res.engine_steps["prefill-1"]
+    decode = res.engine_steps["decode-0"]
+    assert sum(s.num_decode_tokens for s in prefill) == 0
+    assert sum(s.num_prefill_tokens for s in prefill) == sum(len(r.prompt) for r in reqs)
+    assert sum(s.num_prefill_tokens for s in decode) == 0 and len(decode) > len(prefill)
+    # A decode pool too small for the batch preempts; then it recomputes only those requests.
+    tight = simulate_disaggregated(reqs, num_decode=1, num_kv_blocks=400, **kw)
+    preempted = {r for s in tight.engine_steps["decode-0"] for r in s.preempted}
+    recomputed = {q.request_id for s in tight.engine_steps["decode-0"] for q in s.scheduled
+                  if q.is_prefill}
+    assert preempted and recomputed <= preempted
+    assert tight.num_output_tokens == res.num_output_tokens
+    # One request alone: TTFT = its prefill step + its KV over the link; a slower link, later.
+    one = [dataclasses.replace(reqs[0], arrival_time=0.0)]
+    n = len(one[0].prompt)
+    timer = StepTimer(model_config("Llama-3-8B"), PROFILES["H100"])
+    ttft = {}
+    for link in (450e9, 10e9):
+        alone = simulate_disaggregated(one, kv_link_bandwidth=link, **kw)
+        want = (sum(s.duration for s in alone.engine_steps["prefill-0"])
+                + timer.kv_token_bytes * n / link + PROFILES["H100"].link_latency)
+        assert alone.ttft[0] == pytest.approx(want, rel=1e-9)
+        ttft[link] = alone.ttft[0]
+    assert ttft[10e9] > ttft[450e9] + 0.003      # 35 MB of K/V: 3.5 ms more at 10 GB/s
 
 
 def test_capacity_search_brackets_the_slo():
@@ -145,7 +199,7 @@ def held_out(llm, unit: str, rate: float):
 def test_simulated_schedule_equals_the_engines(calibrated):
     """Same requests, same output lengths (EOS ignored): every step schedules the same tokens
     for the same requests, chunks and preemptions included."""
-    from minivllm.simulator.calibrate import run_both, schedule
+    from minivllm.benchmarks.simulate import run_both, schedule
     llm, profile = calibrated
     llm.reconfigure(num_kv_blocks=32, max_num_batched_tokens=64)
     try:
@@ -158,12 +212,17 @@ def test_simulated_schedule_equals_the_engines(calibrated):
     assert sim.num_preemptions == real.steps[-1].stats.num_preemptions
 
 
-# The target is 10% (issue 32; Vidur's published bound is 9%), not met yet. Measured on a quiet
-# 2-core EPYC, six calibrations: total -17% to -8%, p50 -25% to -2%, p90 -23% to +5%, while the
-# real engine repeats itself within 0-5%: the error is the fit's (overhead against bytes is
-# ill-conditioned on this small model, and the simulator mostly under-predicts). Until the fit
-# is steadier, CI holds the prediction to 40%: it still fails when the cost model or the
-# schedule drifts grossly.
+# The target is 10% (issue 32; Vidur's published bound is 9%), not shown yet. With the first
+# fit (bytes fitted beside the overhead, three whole-batch calibration workloads), six
+# calibrations on a quiet 2-core EPYC erred: total -17% to -8%, p50 -25% to -2%, p90 -23% to
+# +5%, while the real engine repeats itself within 0-5%. The fit now reads the bytes at the
+# measured bandwidth (the overhead/bytes pair was collinear on one model), weighs each step's
+# error relative to its seconds, and calibrates on a fourth workload of staggered arrivals
+# (small prefills beside decodes, the held-out shape); on synthetic noisy steps that narrows
+# the held-out total's spread from -7%..+6% to -4%..+2% (docs/benchmarks.md). One quieter
+# run of it (load 1.3): total -15.4%, p50 -17.6%, p90 -13.8%, real noise 1-3%: a bias of
+# about -15% is left, so CI still holds the prediction to 40%: it fails when the cost model
+# or the schedule drifts grossly.
 PREDICTION_BOUND = 0.40
 
 
@@ -172,7 +231,7 @@ def test_simulated_seconds_within_ten_percent(calibrated):
     PREDICTION_BOUND (the errors are printed). The real run is done twice; the spread between
     the two is the noise printed beside. When the two real runs' totals differ by more than 10%
     (a machine shared with other jobs), the claim cannot be judged and the test skips."""
-    from minivllm.simulator.calibrate import run_both, real_latencies
+    from minivllm.benchmarks.simulate import real_latencies, run_both
     llm, profile = calibrated
     runs = [run_both(llm, held_out(llm, "seconds", 8.0), profile) for _ in range(2)]
     sim = runs[0][1]

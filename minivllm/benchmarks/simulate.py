@@ -5,11 +5,15 @@ here, beside the benchmarks, as a tool around the engine.
     minivllm simulate --model Llama-3-70B --profile H100 -tp 8 --num-prompts 2000 \
         --request-rate 10 --slo-ttft 2 --slo-itl 0.1 --plot sim.png
     minivllm simulate --model path/to/config.json --profile L4 --capacity   # the highest rate
+    minivllm simulate --model Llama-3-70B -tp 4 --disaggregated 1 1   # prefill + decode engines
     minivllm simulate --calibrate         # fit this CPU's profile from real engine steps
 
 Every number printed is simulated, on the profile its first line names (data-sheet profiles
 are peaks from the vendor's sheet and assumed efficiencies: cost_model.py says which).
-The capacity search is a binary search over the Poisson rate, as Vidur-Search does.
+The capacity search is a binary search over the Poisson rate, as Vidur-Search does. run_both
+is the check that keeps the simulator honest: one workload served by the real engine and by
+`simulate` set up like it, so schedules (same_schedule) and seconds (real_latencies against
+the SimResult's) can be compared; tests/test_simulator.py and lesson 18 use it.
 
 No vLLM twin: vLLM has no simulator (cf. Vidur, MLSys 2024).
 """
@@ -18,18 +22,107 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 
 import numpy as np
 
-from minivllm.benchmarks.workloads import poisson_arrivals
+from minivllm.benchmarks.workloads import ServeResult, poisson_arrivals, serve
 from minivllm.engine.arg_utils import add_cli_args as add_engine_args
 from minivllm.engine.arg_utils import engine_kwargs
 from minivllm.simulator.cost_model import (MODEL_SHAPES, PROFILES, get_profile, model_config,
                                            save_profile)
-from minivllm.simulator.simulator import SLO, SimResult, capacity, simulate, \
-    synthetic_requests
+from minivllm.simulator.disaggregated import simulate_disaggregated
+from minivllm.engine.stats import StepRecord
+from minivllm.simulator.simulator import SLO, SimResult, simulate, synthetic_requests
 
 
+def summary(res: SimResult, slo: SLO | None = None) -> str:
+    """A table of the run (every number simulated, on the profile named in its title)."""
+    p = lambda a, q: f"{np.percentile(a, q):8.3f}"  # noqa: E731
+    lines = [f"simulated: {res.label}",
+             f"  requests {len(res.ttft)}, steps {len(res.steps)}, simulated time "
+             f"{res.elapsed:.1f} s, {len(res.ttft) / res.elapsed:.2f} req/s, "
+             f"{res.num_output_tokens / res.elapsed:,.0f} output tok/s",
+             f"  KV blocks {res.num_kv_blocks}, peak in use "
+             f"{max(s.stats.num_blocks_used for s in res.steps)}, "
+             f"preemptions {res.num_preemptions}",
+             f"  {'seconds':<10}{'p50':>8} {'p90':>8} {'p99':>8}"]
+    for name, a in (("TTFT", res.ttft), ("ITL", res.itl), ("E2E", res.e2e)):
+        lines.append(f"  {name:<10}{p(a, 50)} {p(a, 90)} {p(a, 99)}")
+    if slo is not None:
+        lines.append(f"  goodput {res.goodput(slo):.1%} of requests within TTFT <= "
+                     f"{slo.ttft} s and ITL <= {slo.itl} s")
+    lines.append(f"  (simulated in {res.wall:.1f} s of wall time, "
+                 f"{len(res.steps) / max(res.wall, 1e-9):,.0f} steps/s)")
+    return "\n".join(lines)
+
+
+# --8<-- [start:capacity]
+def capacity(make_requests, slo: SLO, target: float = 0.9, lo: float = 0.5,
+             iterations: int = 8, sim=simulate, **sim_kwargs) -> tuple[float, SimResult]:
+    """The highest Poisson rate (requests/s) whose goodput under `slo` is at least `target`:
+    double the rate until it fails, then bisect `iterations` times. make_requests() returns a
+    fresh workload; each try gives it arrivals at the rate (the same seed: only the rate
+    changes) and serves it with sim (simulate, or simulate_disaggregated). Returns the rate
+    and its run."""
+    def run(rate: float) -> SimResult:
+        return sim(poisson_arrivals(make_requests(), rate, seed=0), **sim_kwargs)
+
+    best = run(lo)
+    if best.goodput(slo) < target:
+        raise ValueError(f"even {lo} requests/s misses the SLO (goodput "
+                         f"{best.goodput(slo):.0%} < {target:.0%}): lower lo or loosen the SLO")
+    hi = lo * 2
+    while (res := run(hi)).goodput(slo) >= target:
+        lo, best = hi, res
+        hi *= 2
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        res = run(mid)
+        if res.goodput(slo) >= target:
+            lo, best = mid, res
+        else:
+            hi = mid
+    return lo, best
+# --8<-- [end:capacity]
+
+
+# ------------------------------------------------ checked against the real engine
+def engine_settings(llm) -> dict:
+    """The EngineConfig fields the scheduler reads, and the pool size, of a real engine: what
+    `simulate` needs to schedule exactly as it does."""
+    c = llm.engine.config
+    keep = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+            "enable_chunked_prefill", "enable_prefix_caching", "preemption_mode", "scheduling",
+            "swap_space")
+    return {**{k: getattr(c, k) for k in keep},
+            "num_kv_blocks": llm.engine.block_manager.num_blocks}
+
+
+def run_both(llm, requests, profile) -> tuple[ServeResult, SimResult]:
+    """The same requests served by the real engine and by the simulator set up like it."""
+    real = serve(llm, requests)
+    sim = simulate([dataclasses.replace(r) for r in requests], model=llm.engine.model_config,
+                   profile=profile, **engine_settings(llm))
+    return real, sim
+
+
+def schedule(steps: list[StepRecord]) -> list[tuple]:
+    """Per step: (request, tokens, prefill?) of each scheduled sequence, and who was
+    preempted: what two runs must share to have made the same decisions."""
+    return [(tuple((s.request_id, s.num_tokens, s.is_prefill) for s in st.scheduled),
+             tuple(st.preempted)) for st in steps]
+
+
+def same_schedule(a: list[StepRecord], b: list[StepRecord]) -> bool:
+    return schedule(a) == schedule(b)
+
+
+def real_latencies(run: ServeResult) -> dict[str, np.ndarray]:
+    """TTFT and E2E latency of a real run, seconds from each request's arrival."""
+    return {"ttft": np.array(run.ttfts, dtype=float),
+            "e2e": np.array([o.metrics.finished_time - t
+                             for o, t in zip(run.outputs, run.arrival_time)])}
 
 
 def plot(res: SimResult, path: str, slo: SLO | None = None) -> None:
@@ -46,11 +139,12 @@ def plot(res: SimResult, path: str, slo: SLO | None = None) -> None:
     axes[0].set(xscale="log", xlabel="seconds (simulated)", ylabel="share of requests",
                 title="latency CDF")
     axes[0].legend()
-    axes[1].plot(res.step_end, res.blocks_used)
+    end = [s.start_time + s.duration for s in res.steps]
+    axes[1].plot(end, [s.stats.num_blocks_used for s in res.steps])
     axes[1].axhline(res.num_kv_blocks, ls=":", c="k", label="pool")
     axes[1].set(xlabel="seconds (simulated)", ylabel="KV blocks in use", title="KV blocks")
     axes[1].legend()
-    axes[2].plot(res.step_end, res.batch_size)
+    axes[2].plot(end, [len(s.scheduled) for s in res.steps])
     axes[2].set(xlabel="seconds (simulated)", ylabel="sequences", title="batch size per step")
     fig.suptitle(f"simulated: {res.label}")
     fig.tight_layout()
@@ -79,6 +173,9 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacity", action="store_true",
                    help="search the highest rate with 90%% of requests within the SLO")
     p.add_argument("--plot", default=None, help="write latency CDFs, blocks, batch to this PNG")
+    p.add_argument("--disaggregated", type=int, nargs=2, metavar=("PREFILL", "DECODE"),
+                   help="prefill/decode disaggregation: this many prefill and decode engines, "
+                   "each -tp GPUs, the KV handed over the profile's link")
     p.add_argument("--calibrate", action="store_true",
                    help="fit this CPU's profile from real steps of the packaged model, store it")
     add_engine_args(p)
@@ -112,13 +209,17 @@ def run(args: argparse.Namespace) -> None:
     sim = dict(model=args.model, profile=profile,
                enable_chunked_prefill=args.enable_chunked_prefill,
                preemption_mode=args.preemption_mode, **kwargs)
+    if args.disaggregated:
+        run_one = functools.partial(simulate_disaggregated, num_prefill=args.disaggregated[0],
+                                    num_decode=args.disaggregated[1])
+    else:
+        run_one = functools.partial(simulate, progress=not args.capacity)
     if args.capacity:
-        rate, res = capacity(make, slo, **sim)
+        rate, res = capacity(make, slo, sim=run_one, **sim)
         print(f"capacity: {rate:.2f} requests/s with >= 90% of requests within the SLO")
     else:
-        res = simulate(poisson_arrivals(make(), args.request_rate, seed=args.seed),
-                       progress=True, **sim)
-    print(res.summary(slo))
+        res = run_one(poisson_arrivals(make(), args.request_rate, seed=args.seed), **sim)
+    print(summary(res, slo))
     if args.plot:
         plot(res, args.plot, slo)
         print(f"plots: {args.plot}")

@@ -121,6 +121,22 @@ def conversation_requests(tokenizer, num_turns: int, prefix_tokens: int = 512,
     return turns
 
 
+def synthetic_requests(num_requests: int, prompt=(6.0, 0.8, 16, 4000), output=(5.0, 0.8, 4,
+                       1000), vocab_size: int = 32000, shared_prefix: int = 0, seed: int = 0
+                       ) -> list[Request]:
+    """Requests made of lengths only, for models not on this machine: prompt and output are
+    (mu, sigma, min, max) of a clipped log-normal, as workloads.lognormal_requests; prompt
+    tokens are random ids (no two prompts share a block) behind `shared_prefix` tokens that
+    every request shares (a system prompt: prefix caching's case). Greedy, EOS ignored."""
+    rng = np.random.default_rng(seed)
+    prompt_lens = np.clip(rng.lognormal(*prompt[:2], num_requests), *prompt[2:]).astype(int)
+    output_lens = np.clip(rng.lognormal(*output[:2], num_requests), *output[2:]).astype(int)
+    prefix = rng.integers(3, vocab_size, shared_prefix).tolist()
+    return [Request(prefix + rng.integers(3, vocab_size, int(p)).tolist(),
+                    SamplingParams(temperature=0, max_tokens=int(o), ignore_eos=True))
+            for p, o in zip(prompt_lens, output_lens)]
+
+
 def poisson_arrivals(requests: list[Request], rate: float, seed: int = 0,
                      unit: str = "seconds") -> list[Request]:
     """Open-loop arrivals: exponential gaps at `rate` requests per second (inf: all at once),

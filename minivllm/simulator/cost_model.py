@@ -183,8 +183,7 @@ class StepTimer:
         """Seconds for a step in which sequence i computes new_tokens[i] tokens and then
         holds context_lens[i]; `sampled` rows reach the LM head (default: one each)."""
         sampled = len(new_tokens) if sampled is None else sampled
-        num_seqs, linear, attn, moved = self.features(new_tokens, context_lens, sampled)
-        return self.time_of(num_seqs, linear, attn, moved, sum(new_tokens))
+        return self.time_of(*self.features(new_tokens, context_lens, sampled), sum(new_tokens))
 
     def time_of(self, num_seqs: int, linear: float, attn: float, moved: float,
                 tokens: int) -> float:
@@ -202,12 +201,20 @@ def fit_profile(rows: list[tuple[float, ...]], durations: list[float], peak_flop
                 bandwidth: float, name: str = "this CPU", dtype: str = "float32",
                 memory_bytes: float = 8 * GiB) -> HardwareProfile:
     """Least squares, non-negative, of step seconds on [1, sequences, linear FLOPs, attention
-    FLOPs, bytes] (rows from StepTimer.features on a 1-device profile): the intercept is the
-    per-step overhead, the other coefficients are seconds per unit, turned into efficiencies
-    against the measured peaks. A coefficient that comes out negative is dropped and the rest
-    refitted (the active-set idea of Lawson-Hanson's NNLS, one column at a time)."""
-    X = np.column_stack([np.ones(len(rows)), np.asarray(rows, dtype=float)])
-    y = np.asarray(durations, dtype=float)
+    FLOPs] (rows from StepTimer.features on a 1-device profile), once the bytes' time at the
+    measured `bandwidth` is taken off: the intercept is the per-step overhead, the other
+    coefficients are seconds per unit, turned into efficiencies against the measured peaks.
+    The bytes are not fitted: on one model they are nearly all the weights, the same in every
+    step, so a fitted bytes coefficient and the overhead trade places from one calibration to
+    the next (collinear columns), and the fit lands elsewhere each time. Read at the measured
+    bandwidth, whatever that misses of the weights' time is also the same every step, and the
+    overhead takes it. Each step's error counts relative to its seconds: a shared CPU's noise is
+    a share of the step, and in absolute terms the few long prefills would outvote the many
+    short decodes that pin the overhead down. A coefficient that comes out negative is dropped
+    and the rest refitted (the active-set idea of Lawson-Hanson's NNLS, one column at a time)."""
+    rows, t = np.asarray(rows, dtype=float), np.asarray(durations, dtype=float)
+    X = np.column_stack([np.ones(len(rows)), rows[:, :3]]) / t[:, None]     # relative errors
+    y = (t - rows[:, 3] / bandwidth) / t
     scale = X.max(axis=0)                       # columns of 1 and of 1e9 FLOPs: condition it
     active = list(range(X.shape[1]))
     while True:
@@ -217,14 +224,12 @@ def fit_profile(rows: list[tuple[float, ...]], durations: list[float], peak_flop
         active.pop(int(np.argmin(coef)))
     full = np.zeros(X.shape[1])
     full[active] = coef / scale[active]
-    overhead, per_seq, s_linear, s_attn, s_byte = full
-    eff = lambda s, peak: 1 / (s * peak) if s > 0 else math.inf  # noqa: E731 (term unseen)
+    overhead, per_seq, s_linear, s_attn = full
+    eff = lambda s: 1 / (s * peak_flops) if s > 0 else math.inf  # noqa: E731 (term unseen)
     return HardwareProfile(name, kind="measured fit", source=f"{len(y)} engine steps, "
                            "least squares (minivllm simulate --calibrate)", dtype=dtype,
                            peak_flops=peak_flops, bandwidth=bandwidth,
                            memory_bytes=memory_bytes, overhead=float(overhead),
-                           per_seq=float(per_seq),
-                           compute_efficiency=eff(s_linear, peak_flops),
-                           attention_efficiency=eff(s_attn, peak_flops),
-                           memory_efficiency=eff(s_byte, bandwidth), overlap=False)
+                           per_seq=float(per_seq), compute_efficiency=eff(s_linear),
+                           attention_efficiency=eff(s_attn), overlap=False)
 # --8<-- [end:fit]

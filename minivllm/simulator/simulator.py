@@ -5,7 +5,8 @@ StepTimer (cost_model.py) in place of the forward pass.
     res = simulate(requests, model="Llama-3-70B", profile="H100", tensor_parallel_size=8,
                    max_num_seqs=256, max_num_batched_tokens=8192)
     res.steps[3]              # a StepRecord, as engine.trace() records one
-    res.ttft, res.e2e, res.itl, res.goodput(SLO(ttft=2.0, itl=0.1)), res.summary()
+    res.ttft, res.e2e, res.itl, res.goodput(SLO(ttft=2.0, itl=0.1))
+    benchmarks.simulate.summary(res)     # the table `minivllm simulate` prints
 
 Nothing about scheduling is re-implemented here: every step is `Scheduler.schedule()`, the
 runner's made-up ModelRunnerOutput, then `Scheduler.update_from_output`, exactly LLMEngine.step
@@ -15,9 +16,9 @@ step for step. A request's output length is its max_tokens (make workloads with 
 draw max_tokens from a length distribution: `synthetic_requests`).
 
 No vLLM twin. Vidur (MLSys 2024) simulates vLLM by re-implementing its scheduler; this one
-imports it. Left out: speculative decoding, LoRA and n > 1 fan-out costs (they schedule, but the
-cost model does not price drafts or adapters), multi-turn `follows`, and prefill/decode
-disaggregation (two simulated engines and a KV link: not written yet).
+imports it. Prefill/decode disaggregation is two kinds of SimEngine and a KV link:
+disaggregated.py. Left out: speculative decoding, LoRA and n > 1 fan-out costs (they schedule,
+but the cost model does not price drafts or adapters), and multi-turn `follows`.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+from tqdm import tqdm
 
-from minivllm.benchmarks.workloads import Request, poisson_arrivals
-from minivllm.config import EngineConfig
+from minivllm.benchmarks.workloads import Request, synthetic_requests  # noqa: F401 (API)
+from minivllm.config import EngineConfig, ModelConfig
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
 from minivllm.engine.processor import validate_request
@@ -62,9 +64,7 @@ class SimulatedRunner:
                 out.sampled[seq.seq_id] = [(token, None)]
                 if seq.group.num_unforked:
                     out.forked[seq.seq_id] = [(token, None)] * seq.group.num_unforked
-        sampled = len(out.sampled)
-        seconds = self.timer.time(so.num_new_tokens, contexts, sampled) if so.seqs else 0.0
-        return out, seconds
+        return out, self.timer.time(so.num_new_tokens, contexts, len(out.sampled))
     # --8<-- [end:execute_model]
 
 
@@ -91,9 +91,7 @@ class SimResult:
     label: str                     # model, deployment and profile, for every printed number
     num_kv_blocks: int
     wall: float = 0.0              # real seconds the simulation took
-    blocks_used: list[int] = field(default_factory=list)     # per step, after it
-    batch_size: list[int] = field(default_factory=list)      # sequences per step
-    step_end: list[float] = field(default_factory=list)      # simulated clock after each step
+    engine_steps: dict[str, list[StepRecord]] = field(default_factory=dict)  # each engine's
 
     def goodput(self, slo: SLO) -> float:
         """Share of the requests that met the SLO (DistServe's goodput, as a share)."""
@@ -101,57 +99,124 @@ class SimResult:
 
     @property
     def num_preemptions(self) -> int:
-        return self.steps[-1].stats.num_preemptions if self.steps else 0
-
-    def summary(self, slo: SLO | None = None) -> str:
-        """A table of the run (every number simulated, on the profile named in its title)."""
-        p = lambda a, q: f"{np.percentile(a, q):8.3f}"  # noqa: E731
-        lines = [f"simulated: {self.label}",
-                 f"  requests {len(self.ttft)}, steps {len(self.steps)}, simulated time "
-                 f"{self.elapsed:.1f} s, {len(self.ttft) / self.elapsed:.2f} req/s, "
-                 f"{self.num_output_tokens / self.elapsed:,.0f} output tok/s",
-                 f"  KV blocks {self.num_kv_blocks}, peak in use {max(self.blocks_used)}, "
-                 f"preemptions {self.num_preemptions}",
-                 f"  {'seconds':<10}{'p50':>8} {'p90':>8} {'p99':>8}"]
-        for name, a in (("TTFT", self.ttft), ("ITL", self.itl), ("E2E", self.e2e)):
-            lines.append(f"  {name:<10}{p(a, 50)} {p(a, 90)} {p(a, 99)}")
-        if slo is not None:
-            lines.append(f"  goodput {self.goodput(slo):.1%} of requests within TTFT <= "
-                         f"{slo.ttft} s and ITL <= {slo.itl} s")
-        lines.append(f"  (simulated in {self.wall:.1f} s of wall time, "
-                     f"{len(self.steps) / max(self.wall, 1e-9):,.0f} steps/s)")
-        return "\n".join(lines)
+        return sum(s[-1].stats.num_preemptions for s in self.engine_steps.values() if s)
 
 
-def synthetic_requests(num_requests: int, prompt=(6.0, 0.8, 16, 4000), output=(5.0, 0.8, 4,
-                       1000), vocab_size: int = 32000, shared_prefix: int = 0, seed: int = 0
-                       ) -> list[Request]:
-    """Requests made of lengths only, for models not on this machine: prompt and output are
-    (mu, sigma, min, max) of a clipped log-normal, as workloads.lognormal_requests; prompt
-    tokens are random ids (no two prompts share a block) behind `shared_prefix` tokens that
-    every request shares (a system prompt: prefix caching's case). Greedy, EOS ignored."""
-    rng = np.random.default_rng(seed)
-    prompt_lens = np.clip(rng.lognormal(*prompt[:2], num_requests), *prompt[2:]).astype(int)
-    output_lens = np.clip(rng.lognormal(*output[:2], num_requests), *output[2:]).astype(int)
-    prefix = rng.integers(3, vocab_size, shared_prefix).tolist()
-    return [Request(prefix + rng.integers(3, vocab_size, int(p)).tolist(),
-                    SamplingParams(temperature=0, max_tokens=int(o), ignore_eos=True))
-            for p, o in zip(prompt_lens, output_lens)]
+class SimEngine:
+    """One simulated engine: LLMEngine.step without the weights. `step` is
+    `Scheduler.schedule()`, the SimulatedRunner's made-up output and its seconds on the clock,
+    then `Scheduler.update_from_output`; a StepRecord of each step, as engine.trace() keeps.
+    vLLM twin: EngineCore.step (vllm/v1/engine/core.py) with no model executor behind it."""
+
+    def __init__(self, mc, timer: StepTimer, config: EngineConfig, num_blocks: int):
+        self.mc, self.timer, self.config = mc, timer, config
+        self.bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        cpu = None
+        if config.preemption_mode == "swap":
+            block_bytes = timer.kv_token_bytes * config.block_size
+            cpu = BlockManager(max(1, int(config.swap_space // block_bytes)), config.block_size)
+        self.sched = Scheduler(config, self.bm, cpu, eos_token_ids={2}, seq_ids=itertools.count())
+        self.runner = SimulatedRunner(timer)
+        self.clock = 0.0                     # simulated seconds: when its last step ended
+        self.steps: list[StepRecord] = []
+
+    def sequence(self, request_id: str, prompt: list[int], params: SamplingParams):
+        """The request's Sequence, checked as the engine's processor checks it."""
+        validate_request(prompt, params, self.config, self.mc, self.bm)
+        group = SequenceGroup(request_id, None, prompt, params, next(self.sched.seq_ids))
+        return group.seqs[0]
+
+    def step(self) -> list:
+        """One step; returns the sequences that got a token (the clock is then their time)."""
+        so = self.sched.schedule()
+        if not so.seqs:                           # as LLMEngine.step: cannot happen
+            raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
+        out, seconds = self.runner.execute_model(so)
+        updated = self.sched.update_from_output(so, out)
+        self.clock += seconds
+        self.steps.append(StepRecord(
+            step=len(self.steps),
+            scheduled=[ScheduledSeq(s.request_id, s.index, k, p) for s, k, p in
+                       zip(so.seqs, so.num_new_tokens, so.is_prefill)],
+            preempted=[s.request_id for s in so.preempted],
+            swapped_out=[s.request_id for s in so.swapped_out],
+            swapped_in=[s.request_id for s in so.swapped_in],
+            num_blocks_copied=len(so.blocks_to_copy),
+            finished=[s.request_id for s in self.sched.take_finished()], duration=seconds,
+            stats=self.stats(), start_time=self.clock - seconds))
+        return updated
+
+    def stats(self) -> EngineStats:
+        """EngineStats without LLMEngine.stats()'s per-block walk (slots held are counted per
+        sequence: shared blocks twice), cheap enough to take every simulated step."""
+        sched, bm = self.sched, self.bm
+        used = bm.num_blocks - bm.num_free_blocks
+        cache = bm.prefix_cache
+        return EngineStats(
+            num_running=len(sched.running), num_waiting=len(sched.waiting),
+            num_swapped=len(sched.swapped), num_blocks_used=used,
+            num_blocks_total=bm.num_blocks, slots_reserved=used * bm.block_size,
+            tokens_cached=sum(s.num_computed_tokens for s in sched.running),
+            num_preemptions=sched.num_preemptions,
+            prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
+            prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0)
 
 
-def _stats(sched: Scheduler, bm: BlockManager) -> EngineStats:
-    """EngineStats without LLMEngine.stats()'s per-block walk (slots held are counted per
-    sequence: shared blocks twice), cheap enough to take every simulated step."""
-    used = bm.num_blocks - bm.num_free_blocks
-    cache = bm.prefix_cache
-    return EngineStats(
-        num_running=len(sched.running), num_waiting=len(sched.waiting),
-        num_swapped=len(sched.swapped), num_blocks_used=used, num_blocks_total=bm.num_blocks,
-        slots_reserved=used * bm.block_size,
-        tokens_cached=sum(s.num_computed_tokens for s in sched.running),
-        num_preemptions=sched.num_preemptions,
-        prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
-        prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0)
+class RequestTimes:
+    """Per request, in request order: arrival, first and last token times (simulated s),
+    tokens, and every gap between two tokens: what SimResult reports."""
+
+    def __init__(self, n: int):
+        self.arrival = [0.0] * n      # lists, not arrays: a simulation touches them per token
+        self.first = [math.nan] * n
+        self.last = [0.0] * n
+        self.tokens = [0] * n
+        self.gaps: list[float] = []
+
+    def token(self, i: int, t: float) -> None:
+        if self.tokens[i]:
+            self.gaps.append(t - self.last[i])
+        else:
+            self.first[i] = t
+        self.tokens[i] += 1
+        self.last[i] = t
+
+    def result(self, engines: dict[str, SimEngine], label: str, wall0: float) -> SimResult:
+        """A SimResult; with several engines, their steps merged in order of start time."""
+        steps = sorted((s for e in engines.values() for s in e.steps),
+                       key=lambda s: s.start_time)
+        arrival, first, last, tokens = map(np.asarray, (self.arrival, self.first, self.last,
+                                                       self.tokens))
+        mean_itl = np.where(tokens > 1, (last - first) / np.maximum(tokens - 1, 1), 0.0)
+        return SimResult(steps, arrival, first - arrival, last - arrival,
+                         mean_itl, np.asarray(self.gaps), int(tokens.sum()),
+                         max(e.clock for e in engines.values()), label,
+                         sum(e.bm.num_blocks for e in engines.values()),
+                         time.perf_counter() - wall0, {n: e.steps for n, e in engines.items()})
+
+
+def deployment(model, profile, tensor_parallel_size: int, engine_kwargs: dict
+               ) -> tuple[ModelConfig, StepTimer, EngineConfig, int, str]:
+    """The model's shapes, its StepTimer, the EngineConfig, the KV pool's blocks (what
+    gpu_memory_utilization of one device holds beside its share of the weights, unless
+    num_kv_blocks is given) and a label naming model, deployment and profile."""
+    mc = model_config(model)
+    timer = StepTimer(mc, get_profile(profile), tensor_parallel_size)
+    engine_kwargs.setdefault("max_model_len", mc.max_position_embeddings)
+    config = EngineConfig(**engine_kwargs)
+    num_blocks = config.num_kv_blocks or timer.kv_pool_blocks(config.block_size,
+                                                              config.gpu_memory_utilization)
+    name = model if isinstance(model, str) else f"{mc.architecture} {mc.num_hidden_layers}L"
+    label = f"{name} on {tensor_parallel_size} x {timer.profile.label}"
+    return mc, timer, config, num_blocks, label
+
+
+def prompt_of(r: Request, i: int) -> list[int]:
+    if r.follows is not None:
+        raise ValueError("simulate does not follow multi-turn chats (Request.follows)")
+    if isinstance(r.prompt, str):
+        raise ValueError(f"request {i}: simulate takes token ids, not text")
+    return list(r.prompt)
 
 
 def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
@@ -159,141 +224,33 @@ def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
              **engine_kwargs) -> SimResult:
     """Serve `requests` on a simulated deployment; engine_kwargs are EngineConfig fields
     (max_num_seqs, max_num_batched_tokens, block_size, num_kv_blocks, enable_chunked_prefill,
-    enable_prefix_caching, preemption_mode, ...). num_kv_blocks defaults to what
-    gpu_memory_utilization of one device's memory holds beside its share of the weights. A
-    request joins when its arrival_step and arrival_time have come, as in workloads.serve."""
+    enable_prefix_caching, preemption_mode, ...). A request joins when its arrival_step and
+    arrival_time have come, as in workloads.serve."""
     wall0 = time.perf_counter()
-    mc = model_config(model)
-    prof = get_profile(profile)
-    timer = StepTimer(mc, prof, tensor_parallel_size)
-    engine_kwargs.setdefault("max_model_len", mc.max_position_embeddings)
-    config = EngineConfig(**engine_kwargs)
-    num_blocks = config.num_kv_blocks or timer.kv_pool_blocks(config.block_size,
-                                                              config.gpu_memory_utilization)
-    bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-    cpu = None
-    if config.preemption_mode == "swap":
-        block_bytes = timer.kv_token_bytes * config.block_size
-        cpu = BlockManager(max(1, int(config.swap_space // block_bytes)), config.block_size)
-    sched = Scheduler(config, bm, cpu, eos_token_ids={2}, seq_ids=itertools.count())
-    runner = SimulatedRunner(timer)
-    if any(r.follows is not None for r in requests):
-        raise ValueError("simulate does not follow multi-turn chats (Request.follows)")
-    order = sorted(range(len(requests)),
-                   key=lambda i: (requests[i].arrival_step, requests[i].arrival_time))
-    pending = deque(order)
+    mc, timer, config, num_blocks, label = deployment(model, profile, tensor_parallel_size,
+                                                      engine_kwargs)
+    eng = SimEngine(mc, timer, config, num_blocks)
     n = len(requests)
-    arrival = [0.0] * n               # lists, not arrays: a simulation touches them per token
-    first = [math.nan] * n
-    last = [0.0] * n
-    tokens = [0] * n
-    gaps: list[float] = []
-    steps: list[StepRecord] = []
-    blocks_used, batch_size, step_end = [], [], []
+    times = RequestTimes(n)
+    pending = deque(sorted(range(n), key=lambda i: (requests[i].arrival_step,
+                                                    requests[i].arrival_time)))
     index: dict[str, int] = {}
-    clock = 0.0
-    bar = _progress(n, progress)
-    while pending or sched.has_unfinished():
-        step = len(steps)
-        if not sched.has_unfinished():            # idle: jump to the next arrival
+    bar = tqdm(total=n, unit="req", desc="simulating", mininterval=0.5, disable=not progress)
+    while pending or eng.sched.has_unfinished():
+        step = len(eng.steps)
+        if not eng.sched.has_unfinished():            # idle: jump to the next arrival
             nxt = requests[pending[0]]
-            clock = max(clock, nxt.arrival_time)
+            eng.clock = max(eng.clock, nxt.arrival_time)
             step = max(step, nxt.arrival_step)
         while pending and (requests[pending[0]].arrival_step <= step
-                           and requests[pending[0]].arrival_time <= clock):
+                           and requests[pending[0]].arrival_time <= eng.clock):
             i = pending.popleft()
-            r = requests[i]
-            if isinstance(r.prompt, str):
-                raise ValueError(f"request {i}: simulate takes token ids, not text")
-            prompt = list(r.prompt)
-            validate_request(prompt, r.params, config, mc, bm)
             index[f"{tag}{i}"] = i
-            group = SequenceGroup(f"{tag}{i}", None, prompt, r.params, next(sched.seq_ids))
-            sched.add(group.seqs[0])
-            arrival[i] = r.arrival_time if r.arrival_time else clock
-        # 1. schedule, 2. "execute" (the clock moves), 3. update: LLMEngine.step's phases.
-        so = sched.schedule()
-        if not so.seqs:                           # as LLMEngine.step: cannot happen
-            raise RuntimeError(f"the scheduler found nothing to run: {_stats(sched, bm)}")
-        out, seconds = runner.execute_model(so)
-        updated = sched.update_from_output(so, out)
-        clock += seconds
-        for seq in updated:
-            i = index[seq.request_id]
-            if tokens[i]:
-                gaps.append(clock - last[i])
-            else:
-                first[i] = clock
-            tokens[i] += 1
-            last[i] = clock
-        finished = [s.request_id for s in sched.take_finished()]
-        bar.update(len(finished))
-        steps.append(StepRecord(
-            step=len(steps),
-            scheduled=[ScheduledSeq(s.request_id, s.index, k, p) for s, k, p in
-                       zip(so.seqs, so.num_new_tokens, so.is_prefill)],
-            preempted=[s.request_id for s in so.preempted],
-            swapped_out=[s.request_id for s in so.swapped_out],
-            swapped_in=[s.request_id for s in so.swapped_in],
-            num_blocks_copied=len(so.blocks_to_copy), finished=finished, duration=seconds,
-            stats=_stats(sched, bm), start_time=clock - seconds))
-        blocks_used.append(steps[-1].stats.num_blocks_used)
-        batch_size.append(len(so.seqs))
-        step_end.append(clock)
+            eng.sched.add(eng.sequence(f"{tag}{i}", prompt_of(requests[i], i),
+                                       requests[i].params))
+            times.arrival[i] = requests[i].arrival_time or eng.clock
+        for seq in eng.step():                        # schedule, "execute", update
+            times.token(index[seq.request_id], eng.clock)
+        bar.update(len(eng.steps[-1].finished))
     bar.close()
-    arrival, first, last, tokens = map(np.asarray, (arrival, first, last, tokens))
-    e2e = last - arrival
-    ttft = first - arrival
-    mean_itl = np.where(tokens > 1, (last - first) / np.maximum(tokens - 1, 1), 0.0)
-    label = (f"{mc.architecture.removesuffix('ForCausalLM')} {mc.num_hidden_layers}L "
-             f"h{mc.hidden_size} on {tensor_parallel_size} x {prof.label}")
-    if isinstance(model, str):
-        label = f"{model} on {tensor_parallel_size} x {prof.label}"
-    return SimResult(steps, arrival, ttft, e2e, mean_itl, np.asarray(gaps),
-                     int(tokens.sum()), clock, label,
-                     num_blocks, time.perf_counter() - wall0, blocks_used, batch_size,
-                     step_end)
-
-
-# --8<-- [start:capacity]
-def capacity(make_requests, slo: SLO, target: float = 0.9, lo: float = 0.5,
-             iterations: int = 8, **sim_kwargs) -> tuple[float, SimResult]:
-    """The highest Poisson rate (requests/s) whose goodput under `slo` is at least `target`:
-    double the rate until it fails, then bisect `iterations` times. make_requests() returns a
-    fresh workload; each try gives it arrivals at the rate (the same seed: only the rate
-    changes). Returns the rate and its run."""
-    def run(rate: float) -> SimResult:
-        return simulate(poisson_arrivals(make_requests(), rate, seed=0), **sim_kwargs)
-
-    best = run(lo)
-    if best.goodput(slo) < target:
-        raise ValueError(f"even {lo} requests/s misses the SLO (goodput "
-                         f"{best.goodput(slo):.0%} < {target:.0%}): lower lo or loosen the SLO")
-    hi = lo * 2
-    while (res := run(hi)).goodput(slo) >= target:
-        lo, best = hi, res
-        hi *= 2
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        res = run(mid)
-        if res.goodput(slo) >= target:
-            lo, best = mid, res
-        else:
-            hi = mid
-    return lo, best
-# --8<-- [end:capacity]
-
-
-def _progress(total: int, show: bool):
-    """A tqdm bar over finished requests, or a stand-in that does nothing."""
-    if show:
-        from tqdm import tqdm
-        return tqdm(total=total, unit="req", desc="simulating", mininterval=0.5)
-
-    class _Quiet:
-        def update(self, _n):
-            pass
-
-        def close(self):
-            pass
-    return _Quiet()
+    return times.result({"engine-0": eng}, label, wall0)
