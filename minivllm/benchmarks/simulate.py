@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import gc
 
 import numpy as np
 
@@ -214,6 +215,9 @@ def run(args: argparse.Namespace) -> None:
                                     num_decode=args.disaggregated[1])
     else:
         run_one = functools.partial(simulate, progress=not args.capacity)
+    # A long run builds millions of small step records that hold no reference cycles: the
+    # cyclic collector would only rescan them (a third of a 10,000-request run's time).
+    gc.disable()
     if args.capacity:
         rate, res = capacity(make, slo, sim=run_one, **sim)
         print(f"capacity: {rate:.2f} requests/s with >= 90% of requests within the SLO")
