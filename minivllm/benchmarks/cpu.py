@@ -71,7 +71,7 @@ def step_breakdown(llm, requests) -> dict[str, float]:
     kinds = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
     for e in prof.key_averages():
         name = e.key
-        if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"):
+        if name in MATMUL_OPS or name in ("aten::matmul", "aten::linear"):  # + weight-only
             kinds["matmul"] += e.self_cpu_time_total
         elif "scaled_dot_product" in name or name in ("aten::index", "aten::index_copy_",
                                                         "aten::index_put_"):
