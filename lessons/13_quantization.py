@@ -268,8 +268,9 @@ def _(GEN_TOKENS, PPL_TOKENS, mo, refusals, table, table_seconds):
     re-finds the file's grid, but torch's CPU kernel keeps each group's scale and zero
     point in bf16 and rounds the activations to bf16, which moves the grid slightly; int4
     g64 is the cliff drawn above. The weights column counts the float
-    embedding table (113 MB in fp32), which neither format touches: a lookup reads one row
-    per token. Speed on this CPU comes from torch's own weight-only kernels
+    embedding table (113 MB in fp32), which no format touches: a lookup reads one row
+    per token; the quantized formats hold the LM head apart from it, in int8 (28 MB, as
+    llama.cpp's Q8_0 head), so a token reads the head's 28 MB, not the table's 113. Speed on this CPU comes from torch's own weight-only kernels
     (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`), which take bf16 activations;
     seconds move with the machine's load, so the tests assert on the counts, not the
     speeds. `minivllm bench quant` prints the same table for every format at batch 1 and 8,

@@ -153,6 +153,9 @@ class EngineConfig:
     # or "int4" / "int4-g32" / "int4-g64" / "int4-g128" (groups, packed two per byte). KV cache:
     # "auto" (the model's dtype), "fp8" (e4m3) or "int8", one scale per token and KV head.
     quantization: str | None = None
+    # With quantization, the LM head in int8 too (per row, as llama.cpp's Q8_0 head), untied from
+    # the float embedding table; False keeps it float (vLLM's GPTQ lm_head_quantized, opt-in there).
+    quantize_lm_head: bool = True
     kv_cache_dtype: str = "auto"
     # Multi-LoRA (minivllm/lora/): adapters served in max_loras slots of max_lora_rank, and
     # kept read in host memory up to max_cpu_loras (None: max_loras).
@@ -183,7 +186,7 @@ class EngineConfig:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
                              f"({self.max_loras}): every adapter in a slot is also kept on host")
         for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager",
-                     "enable_lora"):
+                     "enable_lora", "quantize_lm_head"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name, choices in _CHOICES.items():

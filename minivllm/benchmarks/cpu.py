@@ -6,7 +6,8 @@ throughput against transformers. No vLLM twin (vLLM's CPU backend has no benchma
     minivllm bench cpu --dtypes int8,int4 --hf-batch-sizes ''     # the quantized rows alone
     minivllm bench cpu --num-prompts 16 --dtypes float32 --hf-batch-sizes 8
 
-For each format (fp32 and bf16 weights; int8 and int4-g32 weight-only, fp32 activations),
+For each format (fp32 and bf16 weights; int8 and int4-g32 weight-only with an int8 LM head,
+fp32 activations),
 side by side in the same process:
   * the held-out mixed workload (prompts 16-192 tokens, outputs 8-160, EOS ignored, seed 1:
     not the seed the other benchmarks tune on) served by minivllm, by minivllm with the padded
@@ -17,7 +18,8 @@ side by side in the same process:
   * the end-to-end FLOP rate against a measured matmul peak (minivllm/benchmarks/roofline.py)
     and against the same linears timed alone at the run's step shapes (`matmul_ceiling`);
   * batch-1 decode tok/s against its roofline: the bytes a token reads (every weight held,
-    quantized or not, a tied LM head being the whole embedding table, plus the KV so far) over
+    quantized or not, a tied LM head being the whole embedding table, an untied one's table
+    one row (`weight_bytes_read`), plus the KV so far) over
     the measured read bandwidth at the run's threads; and against its GEMVs alone;
   * a torch.profiler breakdown of a batch-1 decode step (`decode_profile`): matmuls,
     attention, other ops, Python and dispatch between ops, sampling, the engine around it.
@@ -69,7 +71,7 @@ def step_breakdown(llm, requests) -> dict[str, float]:
     kinds = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
     for e in prof.key_averages():
         name = e.key
-        if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"):
+        if name in MATMUL_OPS or name in ("aten::matmul", "aten::linear"):  # + weight-only
             kinds["matmul"] += e.self_cpu_time_total
         elif "scaled_dot_product" in name or name in ("aten::index", "aten::index_copy_",
                                                         "aten::index_put_"):
@@ -304,10 +306,11 @@ def run_format(llm, label: str, args, read_bw: float, model_weight_bytes) -> dic
     prompt = requests[0].prompt
     tps = batch1_decode(llm, prompt, min(48, args.max_tokens or 48))
     # Batch-1 decode is bound by bytes: every weight read once a token (a tied LM head is the
-    # whole embedding table), and the KV so far; its roofline is the read bandwidth over them.
+    # whole embedding table; an untied one, the quantized formats' int8 head, is read instead),
+    # and the KV so far; its roofline is the read bandwidth over them.
     # MKL's GEMV at one row runs on one core, so the one-core read roofline is shown too.
     kv = cost.kv_token_bytes * (len(prompt) + 24)
-    moved = model_weight_bytes(model) + kv
+    moved = weight_bytes_read(model, model_weight_bytes) + kv
     roof = read_bw / moved
     one_core = read_bandwidth(1) / moved
     gemvs = 5 / sum(linears_alone(model, 1, 1) for _ in range(5))   # a mean, as decode's
@@ -324,6 +327,16 @@ def run_format(llm, label: str, args, read_bw: float, model_weight_bytes) -> dic
         row["transformers"] = transformers_best(llm, requests, args.hf_batch_sizes)
         print(f"minivllm / best transformers: {fast.output_throughput / row['transformers']:.2f}x")
     return row
+
+
+def weight_bytes_read(model, model_weight_bytes) -> int:
+    """Weight bytes a batch-1 token reads: every weight held, but of an embedding table untied
+    from the LM head (the quantized formats' int8 head) a lookup reads one row, not the table."""
+    table = model.model.embed_tokens.weight
+    held = model_weight_bytes(model)
+    if getattr(model.lm_head, "weight", None) is table:           # tied: the head reads it all
+        return held
+    return held - (table.shape[0] - 1) * table.shape[1] * table.element_size()
 
 
 def transformers_best(llm, requests, batch_sizes: str) -> float:

@@ -21,10 +21,14 @@ weights back into floats tile by tile, inside the matmul, never as a whole matri
 `gate_up_proj` (the model's fused slots). Each output row is quantized on its own (its scale,
 its groups along K), so a fused layer holds exactly the rows its parts would, and gives the
 same tokens in fewer calls: at batch 1 a 576 x 192 int8 GEMV is mostly the cost of calling it.
-Left out, and why: the lm_head, as vLLM does by default (it is tied to the embeddings here,
-and rounding it cost the most perplexity: int4-g32 on 400 tokens 13.06 without it, 14.20 with
-it, fp32 12.93; yet in fp32 it is 113 of the 180 MB an int4 token reads: docs/benchmarks.md);
-the embedding table (a lookup reads one row per token, so its bytes cost memory, not time);
+The LM head gets an int8 copy of its own (per-row scales, torch's int8 kernel, as llama.cpp
+keeps it in Q8_0) for every format, int4 ones too (`quantize_lm_head=True`, the default;
+vLLM's GPTQ `lm_head_quantized` is opt-in, since its checkpoints ship a float head): in fp32 it
+was 113 of the 180 MB an int4 token read, and int8 rounding of it costs +0.2-0.3% perplexity
+(2048 tokens: int8 7.690 -> 7.711, int4-g32 7.682 -> 7.704, fp32 7.679; int4 groups cost far
+more: 14.20 against 13.06 on 400 tokens). It unties the head from the embedding table, which
+stays in float: a lookup reads one row a token, so the table costs memory, not bandwidth.
+Left out, and why: the embedding table (a lookup reads one row per token, so its bytes cost memory, not time);
 the norms (tiny). The float projections are dropped once quantized (kept, they made an int8
 model hold more memory than the float one): to change format, `unquantize_model` puts empty
 nn.Linear back and the runner reloads the checkpoint.
@@ -67,8 +71,8 @@ class QuantLinear(nn.Module):
         self.mins = self.scales_zeros = None
         if method == "int8":
             self.qweight, self.scales = quantize_int8(w)
-            if self.use_torch_cpu_kernel:
-                self.scales_bf16 = self.scales.to(torch.bfloat16)
+            if self.use_torch_cpu_kernel:     # torch's kernel takes them in bf16: keep those
+                self.scales = self.scales.to(torch.bfloat16)
         elif self.use_torch_cpu_kernel:
             # torch's int4 CPU kernel takes N in tiles of 16 rows: pad with zero rows (they
             # quantize to zeros) and drop their outputs, so any width works (72 -> 80 here).
@@ -87,7 +91,7 @@ class QuantLinear(nn.Module):
     def dequantized_weight(self) -> torch.Tensor:
         """The float weight this module stands for (N, K), for references and error plots."""
         if self.method == "int8":
-            return dequantize_int8(self.qweight, self.scales)
+            return dequantize_int8(self.qweight, self.scales.float())
         if self.use_torch_cpu_kernel:     # unpack through the kernel itself: x = identity
             eye = torch.eye(self.in_features, dtype=torch.bfloat16)
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -100,7 +104,7 @@ class QuantLinear(nn.Module):
         if self.use_torch_cpu_kernel:
             xb = x2.to(torch.bfloat16)
             if self.method == "int8":
-                y = torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales_bf16)
+                y = torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales)
             else:
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                     xb, self.qweight, self.group_size, self.scales_zeros)[:, :self.out_features]
@@ -117,9 +121,10 @@ class QuantLinear(nn.Module):
         return f"{self.in_features}, {self.out_features}, {self.method}{g}"
 
 
-def quantize_model(model: nn.Module, method: str | None) -> None:
+def quantize_model(model: nn.Module, method: str | None, lm_head: bool = True) -> None:
     """Put `model`'s float projections in format `method` (None: leave them), dropping the float
-    weights. A model already quantized goes through `unquantize_model` and a reload first."""
+    weights, and its LM head in int8 if `lm_head` (untied: the embedding keeps the float table).
+    A model already quantized goes through `unquantize_model` and a reload first."""
     spec = parse_quantization(method)
     if spec is None:
         return
@@ -147,6 +152,8 @@ def quantize_model(model: nn.Module, method: str | None) -> None:
                     setattr(parent, name, None)
         for name, lin in linears.items():                 # o_proj, down_proj: on their own
             setattr(parent, name, QuantLinear(lin, *spec))
+    if lm_head:                                           # int8 for every format (Q8_0's role)
+        model.lm_head = QuantLinear(model.lm_head, "int8")
 
 
 def concat_linears(linears: list[nn.Linear]) -> nn.Linear:
@@ -163,9 +170,17 @@ def concat_linears(linears: list[nn.Linear]) -> nn.Linear:
 def unquantize_model(model: nn.Module) -> int:
     """Swap every QuantLinear (fused ones back into their parts) for an nn.Linear of its shape,
     uninitialized: the caller loads the checkpoint into it, the float weights were not kept.
-    Returns how many projections it made."""
+    Returns how many projections it made (the head counts when it was not tied: it reloads)."""
     dtype = model.model.norm.weight.dtype
     n = 0
+    if isinstance(model.lm_head, QuantLinear):            # a float head again, tied if it was
+        q = model.lm_head
+        model.lm_head = nn.Linear(q.in_features, q.out_features, bias=False, device="meta",
+                                  dtype=dtype).to_empty(device=q.qweight.device)
+        if model.config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        else:
+            n += 1
     for p in list(projection_layers(model)):
         fused = next((f for f, parts in PACKED_MODULES_MAPPING.items() if p.name in parts), None)
         packed = getattr(p.parent, fused) if fused else None

@@ -93,7 +93,7 @@ class ModelRunner:
         self.path = path                    # read again to leave a quantized format
         self.model = model.eval()
         self.sampler = sampler if sampler is not None else Sampler(device)
-        self.quantization = self.lora_manager = None
+        self.quantization, self.lora_manager = (None, True), None   # (format, lm head)
         self.init_kv_cache(engine_config)
 
     def init_kv_cache(self, engine_config: EngineConfig) -> None:
@@ -121,12 +121,13 @@ class ModelRunner:
     def _init_kv_cache(self, engine_config: EngineConfig) -> None:
         if self.lora_manager:                # plain nn.Linear back first: LoRA is rebuilt below
             self.lora_manager.unwrap()
-        if engine_config.quantization != self.quantization:    # weights in the asked format
+        asked = engine_config.quantization, engine_config.quantize_lm_head   # weights' format
+        if asked != self.quantization:
             if unquantize_model(self.model):   # the float weights were dropped: read them again
                 load_weights(self.model, self.path)
-                self.quantization = None
-            quantize_model(self.model, engine_config.quantization)   # (minivllm/quantization/weight_only.py)
-            self.quantization = engine_config.quantization
+            self.quantization = None, True       # float now, should quantize_model refuse
+            quantize_model(self.model, *asked)   # (minivllm/quantization/weight_only.py)
+            self.quantization = asked
         self.engine_config = engine_config
         self.sampler.reset()                 # no sample's generator outlives its pool
         self.cuda_graphs = None
