@@ -19,8 +19,10 @@ def _():
     from minivllm.engine.async_llm_engine import AsyncLLMEngine
     from minivllm.benchmarks.serve import make_prompts, run_load, summarize
     from minivllm.entrypoints.openai.api_server import Server, bind_socket
-    return (AsyncLLMEngine, LLM, SamplingParams, Server, asyncio, bind_socket,
-            concurrent, make_prompts, mo, np, plt, run_load, summarize, time, torch)
+    from minivllm.workloads import Request, poisson_arrivals, serve
+    return (AsyncLLMEngine, LLM, Request, SamplingParams, Server, asyncio, bind_socket,
+            concurrent, make_prompts, mo, np, plt, poisson_arrivals, run_load, serve,
+            summarize, time, torch)
 
 
 @app.cell
@@ -297,6 +299,85 @@ def _(NUM_REQUESTS, RATE_FACTORS, mo, sweep):
 
 
 @app.cell
+def _(mo):
+    mo.md(r"""
+    ## The same knee, counted in engine steps
+
+    The seconds above belong to this machine, and they move when it is busy: the knee in
+    requests per second is the step time's shadow. The knee itself is a count. In a step, a
+    full batch advances each of its `MAX_NUM_SEQS` requests by one token (a request's
+    prefill step gives its first one), so a request holds a slot for `OUTPUT_LEN` steps and
+    the engine finishes at most
+
+    $$\text{knee} = \frac{\texttt{MAX\_NUM\_SEQS}}{\texttt{OUTPUT\_LEN}}
+    \ \text{requests per step}.$$
+
+    Below, a second engine of the same shape (the first now belongs to the server's thread)
+    is driven step by step with `add_request` and `step` (`minivllm.workloads.serve`), with
+    Poisson arrivals counted in steps, at multiples of that knee. After each step we read
+    how many requests wait for a slot. Nothing here is timed, so a loaded machine gives the
+    same queue.
+    """)
+    return
+
+
+@app.cell
+def _(LLM, MAX_NUM_SEQS, OUTPUT_LEN, Request, SamplingParams, make_prompts, mo, np,
+      poisson_arrivals, serve):
+    STEP_FACTORS, STEP_REQUESTS = (0.5, 0.8, 1.25, 2.0), 40
+    knee_per_step = MAX_NUM_SEQS / OUTPUT_LEN
+    step_llm = LLM(max_model_len=256, max_num_seqs=MAX_NUM_SEQS)
+
+    def queue_in_steps(factor, seed=0):
+        """Waiting requests after each step, for arrivals at factor x the knee."""
+        params = SamplingParams(temperature=0, max_tokens=OUTPUT_LEN, ignore_eos=True)
+        reqs = poisson_arrivals([Request(p, params) for p in make_prompts(STEP_REQUESTS, 16, seed)],
+                                factor * knee_per_step, seed=seed, unit="steps")
+        print(f"engine steps: {STEP_REQUESTS} requests at {factor}x the knee ...", flush=True)
+        run = serve(step_llm, reqs)
+        waiting = [s.stats.num_waiting for s in run.steps]
+        arrivals = waiting[:max(run.arrival_step) + 1]   # while requests still arrive
+        half = len(arrivals) // 2
+        return {"waiting": waiting, "steps": len(waiting),
+                "mean_waiting": float(np.mean(arrivals)),
+                "first_half": float(np.mean(arrivals[:half])),
+                "second_half": float(np.mean(arrivals[half:])),
+                "done": sum(o.finished for o in run.outputs)}
+
+    step_sweep = {_f: queue_in_steps(_f) for _f in STEP_FACTORS}
+    for _f, _q in step_sweep.items():
+        print(f"{_f}x the knee ({_f * knee_per_step:.2f} req/step): {_q['steps']} steps, "
+              f"mean waiting while requests arrive {_q['mean_waiting']:.2f} (first half "
+              f"{_q['first_half']:.2f}, second half {_q['second_half']:.2f}), "
+              f"most {max(_q['waiting'])}")
+    mo.md(f"knee: {MAX_NUM_SEQS} slots / {OUTPUT_LEN} tokens = **{knee_per_step} requests "
+          f"per step**")
+    return STEP_FACTORS, STEP_REQUESTS, knee_per_step, step_sweep
+
+
+@app.cell
+def _(STEP_FACTORS, knee_per_step, mo, plt, step_sweep):
+    _fig, _ax = plt.subplots(figsize=(7, 2.8))
+    for _f in STEP_FACTORS:
+        _ax.plot(step_sweep[_f]["waiting"], label=f"{_f}x ({_f * knee_per_step:.2f} req/step)")
+    _ax.set_xlabel("engine step")
+    _ax.set_ylabel("requests waiting")
+    _ax.legend(fontsize=8)
+    _fig.tight_layout()
+    _lo = max(_f for _f in STEP_FACTORS if _f < 1)
+    _hi = min(_f for _f in STEP_FACTORS if _f > 1)
+    mo.vstack([_fig, mo.md(f"""
+    At {_lo}x the knee, on average **{step_sweep[_lo]['mean_waiting']:.2f}** requests waited
+    while requests arrived: a slot is usually free. At {_hi}x, **{step_sweep[_hi]['mean_waiting']:.2f}**,
+    and the queue grows as the load lasts ({step_sweep[_hi]['first_half']:.2f} in the first
+    half of the arrivals, {step_sweep[_hi]['second_half']:.2f} in the second): the onset lies
+    between {_lo}x and {_hi}x, where the formula put it. Short of the knee the queue is not
+    quite empty: Poisson arrivals bunch, and a burst waits a few steps for slots.
+    """)])
+    return
+
+
+@app.cell
 def _(capacity_rps, mo):
     rate = mo.ui.slider(0.2, 5.0, step=0.2, value=2.0, show_value=True,
                         label="request rate, x the predicted knee")
@@ -371,10 +452,13 @@ def _(
     MAX_NUM_SEQS,
     NUM_REQUESTS,
     RATE_FACTORS,
+    STEP_FACTORS,
+    STEP_REQUESTS,
     aengine,
     check_saturation_rate,
     inline_ticks,
     num_steps,
+    step_sweep,
     sweep,
     threaded_ticks,
 ):
@@ -393,6 +477,16 @@ def _(
         assert hi["max_waiting"] > lo["max_waiting"]
         assert hi["max_waiting"] >= MAX_NUM_SEQS // 2
 
+    def test_the_queue_starts_at_the_knee_in_steps():
+        below = [f for f in STEP_FACTORS if f < 1]
+        past = [f for f in STEP_FACTORS if f > 1]
+        assert all(q["done"] == STEP_REQUESTS for q in step_sweep.values())
+        # Below the knee, on average less than one request waits for a slot ...
+        assert all(step_sweep[f]["mean_waiting"] < 1 for f in below)
+        # ... past it, more than one, and more in the second half of the arrivals than the first.
+        assert all(step_sweep[f]["mean_waiting"] >= 1 for f in past)
+        assert all(step_sweep[f]["second_half"] > step_sweep[f]["first_half"] + 1 for f in past)
+
     def test_exercise_checker():
         assert check_saturation_rate(lambda s, n, o: n / (s * o)).startswith("correct")
         assert "tokens per second" in check_saturation_rate(lambda s, n, o: n / s)
@@ -405,9 +499,11 @@ def _(
     RATE_FACTORS,
     capacity_rps,
     inline_ticks,
+    knee_per_step,
     mo,
     num_steps,
     step_s,
+    step_sweep,
     sweep,
     threaded_ticks,
 ):
@@ -419,6 +515,9 @@ def _(
         "by_rate": {f"{_f}x": {k: sweep[_f][k] for k in (
             "request_rate", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
             "median_itl_ms", "p99_itl_ms", "max_waiting")} for _f in RATE_FACTORS},
+        "predicted_knee_per_step": knee_per_step,
+        "mean_waiting_by_step_rate": {f"{_f}x": round(_q["mean_waiting"], 2)
+                                      for _f, _q in step_sweep.items()},
     }
     print("findings:", findings)
     mo.md(r"""
@@ -429,6 +528,9 @@ def _(
     * One measured number, the step time at a full batch, predicts the request rate where
       the server saturates. Past it, the waiting queue forms, and TTFT grows with it:
       latency is what pays for load beyond the knee.
+    * Counted in engine steps, the knee is `MAX_NUM_SEQS / OUTPUT_LEN` requests per step on
+      any machine: below it less than one request waited on average, past it the queue grew
+      (the mean waiting per step by arrival rate, in the findings).
 
     ## Where the code lives
 

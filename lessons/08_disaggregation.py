@@ -551,6 +551,9 @@ def _(
     def test_connector_sends_exactly_the_prompt_kv():
         per_token = kv_bytes_per_token(llm.engine.model_config, llm.engine.dtype)
         assert split_bytes == (prompt_tokens - split_cached) * per_token > 0
+        # The warm-up left request 0's full prompt block in the consumer's prefix cache: the
+        # producer did not send it again.
+        assert split_cached > 0
         assert exercise_truth == {n: n * per_token for n in EX_LENGTHS}
         assert pair.stats()["num_reprefilled"] == 0 and pair.stats()["connected"]
 

@@ -448,6 +448,9 @@ def _(
 
     def test_g128_refused_for_a_576_wide_model():
         assert "576" in refusals["int4-g128"] and "int4-g128" not in table
+        # Refused up front by quantize_model, before any layer changed, with the way out
+        # (the kernel's own shape check would refuse too, later and without it).
+        assert "use a group size" in refusals["int4-g128"]
         assert widget_error is None or "group size" in widget_error
 
     def test_int8_kv_pool_holds_more_sequences():
