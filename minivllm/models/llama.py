@@ -105,11 +105,15 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, 
 def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """layer(x); a plain fp32 nn.Linear on a CPU at up to 64 rows (decode) as (W x^T)^T, copied
     back to rows: MKL streams W instead of repacking it (batch 4: 0.68x a step's CPU); strided,
-    the next GEMM ran 1.5x slower. Prefill keeps F.linear (512 rows: 148 vs 128 GFLOP/s here)."""
-    transposed = (x.device.type, x.dtype) == ("cpu", torch.float32) and x.shape[0] <= 64
+    the next GEMM ran 1.5x slower. Prefill keeps F.linear (512 rows: 148 vs 128 GFLOP/s here).
+    One row is sent as two: with one column the product is a matrix-vector one (sgemv), which
+    read the 113 MB LM head at 17 GB/s here against 45 GB/s for two columns (2.6x the time)."""
+    rows = x.shape[0]
+    transposed = (x.device.type, x.dtype) == ("cpu", torch.float32) and rows <= 64
     if type(layer) is not nn.Linear or not transposed:  # LoRA, quant, TP; CUDA; bf16; prefill
         return layer(x)
-    y = F.linear(layer.weight, x).T.clone(memory_format=torch.contiguous_format)   # (T, out)
+    cols = x.repeat(2, 1) if rows == 1 else x           # batch 1: a GEMM, not a GEMV
+    y = F.linear(layer.weight, cols)[:, :rows].T.clone(memory_format=torch.contiguous_format)
     return y if layer.bias is None else y + layer.bias
 
 
