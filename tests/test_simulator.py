@@ -212,18 +212,16 @@ def test_simulated_schedule_equals_the_engines(calibrated):
     assert sim.num_preemptions == real.steps[-1].stats.num_preemptions
 
 
-# The target is 10% (issue 32; Vidur's published bound is 9%), not shown yet. With the first
-# fit (bytes fitted beside the overhead, three whole-batch calibration workloads), six
-# calibrations on a quiet 2-core EPYC erred: total -17% to -8%, p50 -25% to -2%, p90 -23% to
-# +5%, while the real engine repeats itself within 0-5%. The fit now reads the bytes at the
-# measured bandwidth (the overhead/bytes pair was collinear on one model), weighs each step's
-# error relative to its seconds, and calibrates on a fourth workload of staggered arrivals
-# (small prefills beside decodes, the held-out shape); on synthetic noisy steps that narrows
-# the held-out total's spread from -7%..+6% to -4%..+2% (docs/benchmarks.md). One quieter
-# run of it (load 1.3): total -15.4%, p50 -17.6%, p90 -13.8%, real noise 1-3%: a bias of
-# about -15% is left, so CI still holds the prediction to 40%: it fails when the cost model
-# or the schedule drifts grossly.
-PREDICTION_BOUND = 0.40
+# The target is 10% (issue 32; Vidur's published bound is 9%). The fit reads the bytes at the
+# measured bandwidth, fits overhead, per-sequence and FLOP terms by relative least squares over
+# four calibration workloads (docs/benchmarks.md). Its last bias (-15%) was the engine's, not
+# the model's: fp32 batch-1 decode went through MKL's slow matrix-vector path (37 ms a step
+# against 20 ms at batch 2); with one row sent as two columns (models/llama.py `linear`),
+# three quiet runs on a 2-core EPYC (load ~1.2) erred: total -4.3%, -5.4%, -6.3%; p50 -5.9%,
+# -8.4%, -9.8%; p90 -2.0%, -4.9%, -6.1%, with the real engine repeating itself within 0.1-2.2%.
+# CI runs on a shared machine: the bound is twice the 10% target, and a run too noisy to
+# judge skips.
+PREDICTION_BOUND = 0.20
 
 
 def test_simulated_seconds_within_ten_percent(calibrated):
