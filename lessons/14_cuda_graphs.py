@@ -111,7 +111,10 @@ def _(BATCHES, breakdown, mo, plt):
     CPU's attention path, whose calls vary a little with the batch's shape: it groups decode
     rows by length. A CUDA graph cannot allow even that: on a GPU one paged-attention kernel
     takes every row whatever its length, so every step of a given batch size launches the
-    same kernels.) So the fixed cost per op is paid once per
+    same kernels. Batch 1 on a CPU issues one more op for each fp32 projection and the LM
+    head: the engine sends its single row to the matrix multiply as two, because MKL's
+    one-column path reads the weights 2.6x slower; see `linear` in models/llama.py.)
+    So the fixed cost per op is paid once per
     step whatever the batch, and it is the larger share when the batch is small. On this
     CPU the ops run synchronously, so Python's time adds to theirs. On a GPU the ops are
     kernels launched asynchronously: the GPU idles whenever launching (a few microseconds
@@ -178,7 +181,8 @@ def _(breakdown, compile_s, compiled, llm, mo, same_tokens):
 
     The op count is the measurement that holds on any machine: each layer's two RMSNorms and
     its MLP's SiLU-and-multiply became a few fused calls, so the step asks for fewer ops,
-    the same number at every batch size (one graph, a dynamic token count). On this CPU the
+    the same number at every batch size above 1 (one graph, a dynamic token count; torch
+    compiles batch 1 apart, and its eager projections keep their extra op). On this CPU the
     time gained is small or negative: the fused norms and SiLU were a small part of the
     step, and the matmuls, which dominate, are the same calls either way. That is why
     compilation is off by default here. (Timings from a shared machine: they move by tens of
@@ -304,19 +308,21 @@ def _(answer, check_buckets, mo):
 @app.cell
 def _(BATCHES, check_buckets, compiled_ops, llm, ops_per_step, same_tokens):
     def test_op_count_hardly_depends_on_batch():
-        counts = sorted(ops_per_step.values())     # > 10 ops per layer, about the same for
-        assert counts[0] > 30 * 10 and counts[-1] <= 1.05 * counts[0]   # every batch size
+        counts = sorted(ops_per_step[_b] for _b in BATCHES if _b > 1)   # > 10 ops per layer,
+        assert counts[0] > 30 * 10 and counts[-1] <= 1.05 * counts[0]   # the same at each batch
+        # batch 1: at most one more op per projection and the head (one row sent as two)
+        assert ops_per_step[1] <= counts[0] + 7 * 30 + 1
 
     def test_compiled_tokens_identical():
         assert same_tokens
 
     def test_compile_fuses_ops_at_every_batch():
         # Counted by the profiler: the fused norms and MLPs save at least 10 ops per layer,
-        # and one graph with a dynamic token count serves every batch size.
+        # and one graph with a dynamic token count serves every batch size above 1.
         _layers = llm.engine.model_config.num_hidden_layers
         for _b in BATCHES:
             assert compiled_ops[_b] <= ops_per_step[_b] - 10 * _layers
-        assert len(set(compiled_ops.values())) == 1
+        assert len({compiled_ops[_b] for _b in BATCHES if _b > 1}) == 1
 
     def test_exercise_checker():
         assert check_buckets("7,48").startswith("Correct")
@@ -350,7 +356,7 @@ def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, mo, ops_per_step, s
       {BATCHES[-1]} **{100 * findings['python_share_batch_max']:.0f}%**.
     * `torch.compile` of the norms and MLPs cut the ops of a step from
       **{ops_per_step[BATCHES[0]]}** to **{compiled_ops[BATCHES[0]]}** (counted by the
-      profiler, the same at every batch size), kept the tokens
+      profiler, the same at every batch size above 1), kept the tokens
       **{'identical' if same_tokens else 'different'}**, and changed the step time by the
       ratios above: on this CPU, not enough to switch it on by default.
     * CUDA graphs need a GPU; no GPU timing of them has been recorded for this course yet.
