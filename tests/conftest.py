@@ -7,6 +7,7 @@ import minivllm  # noqa: F401, I001
 
 import json
 import shutil
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -167,6 +168,18 @@ def tiny_checkpoint(tmp_path_factory, smol_path):
 # A lesson runs ONCE per session (and once per content hash across sessions): the run is cached
 # in build/lessons/ by docs/hooks/lesson_runner.py, which the mkdocs build reads too.
 # =============================================================================================
+def wait_idle(aengine, timeout: float = 30.0):
+    """Until the engine holds no request and no KV block (every block's ref count back to 0:
+    the prefix cache keeps blocks' contents, not references), or the timeout; its stats."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        s = aengine.stats()
+        if s.num_running == s.num_waiting == s.num_blocks_used == 0:
+            return s
+        time.sleep(0.02)
+    return aengine.stats()
+
+
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 

@@ -20,7 +20,7 @@ from minivllm import SamplingParams
 from minivllm.engine.async_llm_engine import AsyncLLMEngine
 from minivllm.entrypoints.openai.api_server import Server, bind_socket
 
-from conftest import PROMPTS, reconfigured
+from conftest import PROMPTS, reconfigured, wait_idle
 
 MODEL = "smol"
 MAX_MODEL_LEN = 256
@@ -59,18 +59,6 @@ def client(served):
     return openai.OpenAI(base_url=f"{served[0].url}/v1", api_key="none", max_retries=0,
                          default_headers=FRESH_CONNECTION,
                          timeout=120)
-
-
-def wait_idle(aengine, timeout=20.0):
-    """Until the engine holds no request and no KV block (every block's ref count back to 0:
-    the prefix cache keeps blocks' contents, not references), or the timeout."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        s = aengine.stats()
-        if s.num_running == s.num_waiting == s.num_blocks_used == 0:
-            return s
-        time.sleep(0.02)
-    return aengine.stats()
 
 
 def post(url, body: bytes | dict, headers=None) -> tuple[int, dict]:

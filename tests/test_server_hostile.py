@@ -21,7 +21,7 @@ from minivllm import SamplingParams
 from minivllm.engine.async_llm_engine import AsyncLLMEngine
 from minivllm.entrypoints.openai.api_server import Server, bind_socket
 
-from conftest import PROMPTS, reconfigured
+from conftest import PROMPTS, reconfigured, wait_idle
 
 MODEL = "smol"
 MAX_MODEL_LEN = 256
@@ -69,16 +69,6 @@ def assert_openai_error(status, body, code):
     assert isinstance(body, dict) and set(body) == {"error"}, body
     assert set(body["error"]) == {"message", "type", "param", "code"}, body
     assert body["error"]["code"] == code and body["error"]["message"], body
-
-
-def wait_idle(aengine, timeout=30.0):
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        s = aengine.stats()
-        if s.num_running == s.num_waiting == s.num_blocks_used == 0:
-            return s
-        time.sleep(0.02)
-    return aengine.stats()
 
 
 def healthy(server) -> bool:
