@@ -273,6 +273,10 @@ def _(mo):
     name(block i) = hash(name(block i-1), tokens of block i, extra keys)
     ```
 
+    So blocks 5 and 6 above, the same tokens after other words, get other names; and a prompt
+    made of a served prompt's blocks moved one block earlier finds none of them (the
+    "Try it" cell below counts its hits: 0).
+
     * **After each step**, `cache_computed_blocks` names every block that became full and
       computed, in the block manager's dictionary from name to physical block.
     * **At admission**, `allocate` walks the prompt's blocks from the first and stops at the
@@ -460,14 +464,18 @@ def _(BlockManager, SamplingParams, SequenceGroup, docs_prefix, llm):
     assert len(_stamps[0]) == len(_stamps[1])
 
     def hits_for(shared, block_size, timestamp=False):
-        """Serve prompt A, then allocate prompt B (A's first `shared` tokens, then others) on a
-        fresh BlockManager; return how many of B's tokens its prefix cache supplies."""
+        """Prompt A, then prompt B: A's first `shared` tokens, then others."""
         a = docs_prefix[:PROMPT_LEN]
         b = a[:shared] + [t for t in _other if t != a[min(shared, PROMPT_LEN - 1)]][
             :PROMPT_LEN - shared]
         if timestamp:                  # two seconds apart, in front of everything
             a, b = _stamps[0] + a, _stamps[1] + b
-        bm = BlockManager(2 * (len(a) // block_size + 1), block_size,
+        return cached_hits(a, b, block_size)
+
+    def cached_hits(a, b, block_size):
+        """Serve prompt a, then allocate prompt b on a fresh BlockManager; return how many of
+        b's tokens its prefix cache supplies."""
+        bm = BlockManager(2 * (max(len(a), len(b)) // block_size + 1), block_size,
                           enable_prefix_caching=True)
         first = SequenceGroup("a", None, a, SamplingParams(), 0).seqs[0]
         bm.allocate(first)
@@ -478,7 +486,11 @@ def _(BlockManager, SamplingParams, SequenceGroup, docs_prefix, llm):
         bm.allocate(second)
         return second.num_computed_tokens
 
-    return PROMPT_LEN, hits_for
+    # B = A without its first block: every full block of B is in the cache, but one block
+    # earlier, after other tokens. A block's name covers its whole prefix, so none may hit.
+    shifted_hits = cached_hits(docs_prefix[:PROMPT_LEN], docs_prefix[16:PROMPT_LEN], 16)
+    print(f"A's blocks moved one block earlier: {shifted_hits} tokens hit")
+    return PROMPT_LEN, hits_for, shifted_hits
 
 
 @app.cell
@@ -585,7 +597,7 @@ def _(exercise_hits, hits_answer, mo):
 def _(check_hits_answer, conv_cached, conv_computed_cached, conv_computed_uncached,
       conv_outputs_identical, conv_work_ratio, docs_hit_tokens, docs_outputs_identical,
       docs_predicted_hits, docs_prefix_skip, exercise_by_hand, exercise_hits, hits_for,
-      kv_block_equal, kv_diff, turn_hit_rate):
+      kv_block_equal, kv_diff, shifted_hits, turn_hit_rate):
     def test_shared_prefix_kv_is_bit_identical():
         assert kv_block_equal[:4] == [True] * 4          # the 4 shared blocks, all layers
         assert not any(kv_block_equal[4:])
@@ -605,6 +617,10 @@ def _(check_hits_answer, conv_cached, conv_computed_cached, conv_computed_uncach
         assert docs_hit_tokens == docs_predicted_hits > 0
         assert exercise_hits == exercise_by_hand == 192
         assert (hits_for(100, 16), hits_for(160, 16), hits_for(100, 16, True)) == (96, 144, 0)
+
+    def test_cached_blocks_after_another_prefix_never_hit():
+        # The tokens of every block are cached, in another context: the chained name misses.
+        assert shifted_hits == 0
 
     def test_identical_greedy_outputs_with_and_without_caching():
         assert conv_outputs_identical and docs_outputs_identical

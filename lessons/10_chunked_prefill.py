@@ -555,6 +555,11 @@ def _(
         assert without["total"].max() > LONG_PROMPT
 
     def test_chunking_changes_timing_not_tokens():
+        # Every prompt token computed exactly once: the chunks add up to the prompt (a
+        # boundary that skipped a token's K/V can leave greedy tokens unchanged; not this).
+        assert with_chunks["long_chunks"].sum() == LONG_PROMPT
+        for _r in sweep.values():
+            assert _r["long_chunks"].sum() == LONG_PROMPT
         assert same_tokens
 
     def test_smaller_budget_more_steps_to_first_token():

@@ -129,12 +129,18 @@ def _(mo):
     mo.md(r"""
     ## Remedy 1, live here: torch.compile around attention
 
-    `LLM(compilation_config=3)` (vLLM's level) compiles every RMSNorm and every MLP with
-    TorchInductor, with a dynamic token count so one compiled graph serves every batch and
-    every layer. Inductor fuses their elementwise operations (RMSNorm's square, mean,
-    rsqrt, multiply and cast into one loop; SiLU and the multiply by `up` into one), so
-    the step issues fewer ops and reads each activation fewer times. Attention, rotary and
-    the residual adds stay eager. The first step pays for the compilation.
+    `LLM(compilation_config=3)` (vLLM's level) hands the model's whole forward to
+    TorchDynamo and TorchInductor, with a dynamic token count: the embedding, every layer's
+    norms, projections, rotary, residual adds and MLP, and the final norm become one graph.
+    Attention alone stays outside, as one opaque op, `minivllm::unified_attention`: its batch
+    layout is Python that changes every step, so instead of being a graph input (whose ints
+    would force a recompile whenever a sequence grows) the step's metadata waits in a
+    *forward context* that the op reads, as vLLM's does. Inductor fuses the elementwise
+    operations between the matmuls (RMSNorm's square, mean, rsqrt, multiply and cast into
+    one loop; SiLU and the multiply by `up` into one; the residual adds and rotary with
+    them) and calls the matmuls itself, so no Python runs between ops inside the graph. The
+    first step pays for the compilation: one graph for a single token, one for any other
+    count.
     """)
     return
 
@@ -145,7 +151,8 @@ def _(BATCHES, SamplingParams, llm, profiled, time):
     _prompts = ["The capital of France is", "def fibonacci(n):\n    "]
     eager_tokens = [o.outputs[0].token_ids for o in llm.generate(_prompts, _params,
                                                                   use_tqdm=False)]
-    print("torch.compile: compiling the norms and MLPs (Inductor builds C++; tens of seconds "
+    print("torch.compile: compiling the forward around attention (Inductor builds C++; tens "
+          "of seconds "
           "on a CPU) ...", flush=True)
     _t0 = time.perf_counter()
     llm.reconfigure(compilation_config=3)
@@ -179,14 +186,17 @@ def _(breakdown, compile_s, compiled, llm, mo, same_tokens):
     |---|---|---|---|---|---|---|---|
     {_rows}
 
-    The op count is the measurement that holds on any machine: each layer's two RMSNorms and
-    its MLP's SiLU-and-multiply became a few fused calls, so the step asks for fewer ops,
-    the same number at every batch size above 1 (one graph, a dynamic token count; torch
-    compiles batch 1 apart, and its eager projections keep their extra op). On this CPU the
-    time gained is small or negative: the fused norms and SiLU were a small part of the
-    step, and the matmuls, which dominate, are the same calls either way. That is why
-    compilation is off by default here. (Timings from a shared machine: they move by tens of
-    percent between runs.)
+    The op count is the measurement that holds on any machine. What a compiled step still
+    asks for is the matmuls the graph calls, attention's own ops inside its opaque op, and
+    the engine's few ops around the forward; the elementwise work between the matmuls became
+    fused loops, which are not ops at all. The count is the same at every batch size above
+    1 (one graph, a dynamic token count; torch compiles batch 1 apart). What that saves in
+    time depends on how much of the step those ops and the Python between them were: the
+    most at batch 1, and in the quantized formats, whose matmuls read the fewest bytes
+    (`minivllm bench cpu --compile` measures every format; docs/benchmarks.md has the
+    numbers). Compiling costs tens of seconds at start-up, which is why compilation is off
+    by default here. (Timings from a shared machine: they move by tens of percent between
+    runs.)
     """)
     return
 
@@ -317,7 +327,7 @@ def _(BATCHES, check_buckets, compiled_ops, llm, ops_per_step, same_tokens):
         assert same_tokens
 
     def test_compile_fuses_ops_at_every_batch():
-        # Counted by the profiler: the fused norms and MLPs save at least 10 ops per layer,
+        # Counted by the profiler: the fused elementwise ops save at least 10 ops per layer,
         # and one graph with a dynamic token count serves every batch size above 1.
         _layers = llm.engine.model_config.num_hidden_layers
         for _b in BATCHES:
@@ -354,17 +364,19 @@ def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, mo, ops_per_step, s
       and about as many at every batch size; at batch {BATCHES[0]} the time outside them was
       **{100 * findings['python_share_batch_1']:.0f}%** of the step here, at batch
       {BATCHES[-1]} **{100 * findings['python_share_batch_max']:.0f}%**.
-    * `torch.compile` of the norms and MLPs cut the ops of a step from
+    * `torch.compile` of the forward around attention cut the ops of a step from
       **{ops_per_step[BATCHES[0]]}** to **{compiled_ops[BATCHES[0]]}** (counted by the
       profiler, the same at every batch size above 1), kept the tokens
       **{'identical' if same_tokens else 'different'}**, and changed the step time by the
-      ratios above: on this CPU, not enough to switch it on by default.
+      ratios above, for **{compile_s:.0f} s** of compiling at start-up: off by default here.
     * CUDA graphs need a GPU; no GPU timing of them has been recorded for this course yet.
 
     ## Where the code lives
 
     * `minivllm/worker/compilation.py`: `set_compilation` (what is compiled), `capture_sizes` (the
       buckets), `CUDAGraphRunner` (static buffers, capture, `run`: copy, pad, replay).
+    * `minivllm/attention/layer.py`: `unified_attention`, the op a compiled graph calls for
+      attention, and `minivllm/forward_context.py`, where it finds the step's metadata.
     * `minivllm/worker/model_runner.py`: `init_kv_cache` compiles and captures over the new pool;
       `forward` replays a graph for a pure decode step.
     * `kernels/paged_attention.py`: `DecodeScratch`, the fixed partials that make the decode

@@ -236,6 +236,9 @@ INCOMPATIBLE = (
      "supported by minivllm; leave speculative_config unset with tp > 1"),
     (TP, "kv_transfer_config", "kv_transfer_config with tensor_parallel_size > 1 is not "
      "supported by minivllm; leave kv_transfer_config unset with tp > 1"),
+    ("enable_lora", "compilation_config", "enable_lora with compilation_config is not "
+     "supported by minivllm: the adapters' per-step layout is Python state a compiled graph "
+     "would guard on and recompile for; use compilation_config=0 with enable_lora"),
     ("enable_lora", "quantization", "enable_lora with quantization is not supported by "
      "minivllm: LoRA wraps plain nn.Linear layers, and quantization swaps them for QuantLinear"),
     (CUDA_GRAPHS, "enable_lora", "enable_lora with CUDA graphs is not supported by minivllm: "

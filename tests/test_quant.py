@@ -341,3 +341,21 @@ def test_int8_head_costs_little_perplexity_and_can_stay_float(smol_llm):
         assert type(model.lm_head) is torch.nn.Linear
         smol_llm.reconfigure(quantize_lm_head=True)                  # the head alone changes
         assert isinstance(model.lm_head, QuantLinear)
+
+
+def test_compiled_int4_gives_its_eager_tokens(smol_llm):
+    """Issue 33: compilation_config=3 (the whole forward compiled by Inductor, attention one
+    opaque op) keeps an int4-g32 model's eager greedy tokens: a batch of 8 prompts, and one
+    prompt alone, whose decode steps run the one-token graph (batch-1 decode)."""
+    alone = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+    def one(llm):
+        return llm.generate(PROMPTS[6:7], alone, use_tqdm=False)[0].outputs[0].token_ids
+
+    with reconfigured(smol_llm, kv_cache_memory=64 << 20, quantization="int4-g32"):
+        eager, eager_alone = _greedy(smol_llm), one(smol_llm)
+    with reconfigured(smol_llm, kv_cache_memory=64 << 20, quantization="int4-g32",
+                      compilation_config=3):
+        assert smol_llm.engine.runner.compiled
+        assert _greedy(smol_llm) == eager
+        assert one(smol_llm) == eager_alone

@@ -5,6 +5,9 @@ backend that does it (vLLM twin: vllm/attention/layer.py and vllm/v1/attention/s
              reference (attention/torch_attention.py) when USE_REFERENCE is set
     triton   on CUDA in bf16/fp16: the kernels of kernels/ (attention/triton_attention.py)
 
+Under torch.compile (compilation_config=3) attention runs as one custom op the graph cannot
+see into, `minivllm::unified_attention` (vLLM's name): it takes q, k, v and the layer's name,
+and finds the layer and the step's metadata in the forward context (minivllm/forward_context.py).
 Left out (vLLM has them): FlashInfer / FlashAttention-3 backends, sliding windows, ALiBi.
 """
 
@@ -15,6 +18,7 @@ import torch
 from minivllm.attention.cpu_attention import cpu_attention
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_attention import paged_attention, write_kv_cache
+from minivllm.forward_context import get_forward_context
 
 
 def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -59,9 +63,15 @@ class Attention(torch.nn.Module):
         self.k_cache = self.v_cache = None   # (num_blocks, block_size, Hkv, D), bound later
         self.backend = "torch"          # or "triton", set by the ModelRunner
         self.kv_cache_dtype = "auto"    # or "fp8" / "int8": rows of D bytes + a scale (lesson 13)
+        self.layer_name = ""            # model.layers.N.self_attn.attn, set by the model
 
-    def forward(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, md: AttentionMetadata | None) -> torch.Tensor:
         # q: (T, H, D), k/v: (T, Hkv, D)
+        if torch.compiler.is_compiling():   # traced: one opaque op, the metadata stays out
+            return torch.ops.minivllm.unified_attention(q, k, v, self.layer_name)
+        return self.attend(q, k, v, md)
+
+    def attend(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
         if self.backend == "triton":    # the same two steps as fused kernels
             from minivllm.attention.triton_attention import triton_attention  # only when asked
             return triton_attention(q, k, v, self.k_cache, self.v_cache, md, self.scale,
@@ -72,3 +82,18 @@ class Attention(torch.nn.Module):
         write_kv_cache(k, v, self.k_cache, self.v_cache, md.slot_mapping)
         attend = paged_attention if USE_REFERENCE else cpu_attention
         return attend(q, self.k_cache, self.v_cache, md, self.scale, self.kv_cache_dtype)
+
+
+@torch.library.custom_op("minivllm::unified_attention", mutates_args=())
+def unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      layer_name: str) -> torch.Tensor:
+    """One layer's attention for a compiled graph: the layer and this step's metadata come from
+    the forward context. It also writes the step's K/V into the layer's pool, which the graph
+    does not see (the pool is no input of it), as in vLLM."""
+    context = get_forward_context()
+    return context.attention_layers[layer_name].attend(q, k, v, context.attn_metadata)
+
+
+@unified_attention.register_fake
+def _(q, k, v, layer_name):      # what the tracer needs: the output's shape and dtype
+    return torch.empty_like(q)

@@ -23,6 +23,8 @@ side by side in the same process:
     the measured read bandwidth at the run's threads; and against its GEMVs alone;
   * a torch.profiler breakdown of a batch-1 decode step (`decode_profile`): matmuls,
     attention, other ops, Python and dispatch between ops, sampling, the engine around it.
+With `--compile`, each format runs again with compilation_config=3 (worker/compilation.py):
+its batch-1 decode, profile and batched throughput become rows "<format> compiled".
 The last lines print the whole comparison as two markdown tables, for docs/benchmarks.md.
 
 Whether the CPU has bf16 units (avx512_bf16 / amx) is printed: without them bf16 matmuls are
@@ -143,7 +145,11 @@ def batch1_decode(llm, prompt: list[int], tokens: int) -> float:
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
               "aten::_weight_int4pack_mm_for_cpu")
 ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::index",
-                 "aten::index_copy_", "aten::index_put_")
+                 "aten::index_copy_", "aten::index_put_", "aten::index_select",
+                 "minivllm::unified_attention")
+# What counts as an op: torch's, the quantized kernels' and ours; and, compiled, the call of
+# Inductor's graph, whose own time is its fused loops ("other ops").
+OP_PREFIXES = ("aten::", "quantized::", "minivllm::")
 
 
 def decode_profile(llm, prompt: list[int], steps: int = 16) -> dict[str, float]:
@@ -153,8 +159,9 @@ def decode_profile(llm, prompt: list[int], steps: int = 16) -> dict[str, float]:
     conversions); `python+dispatch` the forward's time between ops (the Python of 30 layers and
     torch's dispatch of each op); `sample` the sampler (logits to a token: the LM head is a
     matmul of the forward); `engine` the rest of the step (schedule, prepare the inputs,
-    update, detokenize). The profiler adds a few us per op, so the shares are read as shares,
-    and the step's time is taken without it."""
+    update, detokenize). Compiled (compilation_config=3), Inductor's fused loops are `other
+    ops` and Dynamo's guard check before each forward is Python. The profiler adds a few us per
+    op, so the shares are read as shares, and the step's time is taken without it."""
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
     engine = llm.engine
@@ -184,6 +191,8 @@ def decode_profile(llm, prompt: list[int], steps: int = 16) -> dict[str, float]:
             parent = parent.cpu_parent
         if parent is None or parent.name != "forward":
             continue                                            # sampling and engine ops
+        if not (e.name.startswith(OP_PREFIXES) or "CompiledFxGraph" in e.name):
+            continue        # a label (Dynamo's guard check, its bytecode): Python's share
         kind = ("matmul" if e.name in MATMUL_OPS else "attention" if e.name in ATTENTION_OPS
                 else "other ops")
         kinds[kind] += e.self_cpu_time_total
@@ -216,6 +225,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="default: the engine's (64)")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the padded-attention run")
+    parser.add_argument("--compile", action="store_true",
+                        help="also run every format with compilation_config=3 (the whole "
+                             "forward compiled by Inductor, attention opaque): batch-1 decode, "
+                             "its profile and the batched throughput; ~30 s of compile each")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="cap every request's output (a quick run; default: the "
                              "workload's 8-160)")
@@ -244,17 +257,23 @@ def run(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         hf = r.get("transformers")
-        versus = f"{hf:.1f} | {r['minivllm'] / hf:.2f}x" if hf else "- | -"
-        print(f"| {r['format']} | {r['bytes'] / 1e6:.0f} MB | {r['batch-1 decode']:.1f} | "
-              f"{r['roofline']:.1f} | {r['batch-1 decode'] / r['roofline']:.0%} | "
-              f"{r['minivllm']:.1f} | {versus} |")
+        for label, b1, batched in ((r["format"], r["batch-1 decode"], r["minivllm"]),
+                                   (f"{r['format']} compiled", *r.get("compiled", (None, 0)))):
+            versus = f"{hf:.1f} | {batched / hf:.2f}x" if hf else "- | -"
+            if b1 is not None:
+                print(f"| {label} | {r['bytes'] / 1e6:.0f} MB | {b1:.1f} | {r['roofline']:.1f} "
+                      f"| {b1 / r['roofline']:.0%} | {batched:.1f} | {versus} |")
     print("\nbatch-1 decode step, shares of its time (torch.profiler):")
     kinds = list(rows[0]["profile"])
     print("| format | step ms | " + " | ".join(kinds) + " |")
     print("|---|---|" + "---|" * len(kinds))
     for r in rows:
-        print(f"| {r['format']} | {1e3 / r['batch-1 decode']:.1f} | "
-              + " | ".join(f"{r['profile'][k]:.0%}" for k in kinds) + " |")
+        compiled = r.get("compiled profile", (None, None))
+        for label, b1, profile in ((r["format"], r["batch-1 decode"], r["profile"]),
+                                   (f"{r['format']} compiled", *compiled)):
+            if b1 is not None:
+                print(f"| {label} | {1e3 / b1:.1f} | "
+                      + " | ".join(f"{profile[k]:.0%}" for k in kinds) + " |")
 
 
 def run_format(llm, label: str, args, read_bw: float, model_weight_bytes) -> dict:
@@ -326,7 +345,28 @@ def run_format(llm, label: str, args, read_bw: float, model_weight_bytes) -> dic
     if args.hf_batch_sizes and not quantized:
         row["transformers"] = transformers_best(llm, requests, args.hf_batch_sizes)
         print(f"minivllm / best transformers: {fast.output_throughput / row['transformers']:.2f}x")
+    if args.compile:
+        row |= compiled_rows(llm, label, requests, prompt, args, roof)
     return row
+
+
+def compiled_rows(llm, label: str, requests, prompt, args, roof: float) -> dict:
+    """The same format with compilation_config=3: batch-1 decode, its profile, and the
+    batched throughput, after a warm-up that compiles both graphs (one token; any count)."""
+    print(f"[{label}] compiling the forward (compilation_config=3) ...", flush=True)
+    t = time.perf_counter()
+    llm.reconfigure(compilation_config=3)
+    batch1_decode(llm, prompt, 4)
+    print(f"compiled in {time.perf_counter() - t:.0f} s")
+    tps = batch1_decode(llm, prompt, min(48, args.max_tokens or 48))
+    profile = decode_profile(llm, prompt)
+    batched = serve(llm, requests).output_throughput
+    llm.reconfigure(compilation_config=0)
+    print(f"compiled batch-1    : {tps:7.1f} tok/s ({tps / roof:.0%} of the roofline); "
+          f"batched {batched:.1f} output tok/s")
+    print("compiled batch-1 step (profile): " + ", ".join(f"{k} {v:.0%}"
+                                                          for k, v in profile.items()))
+    return {"compiled": (tps, batched), "compiled profile": (tps, profile)}
 
 
 def weight_bytes_read(model, model_weight_bytes) -> int:

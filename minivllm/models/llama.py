@@ -34,9 +34,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.attention.layer import Attention
-
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.config import ModelConfig
+from minivllm.forward_context import set_forward_context
 
 
 class RMSNorm(nn.Module):
@@ -210,11 +210,17 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.attention_by_name = {}     # what a compiled graph's attention op looks up
+        for i, layer in enumerate(self.model.layers):
+            attn = layer.self_attn.attn
+            attn.layer_name = f"model.layers.{i}.self_attn.attn"
+            self.attention_by_name[attn.layer_name] = attn
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 md: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: (T,) flat over the batch -> hidden states (T, hidden)."""
-        return self.model(input_ids, positions, md)
+        with set_forward_context(md, self.attention_by_name):   # for a compiled self.model
+            return self.model(input_ids, positions, md)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # Only the rows that will be sampled reach here: a 500-token prefill needs 1 row of

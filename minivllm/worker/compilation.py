@@ -4,10 +4,15 @@ A decode step of SmolLM2 runs ~30 layers x ~25 small ops. At batch 1 each op doe
 so on a GPU the step is bound by launching kernels (a few us each, from Python) rather than by
 the GPU itself. Two remedies, as in vLLM:
 
-  * torch.compile (`compilation_config=3`): each RMSNorm and each MLP is compiled by Inductor
-    with a dynamic token count, so their elementwise ops fuse (RMSNorm's 6 ops -> 1 kernel,
-    SiLU x up -> 1). One compiled graph serves every layer (torch treats the weights as
-    inputs). Attention, rotary and the residual adds stay eager.
+  * torch.compile (`compilation_config=3`): the model's whole forward (embedding, 30 layers,
+    final norm) is traced by Dynamo and compiled by Inductor with a dynamic token count, except
+    attention, which stays one opaque op (`minivllm::unified_attention`, attention/layer.py,
+    vLLM's splitting op): its batch layout is Python that changes every step, so it reads the
+    step's metadata from the forward context instead of taking it as a graph input. Around it
+    the elementwise ops fuse (each RMSNorm into one loop, the residual adds, rotary, SiLU x up,
+    the dtype conversions around quantized matmuls), and the graph calls the matmuls itself:
+    no Python between ops. Torch compiles one graph for a single token (batch-1 decode) and
+    one for every other count, with the weights as inputs rather than constants.
   * CUDA graphs (on unless `enforce_eager=True`; CUDA, Triton attention, tp=1; refused with
     LoRA, whose per-token adapter slots a replay would not see): the whole
     decode forward is captured once per batch-size bucket (1, 2, 4, 8, 16, 32, ... up to
@@ -17,9 +22,10 @@ the GPU itself. Two remedies, as in vLLM:
     which the write kernel skips), and the paged decode kernel gets a fixed partition count
     (max_model_len) and its fixed DecodeScratch. Prefill and mixed steps run eagerly.
 
-Left out, compared with vLLM: piecewise capture of prefill graphs around attention, Inductor's
-own graph pass pipeline (fusing the all-reduce, the residual add and the norm), graphs under
-tensor parallelism, and capture-size lists or cache directories set by the user.
+Left out, compared with vLLM: splitting the graph at attention for piecewise CUDA graphs of
+prefill, Inductor's own graph pass pipeline (fusing the all-reduce, the residual add and the
+norm), graphs under tensor parallelism, and capture-size lists or cache directories set by the
+user; and compiling with LoRA (its per-step adapter layout is Python a graph would guard on).
 """
 
 from __future__ import annotations
@@ -28,7 +34,6 @@ import torch
 
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.config import CUDA_GRAPHS, incompatibility
-from minivllm.models.llama import LlamaMLP, RMSNorm
 
 
 def use_cuda_graphs(config, device: torch.device, tp, attention_backend: str) -> bool:
@@ -43,16 +48,15 @@ def use_cuda_graphs(config, device: torch.device, tp, attention_backend: str) ->
     return True
 
 
-def set_compilation(model: torch.nn.Module, level: int) -> int:
-    """level 3: compile every RMSNorm and MLP in place; level 0: back to eager. Returns how
-    many modules are compiled now."""
-    modules = [m for m in model.modules() if isinstance(m, (RMSNorm, LlamaMLP))]
-    for module in modules:
-        if level:
-            module.compile(dynamic=True)
-        else:
-            module._compiled_call_impl = None     # what nn.Module.compile sets
-    return len(modules) if level else 0
+def set_compilation(model: torch.nn.Module, level: int) -> bool:
+    """level 3: compile the model's forward (model.model, the part below the LM head) in place;
+    level 0: back to eager. Returns whether it is compiled now."""
+    body = model.model
+    if level:
+        body.compile(dynamic=True)
+    else:
+        body._compiled_call_impl = None           # what nn.Module.compile sets
+    return bool(level)
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:

@@ -176,7 +176,7 @@ class ModelRunner:
                 self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
         # Fewer launches per step (minivllm/worker/compilation.py): torch.compile, then decode graphs
         # over this pool (a graph records the pool's addresses, so a new pool recaptures).
-        self.num_compiled_modules = set_compilation(self.model, engine_config.compilation_config)
+        self.compiled = set_compilation(self.model, engine_config.compilation_config)
         if use_cuda_graphs(engine_config, self.device, self.tp, self.attention_backend):
             self.cuda_graphs = CUDAGraphRunner(
                 self.model, engine_config.max_num_seqs, engine_config.max_model_len,

@@ -1,0 +1,53 @@
+"""The forward context: what every layer of one forward pass may read without being handed it
+as an argument (vLLM twin: vllm/forward_context.py).
+
+A compiled graph (compilation_config=3, worker/compilation.py) must not take the step's
+AttentionMetadata as an input: its Python ints (the longest sequence, the batch layout) would
+become guards, and the graph would be recompiled whenever a sequence grew. So the model sets
+the metadata here for the length of one forward, and attention, the one layer that needs it,
+runs as an op the graph cannot see into (attention/layer.py, `unified_attention`), which
+reads it back: the graph holds the per-token math only, and one graph serves every step.
+Left out, compared with vLLM's: the data-parallel and batch-descriptor fields, per-layer
+metadata dicts (one metadata serves every layer here), and the timing of each forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:                       # attention/layer.py imports this module
+    from minivllm.attention.metadata import AttentionMetadata
+
+
+@dataclass(slots=True)
+class ForwardContext:
+    attn_metadata: AttentionMetadata
+    attention_layers: dict[str, torch.nn.Module]    # layer_name -> the Attention module
+
+
+_forward_context: ForwardContext | None = None
+
+
+@contextmanager
+def set_forward_context(attn_metadata: AttentionMetadata,
+                        attention_layers: dict[str, torch.nn.Module]) -> Iterator[None]:
+    """The context of one forward pass; the previous one (None, mostly) comes back after."""
+    global _forward_context
+    previous = _forward_context
+    _forward_context = ForwardContext(attn_metadata, attention_layers)
+    try:
+        yield
+    finally:
+        _forward_context = previous
+
+
+def get_forward_context() -> ForwardContext:
+    if _forward_context is None:
+        raise RuntimeError("no forward context: attention ran outside the model's forward "
+                           "(LlamaForCausalLM.forward sets it)")
+    return _forward_context
