@@ -53,6 +53,10 @@ def set_compilation(model: torch.nn.Module, level: int) -> bool:
     level 0: back to eager. Returns whether it is compiled now."""
     body = model.model
     if level:
+        # Dynamo keeps its graphs per code object, for every model this process ever traced
+        # (all of LlamaModel.forward's, 3 or so a model), and falls back to eager past 8: a
+        # new engine starts from none. (Another compiled engine in this process recompiles.)
+        torch._dynamo.reset()
         body.compile(dynamic=True)
     else:
         body._compiled_call_impl = None           # what nn.Module.compile sets
