@@ -26,6 +26,7 @@ import contextlib
 import datetime
 import os
 import queue
+import threading
 import time
 import traceback
 import weakref
@@ -118,10 +119,13 @@ class MultiprocExecutor:
         self.backend = "nccl" if device.type == "cuda" else "gloo"
         self.store = dist.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=START_TIMEOUT))
-        # Fork (instant) unless CUDA is in play or a worker gets several CPU threads (a forked
-        # child of a process that ran OpenMP hangs in a parallel region); then spawn (slower).
+        # Fork (instant) unless CUDA is in play, a worker gets several CPU threads (a forked
+        # child of a process that ran OpenMP hangs in a parallel region), or this process runs
+        # other threads (tqdm's monitor, Inductor's compile pool, a server's): a lock one of
+        # them held at the fork stays held in the child forever. Then spawn (slower).
         threads = max(1, torch.get_num_threads() // n)
-        fork_ok = device.type == "cpu" and not torch.cuda.is_initialized() and threads == 1
+        fork_ok = (device.type == "cpu" and not torch.cuda.is_initialized() and threads == 1
+                   and threading.active_count() == 1)
         ctx = torch.multiprocessing.get_context("fork" if fork_ok else "spawn")
         self.results = ctx.Queue()
         self.commands = []
