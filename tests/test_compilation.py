@@ -58,14 +58,14 @@ def test_compiled_graph_holds_every_op_but_attention(tiny_checkpoint):
     `minivllm::unified_attention`, once a layer, and nothing breaks the graph."""
     path, _ = tiny_checkpoint("llama")
     llm = LLM(str(path), max_model_len=256, num_kv_blocks=64)
-    body = llm.engine.runner.model.model
+    model = llm.engine.runner.model
+    body = model.model
     graphs = []
 
     def backend(gm, example_inputs):       # keep the traced graph, run it as traced
         graphs.append(gm)
         return gm.forward
 
-    model = llm.engine.runner.model
     model.model = torch.compile(body, backend=backend, dynamic=True, fullgraph=True)
     try:                       # fullgraph: a graph break would raise here
         llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)

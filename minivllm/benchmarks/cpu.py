@@ -250,35 +250,29 @@ def run(args: argparse.Namespace) -> None:
         llm = LLM(args.model, dtype=dtype, device="cpu", max_model_len=512,
                   quantization=quantization,
                   **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs else {}))
-        rows.append(run_format(llm, label, args, read_bw, model_weight_bytes))
+        rows += run_format(llm, label, args, read_bw, model_weight_bytes)
         del llm
     print("\n| format | weights read / token | batch-1 decode | its roofline | of roofline | "
           "batched (output tok/s) | transformers (best) | batched / transformers |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         hf = r.get("transformers")
-        for label, b1, batched in ((r["format"], r["batch-1 decode"], r["minivllm"]),
-                                   (f"{r['format']} compiled", *r.get("compiled", (None, 0)))):
-            versus = f"{hf:.1f} | {batched / hf:.2f}x" if hf else "- | -"
-            if b1 is not None:
-                print(f"| {label} | {r['bytes'] / 1e6:.0f} MB | {b1:.1f} | {r['roofline']:.1f} "
-                      f"| {b1 / r['roofline']:.0%} | {batched:.1f} | {versus} |")
+        versus = f"{hf:.1f} | {r['minivllm'] / hf:.2f}x" if hf else "- | -"
+        print(f"| {r['format']} | {r['bytes'] / 1e6:.0f} MB | {r['batch-1 decode']:.1f} | "
+              f"{r['roofline']:.1f} | {r['batch-1 decode'] / r['roofline']:.0%} | "
+              f"{r['minivllm']:.1f} | {versus} |")
     print("\nbatch-1 decode step, shares of its time (torch.profiler):")
     kinds = list(rows[0]["profile"])
     print("| format | step ms | " + " | ".join(kinds) + " |")
     print("|---|---|" + "---|" * len(kinds))
     for r in rows:
-        compiled = r.get("compiled profile", (None, None))
-        for label, b1, profile in ((r["format"], r["batch-1 decode"], r["profile"]),
-                                   (f"{r['format']} compiled", *compiled)):
-            if b1 is not None:
-                print(f"| {label} | {1e3 / b1:.1f} | "
-                      + " | ".join(f"{profile[k]:.0%}" for k in kinds) + " |")
+        print(f"| {r['format']} | {1e3 / r['batch-1 decode']:.1f} | "
+              + " | ".join(f"{r['profile'][k]:.0%}" for k in kinds) + " |")
 
 
-def run_format(llm, label: str, args, read_bw: float, model_weight_bytes) -> dict:
+def run_format(llm, label: str, args, read_bw: float, model_weight_bytes) -> list[dict]:
     """One format's rows: batched throughput (and transformers' for a float format), then
-    batch-1 decode beside its roofline and its profile."""
+    batch-1 decode beside its roofline and its profile; with --compile, a compiled row too."""
     dt = llm.engine.dtype
     quantized = llm.engine.config.quantization is not None
     requests = held_out_requests(llm.tokenizer, args.num_prompts)
@@ -345,15 +339,14 @@ def run_format(llm, label: str, args, read_bw: float, model_weight_bytes) -> dic
     if args.hf_batch_sizes and not quantized:
         row["transformers"] = transformers_best(llm, requests, args.hf_batch_sizes)
         print(f"minivllm / best transformers: {fast.output_throughput / row['transformers']:.2f}x")
-    if args.compile:
-        row |= compiled_rows(llm, label, requests, prompt, args, roof)
-    return row
+    return [row, compiled_row(llm, row, requests, prompt, args)] if args.compile else [row]
 
 
-def compiled_rows(llm, label: str, requests, prompt, args, roof: float) -> dict:
-    """The same format with compilation_config=3: batch-1 decode, its profile, and the
-    batched throughput, each after a warm-up run that compiles what it needs (one token; any
-    other count, which may take more than one graph: a graph guards on the shapes it saw)."""
+def compiled_row(llm, row: dict, requests, prompt, args) -> dict:
+    """`row`'s format with compilation_config=3: batch-1 decode, its profile, and the batched
+    throughput, each after a warm-up run that compiles what it needs (one token; any other
+    count, which may take more than one graph: a graph guards on the shapes it saw)."""
+    label, roof = row["format"], row["roofline"]
     print(f"[{label}] compiling the forward (compilation_config=3) ...", flush=True)
     t = time.perf_counter()
     llm.reconfigure(compilation_config=3)
@@ -368,7 +361,8 @@ def compiled_rows(llm, label: str, requests, prompt, args, roof: float) -> dict:
           f"batched {batched:.1f} output tok/s")
     print("compiled batch-1 step (profile): " + ", ".join(f"{k} {v:.0%}"
                                                           for k, v in profile.items()))
-    return {"compiled": (tps, batched), "compiled profile": (tps, profile)}
+    return row | {"format": f"{label} compiled", "batch-1 decode": tps, "minivllm": batched,
+                  "profile": profile}
 
 
 def weight_bytes_read(model, model_weight_bytes) -> int:
