@@ -6,6 +6,8 @@ scale = max|row| / 127; int4: (max - min) / 15 of its group); fp8 e4m3 keeps 3 m
 (1/16 relative). The engine tests run the real model once (the session's smol_llm, reconfigured).
 """
 
+import math
+
 import pytest
 import torch
 
@@ -282,8 +284,26 @@ def _swap_quant_linears(model, make):
     return swaps
 
 
-# One bf16 step at logits of 16-32: the kernels give bf16 outputs, the head's logits included.
-MARGIN = 0.125
+# The kernels give bf16 outputs, the head's logits included: a logit near x is a multiple of
+# one bf16 step, 2 ** (floor(log2 |x|) - 7) (0.125 for logits of 16-32, 0.25 for 32-64). Two
+# paths that sum in another order may each round the top two logits one step apart, so a
+# greedy choice between two logits within one step of each other is a tie either may break.
+MAX_GAP_STEPS = 1
+
+
+def _gaps_where_they_differ(llm, prompts, ours, reference) -> list[float]:
+    """For each prompt whose greedy tokens differ: the top-2 logit gap, in bf16 steps of the
+    top logit, under `llm` as it is now (the reference's configuration), at the first token
+    where they part."""
+    gaps = []
+    for prompt, t, r in zip(prompts, ours, reference):
+        i = next((i for i, (a, b) in enumerate(zip(t, r)) if a != b), None)
+        if i is not None:
+            ids = llm.tokenizer.encode(prompt) + r[:i]
+            top2 = llm.engine.prompt_logits(ids)[-1].topk(2).values.tolist()
+            step = 2.0 ** (math.floor(math.log2(abs(top2[0]))) - 7)
+            gaps.append((top2[0] - top2[1]) / step)
+    return gaps
 
 
 @pytest.mark.parametrize("method", ["int8", "int4-g32"])
@@ -296,7 +316,7 @@ def test_quantized_formats_give_their_dequantized_reference_tokens(smol_llm, met
     tokens wherever the choice is not a tie:
     measured, int8 agrees on 12, 12, 12, 12, 9, 12, 12, 12 tokens, int4-g32 on 12, 0, 12, 9,
     12, ...; each divergence is at an exact tie of the reference's top two logits (gap 0.0:
-    bf16 logits tie often), and a gap within MARGIN is allowed."""
+    bf16 logits tie often), and a gap within MAX_GAP_STEPS is allowed."""
     model = smol_llm.engine.runner.model
     with reconfigured(smol_llm, kv_cache_memory=64 << 20, quantization=method):
         head = model.lm_head
@@ -308,20 +328,14 @@ def test_quantized_formats_give_their_dequantized_reference_tokens(smol_llm, met
         try:
             assert len(swaps) == 4 * 30 + 1
             reference = _greedy(smol_llm)
-            gaps = []                   # the reference's top-2 logit gap where ours differs
-            for prompt, t, r in zip(PROMPTS, ours, reference):
-                i = next((i for i, (a, b) in enumerate(zip(t, r)) if a != b), None)
-                if i is not None:
-                    ids = smol_llm.tokenizer.encode(prompt) + r[:i]
-                    top2 = smol_llm.engine.prompt_logits(ids)[-1].topk(2).values
-                    gaps.append((top2[0] - top2[1]).item())
+            gaps = _gaps_where_they_differ(smol_llm, PROMPTS, ours, reference)
         finally:
             for parent, name, child in swaps:
                 setattr(parent, name, child)
     # Half the prompts at least run tie-free to the end (6-8 of 8 measured here; another
     # CPU's kernels sum in another order and meet other ties).
     assert sum(t == r for t, r in zip(ours, reference)) >= 4, (ours, reference)
-    assert all(g <= MARGIN for g in gaps), gaps
+    assert all(g <= MAX_GAP_STEPS for g in gaps), gaps
     assert model.lm_head.weight is model.model.embed_tokens.weight          # tied again
 
 
@@ -345,17 +359,30 @@ def test_int8_head_costs_little_perplexity_and_can_stay_float(smol_llm):
 
 def test_compiled_int4_gives_its_eager_tokens(smol_llm):
     """Issue 33: compilation_config=3 (the whole forward compiled by Inductor, attention one
-    opaque op) keeps an int4-g32 model's eager greedy tokens: a batch of 8 prompts, and one
-    prompt alone, whose decode steps run the one-token graph (batch-1 decode)."""
+    opaque op) keeps an int4-g32 model's eager greedy tokens wherever the choice is not a tie:
+    a batch of 8 prompts, and one prompt alone, whose decode steps run the one-token graph.
+
+    Inductor writes other loops for other CPUs (vector width, AMX), and the int8 head gives
+    bf16 logits, which tie exactly: on an Intel AMX Xeon (issue 44) PROMPTS[1] parted at its
+    7th token, 448 eager against 7338 compiled, both eager logits 29.375 (a gap of 0.0); a
+    second run there parted on three prompts, at gaps of 0, 0 and 1 bf16 step (35.0 against
+    34.75); on the AMD EPYC all 8 agreed. So, as for the dequantized reference above: half the
+    prompts at least agree to the end, and every divergence is at a gap of at most one bf16
+    step in the eager logits. A wrong graph (a dropped norm, a wrong sum) moves tokens at gaps
+    of whole logits, on most prompts."""
     alone = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
     def one(llm):
-        return llm.generate(PROMPTS[6:7], alone, use_tqdm=False)[0].outputs[0].token_ids
+        return [llm.generate(PROMPTS[6:7], alone, use_tqdm=False)[0].outputs[0].token_ids]
 
-    with reconfigured(smol_llm, kv_cache_memory=64 << 20, quantization="int4-g32"):
-        eager, eager_alone = _greedy(smol_llm), one(smol_llm)
-    with reconfigured(smol_llm, kv_cache_memory=64 << 20, quantization="int4-g32",
-                      compilation_config=3):
+    int4 = {"kv_cache_memory": 64 << 20, "quantization": "int4-g32"}
+    with reconfigured(smol_llm, **int4, compilation_config=3):
         assert smol_llm.engine.runner.compiled
-        assert _greedy(smol_llm) == eager
-        assert one(smol_llm) == eager_alone
+        compiled, compiled_alone = _greedy(smol_llm), one(smol_llm)
+    with reconfigured(smol_llm, **int4):
+        eager, eager_alone = _greedy(smol_llm), one(smol_llm)
+        gaps = (_gaps_where_they_differ(smol_llm, PROMPTS, compiled, eager)
+                + _gaps_where_they_differ(smol_llm, PROMPTS[6:7], compiled_alone, eager_alone))
+    # Half the prompts at least agree to the end (7 and 5 of 8 in two runs on the AMX Xeon).
+    assert sum(c == e for c, e in zip(compiled, eager)) >= 4, (compiled, eager)
+    assert all(g <= MAX_GAP_STEPS for g in gaps), gaps
