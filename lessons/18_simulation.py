@@ -35,10 +35,9 @@ def _(mo):
     CPU cannot run: how many requests per second Llama-3-70B on eight H100s takes before its
     latency breaks, whether chunked prefill pays, what NVLink buys over PCIe at TP=8, what a
     shared system prompt saves. You answer them with `minivllm simulate`, which runs **the
-    engine's own scheduler and block manager** on a virtual clock: every step is
-    `Scheduler.schedule()` and `Scheduler.update_from_output`, exactly as in `LLMEngine.step`,
-    with a `SimulatedRunner` in place of the model and a cost model in place of the forward
-    pass. Vidur (MLSys 2024) does this by re-implementing each scheduler it simulates; here
+    engine's own core** on a virtual clock: every step is `EngineCore.step`, the very
+    `Scheduler.schedule()` and `Scheduler.update_from_output` a real engine runs, with a
+    `SimulatedRunner` in place of the model and a cost model in place of the forward pass. Vidur (MLSys 2024) does this by re-implementing each scheduler it simulates; here
     the schedule cannot drift from the engine's, because it *is* the engine's.
 
     The cost of a step is the roofline of lessons 01 and 10 (`roofline.StepCost`: the FLOPs
@@ -504,11 +503,11 @@ def _(best_rate, cache_ttft, chunk_rows, computed, engine_tokens, goodput, itl_p
     ## Where the code lives
 
     * `minivllm/simulator/simulator.py`: `SimulatedRunner.execute_model` (tokens for the
-      sequences that reached their end, and the step's seconds) and `simulate`, the loop of
-      `workloads.serve` on a virtual clock: `SimEngine.step` is `schedule`, execute,
-      `update_from_output`.
+      sequences the scheduler marked as sampling, and the step's seconds on the clock),
+      `engine_core` (an `EngineCore` over that runner) and `simulate`, the loop of
+      `workloads.serve` on a virtual clock: each step is `EngineCore.step`.
     * `minivllm/simulator/disaggregated.py`: `simulate_disaggregated`, prefill and decode
-      `SimEngine`s in time order, the KV handed over after its transfer time.
+      engine cores in time order, the KV handed over after its transfer time.
     * `minivllm/simulator/cost_model.py`: `StepTimer` (StepCost's counts per GPU under TP,
       the roofline, the all-reduces), the profiles, and `fit_profile`.
     * `minivllm/simulator/calibrate.py`: `calibrate` and `step_features` (a step's shape

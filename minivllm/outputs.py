@@ -1,6 +1,12 @@
-"""What comes out: what a request gets back (RequestOutput with one CompletionOutput per sample,
-vLLM twin: vllm/outputs.py), and what one forward pass hands the scheduler (ModelRunnerOutput,
-vLLM twin: vllm/v1/outputs.py).
+"""What comes out, at the three borders a step crosses:
+
+    ModelRunnerOutput    runner -> scheduler: the tokens one forward pass drew (vLLM twin:
+                         vllm/v1/outputs.py)
+    EngineCoreOutputs    engine core -> front end: per sample, the tokens it gained this step
+                         and why it finished, keyed by request id; plain values, no core object
+                         (vLLM twin: vllm/v1/engine/__init__.py)
+    RequestOutput        front end -> caller: text, token ids and metrics, one CompletionOutput
+                         per sample (vLLM twin: vllm/outputs.py)
 
 Left out, compared with vLLM: prompt logprobs, cumulative logprobs, and the delta / final-only
 output kinds (outputs here are always cumulative).
@@ -83,3 +89,26 @@ class ModelRunnerOutput:
     sampled: dict[int, list[Draw]] = field(default_factory=dict)
     forked: dict[int, list[Draw]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """One sample of one request, after a step that gave it tokens or finished it."""
+
+    request_id: str
+    index: int                                  # which of the request's n samples
+    new_token_ids: list[int]                    # appended this step, in order (may be empty)
+    new_logprobs: list[dict[int, float]] | None  # one entry per new token, if asked for
+    finish_reason: str | None = None            # "stop", "length", "abort"; None: running
+    error: str | None = None                    # why the core failed the request, if it did
+    first_scheduled_time: float | None = None   # when the core first scheduled the request
+    num_draft_tokens: int = 0                   # speculative decoding, so far: drafts verified
+    num_accepted_tokens: int = 0                # ... and accepted
+
+
+@dataclass(slots=True)
+class EngineCoreOutputs:
+    """What one EngineCore.step hands the front end."""
+
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    timestamp: float = 0.0                      # time.perf_counter() when the tokens came

@@ -29,7 +29,7 @@ CORE = ("engine", "core", "worker", "attention", "sample", "models")
 ADD_ONS = ("spec_decode", "lora", "quantization", "structured_output", "distributed",
            "distributed/kv_transfer", "simulator")
 
-CORE_CODE = 3000
+CORE_CODE = 3400
 ADD_ON_CODE = 450
 ENTRYPOINTS_CODE = 900
 FILE_LINES = 400

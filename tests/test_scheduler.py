@@ -1,7 +1,9 @@
 """The Scheduler and BlockManager (minivllm/core/) on their own: no model, no tensors, no
-tokenizer, in the spirit of vLLM's tests/v1/core/test_scheduler.py. A request is a
-SequenceGroup of made-up token ids; a step is `schedule()`, then `run_step` below: a made-up
-ModelRunnerOutput applied by `Scheduler.update_from_output`, as LLMEngine.step does.
+tokenizer, in the spirit of vLLM's tests/v1/core/test_scheduler.py. A request is made-up token
+ids; `step` below is the engine's own EngineCore.step (minivllm/engine/core.py) over FakeRunner,
+a runner with no model; `run_step` finishes a step whose schedule a test has looked into.
+FakeRunner samples the rows the scheduler marked (SchedulerOutput.sampling): the rule is not
+copied here.
 
 Every test asserts exact counts (tokens per sequence, blocks, queue order) that a change in
 the rule it names would break.
@@ -10,46 +12,72 @@ the rule it names would break.
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import pytest
 
 from minivllm import LoRARequest
 from minivllm.config import EngineConfig
-from minivllm.core.block_manager import BlockManager
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
 from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.sampling_params import SamplingParams
 
-SEQ_IDS = itertools.count()
+TOKEN_IDS = itertools.count()
+CORES: weakref.WeakKeyDictionary[Scheduler, EngineCore] = weakref.WeakKeyDictionary()
+
+
+class FakeRunner:
+    """execute_model with no model: every sequence the scheduler marked as sampling draws
+    token 900 + its length, after its accepted drafts (`accepted[request_id]`, default all); a
+    first sample that has just prefilled an n > 1 prompt also draws one token for each sample
+    to fork."""
+
+    def __init__(self, num_blocks: int, num_cpu_blocks: int):
+        self.num_blocks = num_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        self.accepted: dict[str, int] = {}
+
+    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        result = ModelRunnerOutput()
+        for seq, drafts, samples in zip(out.seqs, out.spec_token_ids, out.sampling):
+            if samples:
+                kept = drafts[:self.accepted.get(seq.request_id, len(drafts))]
+                result.sampled[seq.seq_id] = [(t, None)
+                                              for t in kept + [900 + len(seq) + len(kept)]]
+                if seq.group.num_unforked:
+                    result.forked[seq.seq_id] = [(900 + len(seq), None)] * seq.group.num_unforked
+        return result
+
+    def free(self, seqs) -> None:
+        pass
 
 
 def make_scheduler(*, num_cpu_blocks: int = 0, **config_overrides) -> Scheduler:
-    """A small engine's scheduler: blocks of 4 tokens, 16 of them, a 64-token budget. Prefix
-    caching is off unless a test turns it on, so block counts do not depend on what earlier
-    requests left cached. num_cpu_blocks > 0 gives it a swap pool (the engine sizes that one
-    from swap_space; here it is a count)."""
+    """A small engine core's scheduler: blocks of 4 tokens, 16 of them, a 64-token budget.
+    Prefix caching is off unless a test turns it on, so block counts do not depend on what
+    earlier requests left cached. num_cpu_blocks > 0 gives it a swap pool (the engine sizes
+    that one from swap_space; here it is a count)."""
     settings = {"max_model_len": 64, "max_num_seqs": 8, "max_num_batched_tokens": 64,
                 "block_size": 4, "num_kv_blocks": 16, "enable_prefix_caching": False}
     config = EngineConfig(**(settings | config_overrides))
-    device_pool = BlockManager(config.num_kv_blocks, config.block_size,
-                               config.enable_prefix_caching)
-    host_pool = BlockManager(num_cpu_blocks, config.block_size) if num_cpu_blocks else None
-    return Scheduler(config, device_pool, host_pool, seq_ids=SEQ_IDS)
+    core = EngineCore(config, FakeRunner(config.num_kv_blocks, num_cpu_blocks), set())
+    CORES[core.scheduler] = core
+    return core.scheduler
 
 
 def add_request(scheduler: Scheduler, request_id: str, prompt: int | list[int], *,
                 max_tokens: int = 16, n: int = 1, lora_int_id: int = 0) -> Sequence:
-    """Queue a request; `prompt` is its token ids, or a length (then ids no other request
-    has). Returns its first sequence."""
-    seq_id = next(SEQ_IDS)
+    """Queue a request in the scheduler's core; `prompt` is its token ids, or a length (then
+    ids no other request has). Returns its first sequence."""
     if isinstance(prompt, int):
-        prompt = list(range(1000 * seq_id, 1000 * seq_id + prompt))
+        first = 1000 * next(TOKEN_IDS)
+        prompt = list(range(first, first + prompt))
     params = SamplingParams(n=n, max_tokens=max_tokens)
     lora = LoRARequest(f"adapter-{lora_int_id}", lora_int_id, "/unused") if lora_int_id else None
-    group = SequenceGroup(request_id, None, prompt, params, seq_id, lora)
-    scheduler.add(group.seqs[0])
-    return group.seqs[0]
+    CORES[scheduler].add_request(EngineCoreRequest(request_id, prompt, params, lora))
+    return scheduler.requests[request_id].seqs[0]
 
 
 def names(seqs) -> list[str]:
@@ -59,27 +87,20 @@ def names(seqs) -> list[str]:
 
 def run_step(scheduler: Scheduler, out: SchedulerOutput,
              accepted: dict[str, int] | None = None) -> None:
-    """The rest of a step, with a made-up forward pass: every sequence whose tokens reach its
-    end samples token 900 + its length (a first sequence that has just prefilled an n > 1
-    prompt also draws one token for each sample to fork), after its accepted drafts
-    (`accepted[request_id]`, default all); then Scheduler.update_from_output applies it."""
-    accepted = accepted or {}
-    result = ModelRunnerOutput()
-    for seq, n in zip(out.seqs, out.num_new_tokens):
-        drafts = seq.spec_token_ids
-        if seq.num_computed_tokens + n < len(seq) + len(drafts):
-            continue                                   # a prefill chunk short of the end
-        kept = drafts[:accepted.get(seq.request_id, len(drafts))]
-        result.sampled[seq.seq_id] = [(t, None) for t in kept + [900 + len(seq) + len(kept)]]
-        if seq.group.num_unforked:
-            result.forked[seq.seq_id] = [(900 + len(seq), None)] * seq.group.num_unforked
-    scheduler.update_from_output(out, result)
+    """The rest of a step whose schedule() a test has looked into: FakeRunner's output, applied
+    by Scheduler.update_from_output, as EngineCore.step does."""
+    fake = CORES[scheduler].runner
+    fake.accepted = accepted or {}
+    scheduler.update_from_output(out, fake.execute_model(out))
 
 
-def step(scheduler: Scheduler, **kwargs) -> SchedulerOutput:
-    out = scheduler.schedule()
-    run_step(scheduler, out, **kwargs)
-    return out
+def step(scheduler: Scheduler, accepted: dict[str, int] | None = None) -> SchedulerOutput:
+    """One EngineCore.step over FakeRunner; returns what was scheduled."""
+    core = CORES[scheduler]
+    fake = core.runner
+    fake.accepted = accepted or {}
+    core.step()
+    return core.last_scheduler_output
 
 
 def test_the_token_budget_fills_up_and_the_last_prompt_is_chunked():
@@ -424,7 +445,7 @@ def test_a_prefilled_request_is_admitted_with_the_normal_checks():
     s = make_scheduler(max_num_seqs=1)
     add_request(s, "A", 4)
     step(s)
-    group = SequenceGroup("P", None, list(range(8)), SamplingParams(max_tokens=4), next(SEQ_IDS))
+    group = SequenceGroup("P", None, list(range(8)), SamplingParams(max_tokens=4), 1000)
     seq, loaded = group.seqs[0], []
     assert not s.add_prefilled(seq, loaded.append, (42, None))      # max_num_seqs is full
     assert loaded == [] and seq.block_table == []

@@ -10,8 +10,8 @@ chunked prefill). Then waiting sequences are admitted, first come first served, 
 budget, the cap and the free blocks allow. One forward pass can therefore carry decodes and
 prefill chunks together.
 
-With speculative decoding a decoding sequence may bring draft tokens (seq.spec_token_ids, set
-by minivllm/spec_decode/ before the step): they are verified in the same forward, so each one
+With speculative decoding a decoding sequence may bring draft tokens (seq.spec_token_ids, handed
+to `update_draft_token_ids` by the engine core before the step): they are verified in the same forward, so each one
 costs a token of budget and a lookahead slot. Drafts get only what the budget leaves once every
 later running sequence has its one token, and only free blocks: speculation never preempts.
 
@@ -31,8 +31,10 @@ After the forward pass, `update_from_output` is the one place where a step's res
 the sequences: computed tokens advance (full blocks enter the prefix cache), the samples of an
 n > 1 request are forked, sampled tokens are appended (with speculation: the accepted drafts
 and one more, the rejected drafts' slots rolled back), stop tokens and lengths are checked,
-and finished sequences give their blocks back. Stop *strings* need text, so they are checked
-after detokenizing (engine/output_processor.py), which finishes a sequence through `finish`.
+and finished sequences give their blocks back. It returns an EngineCoreOutput per sample that
+moved (minivllm/outputs.py): plain values, what the front end needs and nothing it could
+mutate. Stop *strings* need text, so the front end finds them (engine/output_processor.py) and
+finishes the sample through EngineCore, which calls `finish_requests` here, as vLLM V1 does.
 
 Left out, compared with vLLM: priority scheduling, V1's single token-level schedule (vLLM V1
 treats prefill and decode alike as "tokens to compute"; minivllm keeps the V0-style split
@@ -48,8 +50,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minivllm.config import EngineConfig
-from minivllm.core.sequence import Sequence, SequenceStatus
-from minivllm.outputs import Draw, ModelRunnerOutput
+from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from minivllm.outputs import Draw, EngineCoreOutput, ModelRunnerOutput
 
 
 @dataclass(slots=True)
@@ -59,13 +61,17 @@ class SchedulerOutput:
 
     seqs[i] computes num_new_tokens[i] tokens; is_prefill[i] says whether that is a prefill
     chunk (prompt tokens, or tokens to recompute after a preemption) or a one-token decode;
-    spec_token_ids[i] are the draft tokens it verifies (counted in num_new_tokens[i]).
+    spec_token_ids[i] are the draft tokens it verifies (counted in num_new_tokens[i]);
+    sampling[i] says whether its new tokens reach its end, so that it samples this step (a
+    prefill chunk short of the prompt's end does not): the runner, the simulator and the tests
+    all read this one rule.
     """
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     is_prefill: list[bool] = field(default_factory=list)
     spec_token_ids: list[list[int]] = field(default_factory=list)  # speculative decoding
+    sampling: list[bool] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)   # (cpu, device)
@@ -128,25 +134,31 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
+        self.requests: dict[str, SequenceGroup] = {}     # request id -> its samples (unfinished)
         self.finished_seqs: list[Sequence] = []          # since the last take_finished()
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
         self.spec_decoding_stats = SpecDecodingStats()
 
     def add(self, seq: Sequence) -> None:
+        """Queue a request's first sample (any others fork from it after its prompt)."""
+        if seq.request_id in self.requests:
+            raise ValueError(f"request_id {seq.request_id!r} is already in use")
+        self.requests[seq.request_id] = seq.group
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
     def _run(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
-        """Schedule seq's next tokens (all it has left, or what the budget allows), and the
-        draft tokens it verifies (the caller has fitted them to the budget)."""
+        """Schedule seq's next tokens (all it has left, or what the budget allows) and its
+        drafts (the caller has fitted them to the budget); returns the budget left."""
         n = min(seq.num_uncomputed_tokens, budget) + len(seq.spec_token_ids)
         out.seqs.append(seq)
         out.num_new_tokens.append(n)
         out.is_prefill.append(seq.is_prefill)
         out.spec_token_ids.append(list(seq.spec_token_ids))
+        out.sampling.append(seq.samples_after(n))
         return budget - n
 
     # --8<-- [start:schedule]
@@ -213,9 +225,9 @@ class Scheduler:
 
     # --8<-- [start:update_from_output]
     def update_from_output(self, scheduler_output: SchedulerOutput,
-                           runner_output: ModelRunnerOutput) -> list[Sequence]:
-        """Apply one step's results; returns the sequences that got new tokens (forked samples
-        included), for output processing."""
+                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Apply one step's results; returns an EngineCoreOutput for every sample that got
+        new tokens (forked samples included) or was failed, for the front end."""
         so = scheduler_output
         bm = self.block_manager
         # (Each loop runs once per scheduled sequence per step: the dicts are looked up once.)
@@ -224,7 +236,7 @@ class Scheduler:
         for seq, n in zip(so.seqs, so.num_new_tokens):
             seq.num_computed_tokens += n - len(seq.spec_token_ids)   # drafts: once accepted
             bm.cache_computed_blocks(seq)                # full blocks become reusable
-        updated = []
+        outputs = []
         for seq in so.seqs:
             if seq.status.finished or (errors and seq.request_id in errors):
                 continue
@@ -236,32 +248,37 @@ class Scheduler:
             if draws is not None:
                 if seq.spec_token_ids:
                     self._count_accepted(seq, len(draws) - 1)
-                self._append(seq, draws)
-                updated.append(seq)
+                outputs.append(self._append(seq, draws))
             for child, draw in zip(children, fork_draws):
-                self._append(child, [draw])
-                updated.append(child)
+                outputs.append(self._append(child, [draw]))
         for seq in so.seqs:                              # roll back the rejected drafts' slots
             if seq.spec_token_ids:
                 if not seq.is_finished:
                     seq.num_computed_tokens = len(seq) - 1   # the newest token has no K/V yet
                     bm.free_lookahead_slots(seq)
                 seq.spec_token_ids = []
-        for request_id, error in runner_output.errors.items():
-            group = next(s.group for s in so.seqs if s.request_id == request_id)
-            group.error = error
-            self.finish_group(group, SequenceStatus.FINISHED_ABORTED)
-        return updated
+        for request_id, error in errors.items():
+            self.requests[request_id].error = error
+            outputs += self.finish_requests([request_id], SequenceStatus.FINISHED_ABORTED)
+        return outputs
     # --8<-- [end:update_from_output]
 
-    def _append(self, seq: Sequence, draws: list[Draw]) -> None:
-        """Append seq's new tokens in order, up to the first that stops it."""
+    def update_draft_token_ids(self, draft_token_ids: dict[int, list[int]]) -> None:
+        """The drafts proposed for the next step, by sequence id (vLLM V1's name): a running
+        sequence not named has none. `schedule` fits them to the budget and the free slots."""
+        for seq in self.running:
+            seq.spec_token_ids = list(draft_token_ids.get(seq.seq_id, ()))
+
+    def _append(self, seq: Sequence, draws: list[Draw]) -> EngineCoreOutput:
+        """Append seq's new tokens in order, up to the first that stops it; what it gained."""
+        num_before = len(seq)
         for token_id, logprobs in draws:
             seq.append_token(token_id, logprobs)
             status = check_stop(seq, self.eos_token_ids, self.config.max_model_len)
             if status is not None:
                 self.finish(seq, status)
-                return
+                break
+        return seq.output_since(num_before)
 
     def _count_accepted(self, seq: Sequence, num_accepted: int) -> None:
         """Speculative decoding's counters, for a sequence that verified drafts this step."""
@@ -298,6 +315,7 @@ class Scheduler:
         seq.metrics.first_scheduled_time = time.perf_counter()
         seq.append_token(*first_token)       # the producer has checked its stop conditions
         self.running.append(seq)
+        self.requests[seq.request_id] = seq.group
         return True
 
     def _has_seq_slots(self, seq: Sequence) -> bool:
@@ -342,24 +360,23 @@ class Scheduler:
         self.num_preemptions += 1
 
     def take_finished(self) -> list[Sequence]:
-        """The sequences finished since the last call (the engine tells the runner to forget
-        their sampling state)."""
+        """The sequences finished since the last call (the runner forgets their state)."""
         finished, self.finished_seqs = self.finished_seqs, []
         return finished
 
-    def finish_on_stop_string(self, seq: Sequence) -> None:
-        """Its text reached a stop string (found by the output processor). A sequence that
-        finished on its length with that same token is relabelled: the stop string wins."""
-        if seq.is_finished:
-            seq.status = SequenceStatus.FINISHED_STOPPED
-        else:
-            self.finish(seq, SequenceStatus.FINISHED_STOPPED)
-
-    def finish_group(self, group, status: SequenceStatus) -> None:
-        """Finish every sample of a request that has not finished yet."""
-        for seq in group.seqs:
-            if not seq.is_finished:
-                self.finish(seq, status)
+    def finish_requests(self, request_ids, status: SequenceStatus,
+                        index: int | None = None) -> list[EngineCoreOutput]:
+        """Finish these requests now, every sample not finished yet (only sample `index`, if
+        given: a stop string ends one sample), and return their blocks (vLLM V1's name).
+        Returns an EngineCoreOutput for each sample it finished."""
+        outputs = []
+        for request_id in request_ids:
+            group = self.requests.get(request_id)
+            for seq in list(group.seqs) if group else ():
+                if not seq.is_finished and index in (None, seq.index):
+                    self.finish(seq, status)
+                    outputs.append(seq.output_since(len(seq)))
+        return outputs
 
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
         """Take a sequence out of the engine for good and return its blocks."""
@@ -375,4 +392,5 @@ class Scheduler:
         else:
             self.block_manager.free(seq)
         seq.status = status
-
+        if all(s.is_finished for s in seq.group.seqs):      # its last sample: it leaves
+            self.requests.pop(seq.request_id, None)

@@ -1,6 +1,8 @@
-"""Sequence and SequenceGroup: the state of a request as it moves through the engine (vLLM
-twin: V0's vllm/sequence.py; V1 folds both into vllm/v1/request.py, Request, and forks n > 1
-into n requests in vllm/v1/engine/parallel_sampling.py).
+"""Sequence and SequenceGroup: the engine core's state of a request (vLLM twin: V0's
+vllm/sequence.py; V1 folds both into vllm/v1/request.py, Request, and fans n > 1 out into n
+requests at the front end, vllm/v1/engine/parallel_sampling.py). The front end never sees these
+objects: the core reports on them in EngineCoreOutputs (minivllm/outputs.py), and text lives in
+the front end's OutputProcessor.
 
 A request becomes one SequenceGroup (vLLM's name) that owns its samples. Each sample is a
 Sequence; everything the scheduler, block manager and model runner need to know about it lives
@@ -31,6 +33,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from minivllm.outputs import EngineCoreOutput
 from minivllm.sampling_params import SamplingParams
 
 
@@ -76,9 +79,6 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.num_cached_blocks = 0
         self.extra_keys: tuple = ()
-        self.detokenizer = None                  # IncrementalDetokenizer (OutputProcessor's)
-        self.output_text = ""                    # the text so far (cut at a stop string)
-        self.stop_string: str | None = None      # the stop string that finished it, if any
         self.output_logprobs: list[dict[int, float]] = []
         self.metrics = SequenceMetrics(arrival_time=group.arrival_time)
 
@@ -125,6 +125,26 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status.finished
 
+    def output_since(self, num_before: int) -> EngineCoreOutput:
+        """What the front end learns of this sample after a step: its tokens from num_before
+        on, and how it stands (plain values: no core object leaves the core)."""
+        new = self.token_ids[num_before:]
+        logprobs = None
+        if self.params.logprobs is not None:
+            logprobs = self.output_logprobs[len(self.output_logprobs) - len(new):] if new else []
+        m = self.metrics
+        return EngineCoreOutput(self.request_id, self.index, new, logprobs,
+                                self.status.value if self.status.finished else None,
+                                self.group.error, m.first_scheduled_time,
+                                m.num_draft_tokens, m.num_accepted_tokens)
+
+    def samples_after(self, num_new_tokens: int) -> bool:
+        """Do num_new_tokens computed now (its drafts included) reach this sequence's end, so
+        that it samples? A prefill chunk short of the prompt's end does not. The one copy of
+        this rule: the scheduler records it in SchedulerOutput.sampling."""
+        return (self.num_computed_tokens + num_new_tokens
+                >= len(self.token_ids) + len(self.spec_token_ids))
+
     def append_token(self, token_id: int, logprobs: dict[int, float] | None) -> None:
         self.token_ids.append(token_id)
         if logprobs is not None:
@@ -133,16 +153,6 @@ class Sequence:
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         self.metrics.token_times.append(now)
-
-    def truncate(self, num_tokens: int) -> None:
-        """Drop the tokens after the first num_tokens (a stop string ended the sequence at a
-        token that a speculative step had already followed with others)."""
-        dropped = len(self.token_ids) - num_tokens
-        if dropped > 0:
-            del self.token_ids[num_tokens:]
-            del self.metrics.token_times[len(self.metrics.token_times) - dropped:]
-            if self.output_logprobs:
-                del self.output_logprobs[len(self.output_logprobs) - dropped:]
 
 
 class SequenceGroup:

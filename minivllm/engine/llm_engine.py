@@ -1,56 +1,50 @@
-"""LLMEngine: the loop that turns requests into tokens, one iteration at a time (vLLM twin:
-vllm/v1/engine/llm_engine.py with vllm/v1/engine/core.py's step folded in).
+"""LLMEngine: the front end of the engine (vLLM twin: vllm/v1/engine/llm_engine.py).
 
-    add_request(...)   tokenize, validate, make a SequenceGroup, queue it
-    step()             schedule -> execute_model -> update_from_output -> outputs: one owner
-                       per phase; a RequestOutput for every request that made progress
-    abort_request(id)  finish a request now and return its blocks
-    reconfigure(...)   new EngineConfig values (token budget, pool size, ...) over the same
-                       weights, checked exactly like a fresh engine's
-    trace()            record a StepRecord per step (what ran, how long, the engine after)
+One request's path, as in vLLM V1:
 
-LLM (minivllm/llm.py) is the offline front end on top: add everything, step until done.
-Add-ons meet the step at named seams only: speculative decoding's `propose` before scheduling
-(the other seams are inside the scheduler and the runner: minivllm/spec_decode/__init__.py),
-and the KV connector (minivllm/distributed/kv_transfer/) through add_prefilled_request.
+    add_request(id, prompt, params)    Processor: tokenize and check (engine/processor.py), then
+                                       an EngineCoreRequest to the core through the client
+    step()                             client.get_output(): one EngineCore.step (engine/core.py):
+                                       schedule -> execute_model -> update_from_output
+                                       -> OutputProcessor (engine/output_processor.py): text,
+                                       stop strings (a stopped sample is finished in the core),
+                                       a RequestOutput for every request that moved
+    abort_request(id)                  the core finishes it and returns its blocks
+    reconfigure(...)                   new EngineConfig values over the same weights
+    trace()                            the core's StepRecords: what ran, how long, the engine after
+
+LLM (minivllm/llm.py) is the offline front end on top: add everything, step until done. The
+core's parts stay in reach for lessons and tests: `engine.engine_core` is the client, and
+`engine.scheduler`, `.block_manager`, `.runner`, `.requests` name the core's own.
 
 One request's fault stays that request's: an exception while sampling, detokenizing or
 checking its stop conditions finishes it with finish_reason "abort" and the error in its
 output, frees its blocks, and the other requests go on. (An exception in the forward pass
 itself concerns the whole batch and is raised.)
 
-Left out, compared with vLLM: the separate engine-core process (V1 runs the busy loop in its
-own process and talks to the front end over ZMQ; minivllm's AsyncLLMEngine uses a thread),
-multi-modal inputs, pooling models, and pipeline parallelism.
+Left out, compared with vLLM: the core in a separate process behind a busy loop and ZMQ
+(minivllm's AsyncLLMEngine runs the loop in a thread), multi-modal inputs, pooling models, and
+pipeline parallelism.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 
 import torch
 
-from minivllm.core.block_manager import BlockManager
 from minivllm.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
-from minivllm.structured_output.manager import StructuredOutputManager
-from minivllm.core.kv_cache import ContiguousAllocator
-from minivllm.models.loader import load_hf_config, load_tokenizer, resolve_model_path
-from minivllm.worker.model_runner import ModelRunner
-from minivllm.engine.output_processor import OutputProcessor, request_output
-from minivllm.outputs import RequestOutput
-from minivllm.distributed.executor import MultiprocExecutor
+from minivllm.engine.core import EngineCore, EngineCoreRequest
+from minivllm.engine.core_client import InprocClient
+from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.processor import encode_prompt, validate_request
+from minivllm.engine.stats import EngineStats
+from minivllm.models.loader import load_hf_config, load_tokenizer, resolve_model_path
+from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
-from minivllm.core.scheduler import Scheduler, SchedulerOutput
-from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from minivllm.sample.sampler import Sampler
-from minivllm.spec_decode.decoder import SpeculativeDecoder
-from minivllm.engine.stats import EngineStats, ScheduledSeq, StepRecord
 
 logger = logging.getLogger("minivllm")
 
@@ -65,21 +59,13 @@ class LLMEngine:
         self.dtype = resolve_dtype(dtype, self.device)
         config = self._make_config(None, engine_kwargs)
         self.tokenizer = load_tokenizer(self.model_path)
-        self.eos_token_ids = set(self.model_config.eos_token_id)
-        if self.tokenizer.eos_token_id is not None:
-            self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        self.structured_output = StructuredOutputManager(   # logits processors' engine state
-            self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
-        sampler = Sampler(self.device, self.eos_token_ids, self.structured_output)
-        make_runner = (MultiprocExecutor.make_runner if config.tensor_parallel_size > 1
-                       else ModelRunner)
-        self.runner = make_runner(self.model_config, config, self.model_path, self.device,
-                                  self.dtype, sampler=sampler)
+        core = EngineCore.from_model(self.model_path, self.model_config, config, self.device,
+                                     self.dtype, self.tokenizer)
+        self.engine_core = InprocClient(core)
+        self.runner = core.runner
+        self.eos_token_ids = core.eos_token_ids
+        self.structured_output = core.structured_output    # the Processor checks with it
         self.output_processor = OutputProcessor(self.tokenizer)
-        self._seq_ids = itertools.count()
-        self._traces: list[list[StepRecord]] = []
-        self._init_state(config)
-        self._schedule_callbacks: list[Callable[[], None]] = []   # see add_schedule_callback
         self.kv_connector = None             # prefill/decode disaggregation (kv_transfer/)
         if config.kv_transfer_config is not None:
             from minivllm.distributed.kv_transfer.kv_connector import KVConnector
@@ -104,24 +90,44 @@ class LLMEngine:
                              f"max_position_embeddings ({limit})")
         return EngineConfig(**changes) if base is None else dataclasses.replace(base, **changes)
 
-    def _init_state(self, config: EngineConfig) -> None:
-        """The block managers, scheduler and request table for `config` (the pool is sized)."""
-        self.config = config
-        runner = self.runner
-        if config.kv_layout == "paged":
-            self.block_manager = BlockManager(runner.num_blocks, config.block_size,
-                                              config.enable_prefix_caching)
-        else:
-            self.block_manager = ContiguousAllocator(runner.num_blocks, config.max_model_len)
-        self.cpu_block_manager = (BlockManager(runner.num_cpu_blocks, config.block_size)
-                                  if runner.num_cpu_blocks else None)
-        self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager,
-                                   self.eos_token_ids, self._seq_ids)
-        self.spec_decoder = (SpeculativeDecoder(config.speculative_config, runner)
-                             if config.speculative_config else None)
-        self.requests: dict[str, SequenceGroup] = {}
-        self.num_steps = 0
-        self.last_scheduler_output: SchedulerOutput | None = None
+    # The core's parts, for lessons and tests that look inside (vLLM: the in-process client's
+    # llm_engine.engine_core.engine_core.scheduler, ...).
+    @property
+    def core(self) -> EngineCore:
+        return self.engine_core.engine_core
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.core.config
+
+    @property
+    def scheduler(self):
+        return self.core.scheduler
+
+    @property
+    def block_manager(self):
+        return self.core.block_manager
+
+    @property
+    def cpu_block_manager(self):
+        return self.core.cpu_block_manager
+
+    @property
+    def spec_decoder(self):
+        return self.core.spec_decoder
+
+    @property
+    def requests(self):
+        """The core's unfinished requests (SequenceGroups), by id."""
+        return self.core.requests
+
+    @property
+    def last_scheduler_output(self):
+        return self.core.last_scheduler_output
+
+    @property
+    def num_steps(self) -> int:
+        return self.core.num_steps
 
     # --8<-- [start:reconfigure]
     def reconfigure(self, **changes) -> LLMEngine:
@@ -141,11 +147,12 @@ class LLMEngine:
         old = self.config
         try:
             self.runner.init_kv_cache(config)
-            self._init_state(config)
+            self.core.init_state(config)
         except Exception:                # e.g. a draft model that cannot serve: as before
             self.runner.init_kv_cache(old)
-            self._init_state(old)
+            self.core.init_state(old)
             raise
+        self.output_processor.abort_requests(list(self.output_processor.request_states))
         return self
     # --8<-- [end:reconfigure]
 
@@ -166,7 +173,7 @@ class LLMEngine:
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
-        if request_id in self.requests:
+        if request_id in self.output_processor.request_states or request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if isinstance(prompt, str):
             text = prompt
@@ -184,11 +191,10 @@ class LLMEngine:
                 raise ValueError(f"{lora_request} was given, but LoRA is off: start the engine "
                                  "with enable_lora=True (and max_loras, max_lora_rank)")
             self.runner.lora_manager.add_lora(lora_request)
-        group = SequenceGroup(request_id, text, token_ids, params, next(self._seq_ids),
-                              lora_request)
-        group.grammar = grammar
-        self.scheduler.add(group.seqs[0])
-        self.requests[request_id] = group
+        request = EngineCoreRequest(request_id, token_ids, params, lora_request, grammar)
+        self.engine_core.add_request(request)
+        self.output_processor.add_request(request_id, text, token_ids, params,
+                                          request.arrival_time)
 
     def add_prefilled_request(self, request_id: str, prompt_token_ids: list[int],
                               params: SamplingParams, first_token: int, load_kv,
@@ -197,156 +203,64 @@ class LLMEngine:
         the scheduler admits it with its normal checks, load_kv(seq) writes the prompt's K/V,
         and it runs from its first token on, as if prefilled here. False, with nothing
         changed, when the pool or the batch has no room for it now."""
-        if request_id in self.requests:
+        if request_id in self.output_processor.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
         validate_request(prompt_token_ids + [first_token], params, self.config,
                          self.model_config, self.block_manager)
-        group = SequenceGroup(request_id, None, prompt_token_ids, params, next(self._seq_ids))
-        seq = group.seqs[0]
-        if not self.scheduler.add_prefilled(seq, load_kv, (first_token, first_logprobs)):
+        request = EngineCoreRequest(request_id, list(prompt_token_ids), params)
+        first = self.core.add_prefilled_request(request, load_kv, (first_token, first_logprobs))
+        if first is None:
             return False
-        self.output_processor.detokenize(seq)       # the first token's text
-        self.requests[request_id] = group
+        self.output_processor.add_request(request_id, None, prompt_token_ids, params,
+                                          request.arrival_time)
+        self.output_processor.process_outputs(first)        # the first token's text
         return True
 
     def add_schedule_callback(self, callback: Callable[[], None]) -> None:
         """Call callback() each time a step has been scheduled, before its forward pass (the
         async engine refreshes its running/KV gauges there)."""
-        self._schedule_callbacks.append(callback)
+        self.core.schedule_callbacks.append(callback)
 
     def remove_schedule_callback(self, callback: Callable[[], None]) -> None:
-        self._schedule_callbacks.remove(callback)
+        self.core.schedule_callbacks.remove(callback)
 
     def abort_request(self, request_id: str) -> None:
-        group = self.requests.pop(request_id, None)
-        if group is not None:
-            self.scheduler.finish_group(group, SequenceStatus.FINISHED_ABORTED)
-            self.runner.free(self.scheduler.take_finished())
+        self.output_processor.abort_requests([request_id])
+        self.engine_core.abort_requests([request_id])
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
-        seq = SequenceGroup("score", None, token_ids, SamplingParams(), -1).seqs[0]
-        if not self.block_manager.can_allocate(seq):
-            raise RuntimeError(f"no free KV blocks to score {len(token_ids)} tokens right now")
-        self.block_manager.allocate(seq, use_prefix_cache=False)   # every position computed
-        try:
-            return self.runner.prompt_logits(seq)
-        finally:
-            self.block_manager.free(seq)
+        return self.core.prompt_logits(token_ids)
 
     def stats(self) -> EngineStats:
-        bm = self.block_manager
-        used = bm.num_blocks - bm.num_free_blocks
-        cache = getattr(bm, "prefix_cache", None)
-        filled: dict[int, int] = {}        # block -> tokens it holds (shared blocks once)
-        for s in self.scheduler.running:
-            for i, block in enumerate(s.block_table):
-                held = max(0, min(bm.block_size, s.num_computed_tokens - i * bm.block_size))
-                filled[block] = max(filled.get(block, 0), held)
-        return EngineStats(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            num_swapped=len(self.scheduler.swapped),
-            num_blocks_used=used, num_blocks_total=bm.num_blocks,
-            slots_reserved=used * bm.block_size, tokens_cached=sum(filled.values()),
-            num_preemptions=self.scheduler.num_preemptions,
-            prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
-            prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0,
-            **(self._spec_decode_stats() if self.spec_decoder else {}))
-
-    def _spec_decode_stats(self) -> dict[str, int]:
-        s = self.scheduler.spec_decoding_stats
-        return {"spec_decode_num_drafts": s.num_drafts,
-                "spec_decode_num_draft_tokens": s.num_draft_tokens,
-                "spec_decode_num_accepted_tokens": s.num_accepted_tokens,
-                "spec_decode_num_accepted_tokens_per_pos": tuple(s.num_accepted_tokens_per_pos),
-                "spec_decode_num_judged_tokens_per_pos": tuple(s.num_judged_tokens_per_pos)}
+        return self.core.stats()
 
     def list_loras(self) -> set[int]:
         """The ids of the LoRA adapters now in the engine's slots (vLLM's name)."""
         return set(self.runner.lora_manager.slots) if self.runner.lora_manager else set()
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or self.scheduler.has_unfinished()
+        return (self.output_processor.has_unfinished_requests()
+                or self.engine_core.has_unfinished_requests())
 
-    @contextmanager
     def trace(self):
         """Record every step taken inside the block: `with engine.trace() as steps: ...`
-        fills `steps` with one StepRecord per step."""
-        steps: list[StepRecord] = []
-        self._traces.append(steps)
-        try:
-            yield steps
-        finally:
-            self._traces.remove(steps)
+        fills `steps` with one StepRecord per step (the core keeps them)."""
+        return self.core.trace()
 
     # ---------------------------------------------------------------- one iteration
     # --8<-- [start:step]
     def step(self) -> list[RequestOutput]:
-        t0 = time.perf_counter()
-        if self.spec_decoder:                    # seam: draft tokens first (spec_decode/)
-            self.spec_decoder.propose(self.scheduler.running)
-        # 1. Schedule: which sequences run, how many tokens each, which blocks move.
-        scheduler_output = self.scheduler.schedule()
-        self.last_scheduler_output = scheduler_output
-        for callback in self._schedule_callbacks:   # a long prefill shows as running meanwhile
-            callback()
-        # 2. Execute: block copies, one forward pass, the sampled tokens.
-        runner_output = self.runner.execute_model(scheduler_output)
-        if not scheduler_output.seqs:
-            if self.scheduler.has_unfinished():      # admission checks make this unreachable
-                raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
-            return []
-        # 3. Update: append, fork, accept drafts, stop on tokens and length, free blocks.
-        updated = self.scheduler.update_from_output(scheduler_output, runner_output)
-        # 4. Outputs: text and stop strings, then a RequestOutput per request that moved.
-        errors = self._detokenize(updated, dict(runner_output.errors))
-        outputs = self._request_outputs(scheduler_output)
-        self.runner.free(self.scheduler.take_finished())     # their sampling state goes too
-        self.num_steps += 1
-        if self._traces:
-            self._record(scheduler_output, outputs, errors, t0)
-        return outputs
+        core_outputs = self.engine_core.get_output()       # one EngineCore.step
+        processed = self.output_processor.process_outputs(core_outputs)
+        if processed.stopped:                              # text reached a stop string
+            self.engine_core.finish_stopped(processed.stopped)
+        if processed.errors:                               # this request alone fails
+            for request_id, error in processed.errors.items():
+                logger.error("request %s failed and was aborted: %s", request_id, error)
+            self.engine_core.abort_requests(list(processed.errors), processed.errors)
+        for out in processed.request_outputs:
+            if out.error is not None and out.request_id not in processed.errors:
+                logger.error("request %s failed and was aborted: %s", out.request_id, out.error)
+        return processed.request_outputs
     # --8<-- [end:step]
-
-    def _detokenize(self, seqs: list[Sequence], errors: dict[str, str]) -> dict[str, str]:
-        """Text for the sequences that got tokens; a stop string finishes its sequence. A
-        failure here fails that request alone. Returns errors, with this phase's added."""
-        for seq in seqs:
-            if seq.group.error is not None:          # another sample of it failed just now
-                continue
-            try:
-                if self.output_processor.detokenize(seq):
-                    self.scheduler.finish_on_stop_string(seq)
-            except Exception as e:                   # noqa: BLE001 (this request alone)
-                errors[seq.request_id] = f"output processing failed: {e!r}"
-                seq.group.error = errors[seq.request_id]
-                self.scheduler.finish_group(seq.group, SequenceStatus.FINISHED_ABORTED)
-        for request_id, error in errors.items():
-            logger.error("request %s failed and was aborted: %s", request_id, error)
-        return errors
-
-    def _request_outputs(self, scheduler_output: SchedulerOutput) -> list[RequestOutput]:
-        """A RequestOutput for every request that ran this step; finished ones leave."""
-        touched = {seq.request_id for seq in scheduler_output.seqs}
-        outputs = [request_output(self.requests[rid]) for rid in touched if rid in self.requests]
-        for out in outputs:
-            if out.finished:
-                del self.requests[out.request_id]
-        return outputs
-
-    def _record(self, batch: SchedulerOutput, outputs: list[RequestOutput],
-                errors: dict[str, str], t0: float) -> None:
-        rids = lambda seqs: [s.request_id for s in seqs]  # noqa: E731
-        record = StepRecord(
-            step=self.num_steps - 1,
-            scheduled=[ScheduledSeq(s.request_id, s.index, n, p, len(d), s.lora_int_id)
-                       for s, n, p, d in
-                       zip(batch.seqs, batch.num_new_tokens, batch.is_prefill,
-                           batch.spec_token_ids)],
-            preempted=rids(batch.preempted), swapped_out=rids(batch.swapped_out),
-            swapped_in=rids(batch.swapped_in), num_blocks_copied=len(batch.blocks_to_copy),
-            finished=[o.request_id for o in outputs if o.finished],
-            duration=time.perf_counter() - t0, stats=self.stats(), start_time=t0, errors=errors,
-            num_accepted_tokens=self.scheduler.spec_decoding_stats.num_accepted_this_step)
-        for steps in self._traces:
-            steps.append(record)

@@ -1,73 +1,187 @@
-"""Tokens out (vLLM twin: vllm/v1/engine/output_processor.py): detokenize each new token, find
-stop strings, and build the RequestOutput a caller sees. Stop tokens and lengths were checked by
-the scheduler (Scheduler.update_from_output) when the tokens were appended; a stop string needs
-the text, so it is found here, and the engine then finishes the sequence through the scheduler.
+"""Tokens out, on the front end's side (vLLM twin: vllm/v1/engine/output_processor.py): the
+OutputProcessor keeps its own state of every request it was given (RequestState: the tokens so
+far, the text, logprobs, times), grows it from each step's EngineCoreOutputs, finds stop strings,
+and builds the RequestOutput a caller sees. It never reads an engine-core object.
 
-Left out, compared with vLLM: running in a separate process from the engine core, per-request
-output queues for streaming (the AsyncLLMEngine keeps its own), and the delta / final-only
-output kinds.
+Stop tokens and lengths were checked by the scheduler when the tokens were appended; a stop
+string needs the text, so it is found here: the sample's tokens and text are cut at it, and the
+front end then finishes that sample in the core (EngineCore.finish_requests), as vLLM V1 aborts
+a request whose text has stopped.
+
+Left out, compared with vLLM: per-request output queues for streaming (the AsyncLLMEngine keeps
+its own), the delta / final-only output kinds, and V1's parent request gathering n fanned-out
+requests (here the core forks the n samples and reports each by its index).
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
+
 from minivllm.engine.detokenizer import IncrementalDetokenizer, find_stop_string
-from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from minivllm.outputs import (CompletionOutput, EngineCoreOutput, EngineCoreOutputs,
+                              RequestMetrics, RequestOutput)
+from minivllm.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class SampleState:
+    """One sample of a request, as the front end knows it."""
+
+    index: int
+    token_ids: list[int]                      # prompt + output so far (the detokenizer's input)
+    detokenizer: IncrementalDetokenizer
+    text: str = ""
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_string: str | None = None            # the stop string that finished it, if any
+    token_times: list[float] = field(default_factory=list)   # when each output token came
+    finished_time: float | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+
+@dataclass(slots=True)
+class RequestState:
+    """A request the front end is waiting on (vLLM's RequestState)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    samples: dict[int, SampleState] = field(default_factory=dict)
+    first_scheduled_time: float | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or (len(self.samples) == self.params.n and all(
+            s.finish_reason is not None for s in self.samples.values()))
+
+
+@dataclass(slots=True)
+class OutputProcessorOutput:
+    request_outputs: list[RequestOutput]
+    stopped: list[tuple[str, int]]            # (request id, sample) whose text hit a stop string
+    errors: dict[str, str]                    # request id -> why its output processing failed
 
 
 class OutputProcessor:
-    """Text for every sequence that got tokens this step, and the stop strings found in it."""
-
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self.request_states: dict[str, RequestState] = {}
 
-    def detokenize(self, seq: Sequence) -> bool:
-        """Detokenize seq's tokens appended since the last call, one at a time; True when a
-        stop string ended it: its text is cut there and any later token of the same step (a
-        speculative step appends several) is dropped."""
-        det = seq.detokenizer
-        if det is None:
-            det = seq.detokenizer = IncrementalDetokenizer(
-                self.tokenizer, seq.params.skip_special_tokens, start=seq.num_prompt_tokens)
-        params = seq.params
-        end = len(seq)
-        for n in range(det.num_tokens + 1, end + 1):
-            # The token that ended a sequence (stop token, length) flushes held-back text.
-            final = n == end and seq.is_finished
-            # Only a speculative step (several new tokens) needs a prefix: no copy per decode.
-            tokens = seq.token_ids if n == end else seq.token_ids[:n]
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    params: SamplingParams, arrival_time: float | None = None) -> RequestState:
+        state = RequestState(request_id, prompt, list(prompt_token_ids), params,
+                             time.perf_counter() if arrival_time is None else arrival_time)
+        self.request_states[request_id] = state
+        return state
+
+    def abort_requests(self, request_ids) -> None:
+        for request_id in request_ids:
+            self.request_states.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.request_states)
+
+    # --8<-- [start:process_outputs]
+    def process_outputs(self, core_outputs: EngineCoreOutputs) -> OutputProcessorOutput:
+        """Apply one step's EngineCoreOutputs: a RequestOutput for every request that moved
+        (finished ones leave), the samples a stop string ended, and the requests whose output
+        processing failed (each fails alone)."""
+        touched: dict[str, RequestState] = {}
+        stopped = []
+        errors = {}
+        for out in core_outputs.outputs:
+            state = self.request_states.get(out.request_id)
+            if state is None or out.request_id in errors:
+                continue
+            touched[out.request_id] = state
+            try:
+                if self._update(state, out, core_outputs.timestamp):
+                    stopped.append((out.request_id, out.index))
+            except Exception as e:                   # noqa: BLE001 (this request alone)
+                errors[out.request_id] = state.error = f"output processing failed: {e!r}"
+        outputs = [request_output(state) for state in touched.values()]
+        for out in outputs:
+            if out.finished:
+                del self.request_states[out.request_id]
+        return OutputProcessorOutput(outputs, stopped, errors)
+    # --8<-- [end:process_outputs]
+
+    def _update(self, state: RequestState, out: EngineCoreOutput, now: float) -> bool:
+        """Grow one sample by its new tokens; True when a stop string ended it."""
+        sample = state.samples.get(out.index)
+        if sample is None:
+            sample = state.samples[out.index] = SampleState(
+                out.index, list(state.prompt_token_ids), IncrementalDetokenizer(
+                    self.tokenizer, state.params.skip_special_tokens,
+                    start=len(state.prompt_token_ids)))
+        state.first_scheduled_time = state.first_scheduled_time or out.first_scheduled_time
+        state.error = state.error or out.error
+        sample.num_draft_tokens = out.num_draft_tokens
+        sample.num_accepted_tokens = out.num_accepted_tokens
+        sample.logprobs += out.new_logprobs or []
+        sample.token_times += [now] * len(out.new_token_ids)
+        if out.finish_reason is not None:
+            sample.finish_reason, sample.finished_time = out.finish_reason, now
+        return self._detokenize(sample, out.new_token_ids, state.params)
+
+    def _detokenize(self, sample: SampleState, new_token_ids: list[int],
+                    params: SamplingParams) -> bool:
+        """Detokenize the new tokens one at a time; True when a stop string ended the sample:
+        its text is cut there and any later token of the same step (a speculative step
+        appends several) is dropped."""
+        det = sample.detokenizer
+        tokens = sample.token_ids
+        for i, token_id in enumerate(new_token_ids):
+            tokens.append(token_id)
+            # The token that ended a sample (stop token, length) flushes held-back text.
+            final = i == len(new_token_ids) - 1 and sample.finish_reason is not None
             new_text = det.update(tokens, final=final)
-            seq.output_text = det.text
-            if final and seq.status is SequenceStatus.FINISHED_STOPPED:
+            sample.text = det.text
+            if final and sample.finish_reason == "stop":
                 return False                 # a stop token: its text ends no stop string
             hit = params.stop and new_text and find_stop_string(
-                seq.output_text, new_text, params.stop, params.include_stop_str_in_output)
+                sample.text, new_text, params.stop, params.include_stop_str_in_output)
             if hit:
-                seq.output_text, seq.stop_string = hit
-                seq.truncate(n)
+                sample.text, sample.stop_string = hit
+                dropped = len(new_token_ids) - i - 1
+                if dropped:
+                    del sample.token_times[len(sample.token_times) - dropped:]
+                    del sample.logprobs[max(0, len(sample.logprobs) - dropped):]
+                sample.finish_reason = "stop"    # over "length", if the core said so too
+                sample.finished_time = sample.finished_time or time.perf_counter()
                 return True
+        if not new_token_ids and sample.finish_reason is not None:
+            det.update(tokens, final=True)       # finished with no new token: flush
+            sample.text = det.text
         return False
 
 
-def request_output(group: SequenceGroup) -> RequestOutput:
-    seqs = group.seqs
+def request_output(state: RequestState) -> RequestOutput:
+    samples = [state.samples[i] for i in sorted(state.samples)]
+    num_prompt = len(state.prompt_token_ids)
     outputs = [CompletionOutput(
-        index=seq.index, text=seq.output_text, token_ids=seq.output_token_ids,
-        logprobs=seq.output_logprobs if seq.params.logprobs is not None else None,
-        finish_reason=seq.status.value if seq.is_finished else None) for seq in seqs]
-    first = seqs[0].metrics
-    finished = group.is_finished or group.error is not None
+        index=s.index, text=s.text, token_ids=s.token_ids[num_prompt:],
+        logprobs=s.logprobs if state.params.logprobs is not None else None,
+        finish_reason=s.finish_reason or ("abort" if state.error else None)) for s in samples]
+    finished = state.finished
+    first = samples[0] if samples else None
     metrics = RequestMetrics(
-        arrival_time=group.arrival_time,
-        first_scheduled_time=first.first_scheduled_time,
-        first_token_time=first.first_token_time,
-        finished_time=max(s.metrics.finished_time or 0 for s in seqs) if finished else None,
-        num_draft_tokens=sum(s.metrics.num_draft_tokens for s in seqs),
-        num_accepted_tokens=sum(s.metrics.num_accepted_tokens for s in seqs))
-    times = first.token_times
+        arrival_time=state.arrival_time,
+        first_scheduled_time=state.first_scheduled_time,
+        first_token_time=first.token_times[0] if first and first.token_times else None,
+        finished_time=max((s.finished_time or 0 for s in samples), default=0)
+        if finished else None,
+        num_draft_tokens=sum(s.num_draft_tokens for s in samples),
+        num_accepted_tokens=sum(s.num_accepted_tokens for s in samples))
+    times = first.token_times if first else []
     return RequestOutput(
-        request_id=group.request_id, prompt=group.prompt,
-        prompt_token_ids=group.prompt_token_ids, outputs=outputs, finished=finished,
+        request_id=state.request_id, prompt=state.prompt,
+        prompt_token_ids=state.prompt_token_ids, outputs=outputs, finished=finished,
         metrics=metrics,       # gaps listed once, at the end: not O(length) every step
         inter_token_latencies=[b - a for a, b in zip(times, times[1:])] if finished else [],
-        error=group.error)
+        error=state.error)

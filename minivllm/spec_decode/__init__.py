@@ -2,14 +2,15 @@
 in one target forward, keep exactly what the target model would have produced (Leviathan et al.
 2023, Chen et al. 2023).
 
-    decoder.py          SpeculativeDecoder: picks the proposer, sets each sequence's drafts
+    decoder.py          SpeculativeDecoder: picks the proposer, returns each sequence's drafts
     ngram_proposer.py   prompt lookup: the drafts are what followed the last n tokens before
     draft_model.py      a smaller model with the target's vocabulary guesses greedily
 
 It plugs into the engine at four named seams, and nowhere else:
 
-    1. propose     LLMEngine.step, before Scheduler.schedule: SpeculativeDecoder.propose sets
-                   seq.spec_token_ids for every decoding sequence with room (engine/llm_engine.py)
+    1. propose     EngineCore.step, before Scheduler.schedule: SpeculativeDecoder.propose drafts
+                   for every decoding sequence with room, and Scheduler.update_draft_token_ids
+                   takes them (engine/core.py)
     2. lookahead   Scheduler.schedule fits the drafts into the token budget and reserves their
                    lookahead slots, or drops them: speculation never preempts (core/scheduler.py)
     3. verify      ModelRunner computes the drafts after the sequence's last token (k + 1 logits

@@ -20,8 +20,9 @@ Proposers:
     draft_model  a smaller model with the same vocabulary guesses greedily over its own paged
             KV cache (minivllm/spec_decode/draft_model.py).
 
-In the engine, four seams (listed in minivllm/spec_decode/__init__.py): `propose` runs before
-the scheduler and sets seq.spec_token_ids; the scheduler fits the drafts into the token budget
+In the engine, four seams (listed in minivllm/spec_decode/__init__.py): EngineCore.step calls
+`propose` before scheduling and hands the drafts to Scheduler.update_draft_token_ids (vLLM V1's
+runner proposes after sampling and returns them in its ModelRunnerOutput); the scheduler fits the drafts into the token budget
 and reserves their lookahead slots; the model runner verifies them (k + 1 logits rows, the
 rejection sampler); Scheduler.update_from_output appends what was accepted and rolls the
 rejected slots back. A sequence without drafts (prefilling, or nothing found) takes a plain
@@ -51,19 +52,19 @@ class SpeculativeDecoder:
         else:
             self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
 
-    def propose(self, running: list[Sequence]) -> None:
-        """Draft tokens for every decoding sequence: at most k, and no more than it may still
-        produce (max_tokens, max_model_len) minus the one token the target always adds. A
-        proposer with state (the draft model) drops what it held for sequences not asked."""
+    def propose(self, running: list[Sequence]) -> dict[int, list[int]]:
+        """Draft tokens for every decoding sequence, by sequence id (for the scheduler's
+        update_draft_token_ids): at most k, and no more than it may still produce (max_tokens,
+        max_model_len) minus the one token the target always adds. A proposer with state (the
+        draft model) drops what it held for sequences not asked."""
         seqs = []
         rooms = []
         for seq in running:
             room = min(self.config.num_speculative_tokens,
                        seq.params.max_tokens - seq.num_output_tokens - 1,
                        self.max_model_len - len(seq) - 1)
-            seq.spec_token_ids = []
             if seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0 and room > 0:
                 seqs.append(seq)                                    # decoding, with room
                 rooms.append(room)
-        for seq, drafts in zip(seqs, self.proposer.propose_batch(seqs, rooms)):
-            seq.spec_token_ids = drafts
+        drafts = self.proposer.propose_batch(seqs, rooms)
+        return {seq.seq_id: d for seq, d in zip(seqs, drafts) if d}

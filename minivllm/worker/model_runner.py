@@ -31,8 +31,7 @@ samples.
 Decode steps on CUDA replay CUDA graphs, and torch.compile is an option
 (minivllm/worker/compilation.py).
 
-Left out, compared with vLLM: persistent input buffers reused across prefill steps, pipelined
-(async) scheduling and multi-modal inputs.
+Left out, compared with vLLM: persistent input buffers, async scheduling, multi-modal inputs.
 """
 
 from __future__ import annotations
@@ -293,19 +292,20 @@ class ModelRunner:
         self.copy_blocks(so.blocks_to_copy)
         if not so.seqs:
             return ModelRunnerOutput()
-        sampling, logits = self.run(so.seqs, so.num_new_tokens)
+        sampling, logits = self.run(so.seqs, so.num_new_tokens, so.sampling)
         return self.sample([so.seqs[i] for i in sampling], logits)
     # --8<-- [end:execute_model]
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence], num_new_tokens: list[int]):
-        """One forward pass. Returns the indices (into seqs) of the sequences that sample this
-        step, those whose new tokens reach their end (a prefill chunk in the middle samples
-        nothing), and their logits, (S, vocab) float32: one row per sequence, its last, or
-        k + 1 rows for a sequence verifying k draft tokens, the last row last."""
+    def run(self, seqs: list[Sequence], num_new_tokens: list[int],
+            sampling: list[bool] | None = None):
+        """One forward pass. Returns the indices (into seqs) of the sequences that sample
+        (`sampling`; None: Sequence.samples_after) and their logits, (S, vocab) float32: a
+        row per sequence, its last, or k + 1 rows for one verifying k drafts, the last last."""
         input_ids, positions, md = self.prepare(seqs, num_new_tokens)
-        sampling = [i for i, (s, n) in enumerate(zip(seqs, num_new_tokens))
-                    if s.num_computed_tokens + n == len(s) + len(s.spec_token_ids)]
+        if sampling is None:
+            sampling = [s.samples_after(n) for s, n in zip(seqs, num_new_tokens)]
+        sampling = [i for i, samples in enumerate(sampling) if samples]
         rows = md.query_start_loc[1:][sampling] - 1 if sampling else None
         drafts = [len(seqs[i].spec_token_ids) for i in sampling]
         if any(drafts):                     # the rows that verify each draft, then the last

@@ -1,0 +1,284 @@
+"""EngineCore: the inner loop, with no tokenizer and no text (vLLM twin: vllm/v1/engine/core.py).
+
+    add_request(request)      queue an EngineCoreRequest (the front end tokenized and checked it)
+    abort_requests(ids)       finish requests now; their blocks go back
+    step() -> EngineCoreOutputs
+        1. propose    drafts for the next tokens (speculative decoding), handed to the
+                      scheduler through update_draft_token_ids
+        2. schedule   which sequences run, how many tokens each, which blocks move
+        3. execute    the runner's execute_model: block copies, one forward pass, sampling
+        4. update     the scheduler applies the tokens: append, fork, accept drafts, stop on
+                      tokens and lengths, free blocks; one EngineCoreOutput per sample that moved
+
+The core owns the Scheduler (and its block managers) and the runner that executes a step. The
+front end (LLMEngine, minivllm/engine/llm_engine.py) reaches it through a client
+(core_client.py) and never holds a core object: it gets plain EngineCoreOutputs, detokenizes
+them, finds stop strings, and finishes a stopped sample here with `finish_requests`.
+
+Anything that executes a SchedulerOutput can be the runner: the ModelRunner (real weights), or
+the simulator's SimulatedRunner on a virtual clock (minivllm/simulator/simulator.py), which
+thereby runs this very step; tests/test_scheduler.py drives it over a runner with no model.
+
+Left out, compared with vLLM: the executor layer between core and runner (here the core calls
+the runner, and a tensor-parallel rank 0 runner sends each call to the other ranks), the busy
+loop and its ZMQ sockets (the in-process client calls `step` directly), batch queues for
+pipeline parallelism, and V1's Request (the core's unit is still V0's SequenceGroup, whose
+n > 1 samples fork inside the core).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from minivllm.config import EngineConfig
+from minivllm.core.block_manager import BlockManager
+from minivllm.core.kv_cache import ContiguousAllocator
+from minivllm.core.scheduler import Scheduler, SchedulerOutput
+from minivllm.core.sequence import SequenceGroup, SequenceStatus
+from minivllm.engine.stats import EngineStats, ScheduledSeq, StepRecord
+from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
+from minivllm.sampling_params import SamplingParams
+
+logger = logging.getLogger("minivllm")
+
+
+@dataclass(slots=True)
+class EngineCoreRequest:
+    """A request as the front end hands it to the core: token ids, no text (vLLM twin:
+    vllm/v1/engine/__init__.py)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    lora_request: object | None = None      # minivllm.LoRARequest, or None: the base model
+    grammar: object | None = None           # the compiled guided-decoding constraint, if any
+    arrival_time: float = field(default_factory=time.perf_counter)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, runner, eos_token_ids: set[int],
+                 clock: Callable[[], float] = time.perf_counter, exact_stats: bool = True):
+        """runner: executes a SchedulerOutput and says how big its KV pools are (num_blocks,
+        num_cpu_blocks). clock: the time steps are recorded in (the simulator's is virtual).
+        exact_stats: count the tokens the KV pool holds block by block (shared blocks once);
+        False counts them per sequence, cheap enough for a simulation's every step."""
+        self.runner = runner
+        self.seq_ids = itertools.count()     # every sample's id, unique across reconfigures
+        self.eos_token_ids = set(eos_token_ids)
+        self.clock = clock
+        self.exact_stats = exact_stats
+        self._traces: list[list[StepRecord]] = []
+        self.schedule_callbacks: list[Callable[[], None]] = []
+        self.structured_output = None        # guided decoding's manager (from_model sets it)
+        self.init_state(config)
+
+    @classmethod
+    def from_model(cls, model_path, model_config, config: EngineConfig, device, dtype,
+                   tokenizer) -> EngineCore:
+        """The core of a real engine: the runner loads the weights (tensor parallelism: rank
+        0's runner starts the other ranks), the sampler knows the end-of-sequence tokens and
+        guided decoding's matchers (the tokenizer is read for those alone)."""
+        from minivllm.distributed.executor import MultiprocExecutor
+        from minivllm.sample.sampler import Sampler
+        from minivllm.structured_output.manager import StructuredOutputManager
+        from minivllm.worker.model_runner import ModelRunner
+        eos_token_ids = set(model_config.eos_token_id)
+        if tokenizer.eos_token_id is not None:
+            eos_token_ids.add(tokenizer.eos_token_id)
+        structured_output = StructuredOutputManager(   # logits processors' engine state
+            tokenizer, model_config.vocab_size, eos_token_ids)
+        sampler = Sampler(device, eos_token_ids, structured_output)
+        make_runner = (MultiprocExecutor.make_runner if config.tensor_parallel_size > 1
+                       else ModelRunner)
+        runner = make_runner(model_config, config, model_path, device, dtype, sampler=sampler)
+        core = cls(config, runner, eos_token_ids)
+        core.structured_output = structured_output
+        return core
+
+    def init_state(self, config: EngineConfig) -> None:
+        """A fresh scheduler, block managers and proposer for `config`, over the runner's pools
+        (sized for config already: LLMEngine.reconfigure rebuilds them first)."""
+        self.config = config
+        runner = self.runner
+        if config.kv_layout == "paged":
+            self.block_manager = BlockManager(runner.num_blocks, config.block_size,
+                                              config.enable_prefix_caching)
+        else:
+            self.block_manager = ContiguousAllocator(runner.num_blocks, config.max_model_len)
+        self.cpu_block_manager = (BlockManager(runner.num_cpu_blocks, config.block_size)
+                                  if runner.num_cpu_blocks else None)
+        self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager,
+                                   self.eos_token_ids, self.seq_ids)
+        self.spec_decoder = None
+        if config.speculative_config:
+            from minivllm.spec_decode.decoder import SpeculativeDecoder
+            self.spec_decoder = SpeculativeDecoder(config.speculative_config, runner)
+        self.num_steps = 0
+        self.last_scheduler_output: SchedulerOutput | None = None
+
+    @property
+    def requests(self) -> dict[str, SequenceGroup]:
+        """The unfinished requests, by id (the scheduler's table, as in vLLM V1)."""
+        return self.scheduler.requests
+
+    # ---------------------------------------------------------------- requests in and out
+    def _group(self, request: EngineCoreRequest) -> SequenceGroup:
+        group = SequenceGroup(request.request_id, None, request.prompt_token_ids,
+                              request.sampling_params, next(self.seq_ids), request.lora_request)
+        group.arrival_time = group.seqs[0].metrics.arrival_time = request.arrival_time
+        group.grammar = request.grammar
+        return group
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.scheduler.add(self._group(request).seqs[0])
+
+    def add_prefilled_request(self, request: EngineCoreRequest, load_kv, first_token
+                              ) -> EngineCoreOutputs | None:
+        """A request another engine prefilled (minivllm/distributed/kv_transfer/): admitted with
+        the scheduler's normal checks, load_kv(seq) writes its prompt's K/V, and it runs from
+        its first token on, which is returned. None, with nothing changed, when there is no
+        room for it now."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        seq = self._group(request).seqs[0]
+        if not self.scheduler.add_prefilled(seq, load_kv, first_token):
+            return None
+        return EngineCoreOutputs([seq.output_since(seq.num_prompt_tokens)],
+                                 timestamp=seq.metrics.first_token_time)
+
+    def abort_requests(self, request_ids, errors: dict[str, str] | None = None
+                       ) -> list[EngineCoreOutput]:
+        """Finish these requests now with finish_reason "abort" (and the error, if one is
+        given for it); their blocks and sampling state go."""
+        for request_id, error in (errors or {}).items():
+            if request_id in self.requests:
+                self.requests[request_id].error = error
+        return self.finish_requests(request_ids, SequenceStatus.FINISHED_ABORTED, errors=errors)
+
+    def finish_requests(self, request_ids, status: SequenceStatus, index: int | None = None,
+                        errors: dict[str, str] | None = None) -> list[EngineCoreOutput]:
+        """Finish requests (only sample `index`, if given) with `status`: the front end's stop
+        strings and aborts. Called right after a step, they count in that step's record."""
+        outputs = self.scheduler.finish_requests(list(request_ids), status, index)
+        self.runner.free(self.scheduler.take_finished())
+        if self._traces and self.last_record is not None:
+            done = [o.request_id for o in outputs if o.request_id not in self.requests]
+            self.last_record.finished += [r for r in dict.fromkeys(done)
+                                          if r not in self.last_record.finished]
+            self.last_record.errors.update(errors or {})
+            self.last_record.stats = self.stats()
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---------------------------------------------------------------- one iteration
+    # --8<-- [start:step]
+    def step(self) -> EngineCoreOutputs:
+        t0 = self.clock()
+        self.last_record = None
+        if self.spec_decoder:                    # 1. drafts, for the scheduler to fit
+            drafts = self.spec_decoder.propose(self.scheduler.running)
+            self.scheduler.update_draft_token_ids(drafts)
+        # 2. Schedule: which sequences run, how many tokens each, which blocks move.
+        scheduler_output = self.scheduler.schedule()
+        self.last_scheduler_output = scheduler_output
+        for callback in self.schedule_callbacks:    # a long prefill shows as running meanwhile
+            callback()
+        # 3. Execute: block copies, one forward pass, the sampled tokens.
+        runner_output = self.runner.execute_model(scheduler_output)
+        if not scheduler_output.seqs:
+            if self.scheduler.has_unfinished():      # admission checks make this unreachable
+                raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
+            return EngineCoreOutputs(timestamp=self.clock())
+        # 4. Update: append, fork, accept drafts, stop on tokens and length, free blocks.
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self.runner.free(self.scheduler.take_finished())     # their sampling state goes too
+        self.num_steps += 1
+        if self._traces:
+            self._record(scheduler_output, outputs, runner_output.errors, t0)
+        return EngineCoreOutputs(outputs, timestamp=self.clock())
+    # --8<-- [end:step]
+
+    # ---------------------------------------------------------------- what it reports
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        sched = self.scheduler
+        used = bm.num_blocks - bm.num_free_blocks
+        cache = getattr(bm, "prefix_cache", None)
+        if self.exact_stats:
+            filled: dict[int, int] = {}        # block -> tokens it holds (shared blocks once)
+            for s in sched.running:
+                for i, block in enumerate(s.block_table):
+                    held = max(0, min(bm.block_size, s.num_computed_tokens - i * bm.block_size))
+                    filled[block] = max(filled.get(block, 0), held)
+            tokens_cached = sum(filled.values())
+        else:
+            tokens_cached = sum(s.num_computed_tokens for s in sched.running)
+        return EngineStats(
+            num_running=len(sched.running), num_waiting=len(sched.waiting),
+            num_swapped=len(sched.swapped),
+            num_blocks_used=used, num_blocks_total=bm.num_blocks,
+            slots_reserved=used * bm.block_size, tokens_cached=tokens_cached,
+            num_preemptions=sched.num_preemptions,
+            prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
+            prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0,
+            **(self._spec_decode_stats() if self.spec_decoder else {}))
+
+    def _spec_decode_stats(self) -> dict[str, int]:
+        s = self.scheduler.spec_decoding_stats
+        return {"spec_decode_num_drafts": s.num_drafts,
+                "spec_decode_num_draft_tokens": s.num_draft_tokens,
+                "spec_decode_num_accepted_tokens": s.num_accepted_tokens,
+                "spec_decode_num_accepted_tokens_per_pos": tuple(s.num_accepted_tokens_per_pos),
+                "spec_decode_num_judged_tokens_per_pos": tuple(s.num_judged_tokens_per_pos)}
+
+    @contextmanager
+    def trace(self):
+        """Record every step taken inside the block: `with core.trace() as steps: ...` fills
+        `steps` with one StepRecord per step."""
+        steps: list[StepRecord] = []
+        self._traces.append(steps)
+        try:
+            yield steps
+        finally:
+            self._traces.remove(steps)
+
+    last_record: StepRecord | None = None
+
+    def _record(self, batch: SchedulerOutput, outputs: list[EngineCoreOutput],
+                errors: dict[str, str], t0: float) -> None:
+        rids = lambda seqs: [s.request_id for s in seqs]  # noqa: E731
+        finished = [o.request_id for o in outputs
+                    if o.finish_reason is not None and o.request_id not in self.requests]
+        record = StepRecord(
+            step=self.num_steps - 1,
+            scheduled=[ScheduledSeq(s.request_id, s.index, n, p, len(d), s.lora_int_id)
+                       for s, n, p, d in
+                       zip(batch.seqs, batch.num_new_tokens, batch.is_prefill,
+                           batch.spec_token_ids)],
+            preempted=rids(batch.preempted), swapped_out=rids(batch.swapped_out),
+            swapped_in=rids(batch.swapped_in), num_blocks_copied=len(batch.blocks_to_copy),
+            finished=list(dict.fromkeys(finished)), duration=self.clock() - t0,
+            stats=self.stats(), start_time=t0, errors=dict(errors),
+            num_accepted_tokens=self.scheduler.spec_decoding_stats.num_accepted_this_step)
+        self.last_record = record
+        for steps in self._traces:
+            steps.append(record)
+
+    # ---------------------------------------------------------------- scoring
+    def prompt_logits(self, token_ids: list[int]):
+        """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
+        seq = SequenceGroup("score", None, token_ids, SamplingParams(), -1).seqs[0]
+        if not self.block_manager.can_allocate(seq):
+            raise RuntimeError(f"no free KV blocks to score {len(token_ids)} tokens right now")
+        self.block_manager.allocate(seq, use_prefix_cache=False)   # every position computed
+        try:
+            return self.runner.prompt_logits(seq)
+        finally:
+            self.block_manager.free(seq)
