@@ -552,7 +552,8 @@ def _(
       per request) and the KV pool layout.
     * `minivllm/attention/torch_attention.py`: how attention finds a sequence's K/V through its block table;
       a slab is one block of `max_model_len` slots, so both layouts share that code.
-    * `minivllm/engine/llm_engine.py`: `LLMEngine.step` and `LLMEngine.stats`;
+    * `minivllm/engine/core.py`: `EngineCore.step` and `EngineCore.stats` (the front end,
+      `LLMEngine` in `minivllm/engine/llm_engine.py`, reaches them through its client);
       `minivllm/benchmarks/workloads.py`: `lognormal_requests` and `serve` (the step trace), used above.
     * Next: lesson 02 replaces the slab with pages (`minivllm/core/block_manager.py`).
     """)

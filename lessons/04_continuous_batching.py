@@ -270,7 +270,7 @@ def _(continuous_run, mo, static_run):
 
     The series says continuous batching is impossible without paged KV memory. That is
     stronger than what the engine shows: the scheduler only has to run every step (it does:
-    `LLMEngine.step` calls `Scheduler.schedule` each time), and a slab freed by a finished
+    `EngineCore.step` calls `Scheduler.schedule` each time), and a slab freed by a finished
     request can be handed to a newcomer just as a freed block can. What paging changes is
     how many requests fit in the memory. The 2x2 below measures it on the same requests and
     the same KV budget.
@@ -593,8 +593,9 @@ def _(continuous_run, grid, mo, static_run, step_ratio, sweep):
       a number of new tokens under one token budget (`num_computed_tokens` catching up with
       the request's tokens), so chunked prefill and speculative tokens need no pass of their
       own; swapping to CPU is gone from V1 (a preempted request is recomputed).
-    * `minivllm/engine/llm_engine.py`: `LLMEngine.step`, one scheduling decision and one forward pass per
-      call; `RequestOutput` comes back for every request in the batch.
+    * `minivllm/engine/core.py`: `EngineCore.step`, one scheduling decision and one forward pass per
+      call; `minivllm/engine/llm_engine.py`: `LLMEngine.step` turns the core's outputs into a
+      `RequestOutput` for every request that moved.
     * `minivllm/config.py`: `max_num_seqs` (the slots) and `scheduling`.
     * Next: lesson 10 (chunked prefill) looks at what a newcomer's prompt costs the requests
       already decoding; lesson 11 at what happens when their memory runs out.

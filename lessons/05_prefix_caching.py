@@ -669,8 +669,9 @@ def _(conv_computed_cached, conv_computed_uncached, conv_ttft_ratio, conv_work_r
     * `minivllm/core/block_manager.py`: `_cached_prefix` (the walk at admission, one token short),
       `allocate` (hits join the block table as computed), `cache_computed_blocks` (naming
       blocks after each step), `_release` (named blocks go to the back of the free list: LRU).
-    * `minivllm/engine/llm_engine.py`: `LLMEngine.step` calls `cache_computed_blocks` after the model ran;
-      `stats()` reports `prefix_cache_queried_tokens` and `prefix_cache_hit_tokens`.
+    * `minivllm/core/scheduler.py`: `update_from_output` calls `cache_computed_blocks` after the model ran;
+      `EngineCore.stats()` (`minivllm/engine/core.py`) reports `prefix_cache_queried_tokens` and
+      `prefix_cache_hit_tokens`.
     * `minivllm/config.py`: `enable_prefix_caching` (on by default, as in vLLM).
     * `minivllm bench prefix`: the same two workloads at a larger size, with and without
       caching, side by side.

@@ -50,46 +50,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minivllm.config import EngineConfig
+from minivllm.core.scheduler_output import (CachedRequestData, NewRequestData,  # noqa: F401
+                                             SchedulerOutput)
 from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from minivllm.outputs import Draw, EngineCoreOutput, ModelRunnerOutput
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """What one step will do: the engine carries it out, then keeps it
-    (engine.last_scheduler_output).
-
-    seqs[i] computes num_new_tokens[i] tokens; is_prefill[i] says whether that is a prefill
-    chunk (prompt tokens, or tokens to recompute after a preemption) or a one-token decode;
-    spec_token_ids[i] are the draft tokens it verifies (counted in num_new_tokens[i]);
-    sampling[i] says whether its new tokens reach its end, so that it samples this step (a
-    prefill chunk short of the prompt's end does not): the runner, the simulator and the tests
-    all read this one rule.
-    """
-
-    seqs: list[Sequence] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    is_prefill: list[bool] = field(default_factory=list)
-    spec_token_ids: list[list[int]] = field(default_factory=list)  # speculative decoding
-    sampling: list[bool] = field(default_factory=list)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write
-    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
-    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)   # (cpu, device)
-    preempted: list[Sequence] = field(default_factory=list)     # recomputed or swapped out
-    swapped_out: list[Sequence] = field(default_factory=list)   # of those, swapped out
-    swapped_in: list[Sequence] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(n for n, p in zip(self.num_new_tokens, self.is_prefill) if p)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(n for n, p in zip(self.num_new_tokens, self.is_prefill) if not p)
 
 
 @dataclass(slots=True)
@@ -135,6 +99,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self.requests: dict[str, SequenceGroup] = {}     # request id -> its samples (unfinished)
+        self.runner_holds: set[int] = set()      # samples the runner keeps state of (seq ids)
         self.finished_seqs: list[Sequence] = []          # since the last take_finished()
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
@@ -159,6 +124,20 @@ class Scheduler:
         out.is_prefill.append(seq.is_prefill)
         out.spec_token_ids.append(list(seq.spec_token_ids))
         out.sampling.append(seq.samples_after(n))
+        # The runner's messages: the whole sample if it does not hold it, else what changed.
+        seq_id = seq.seq_id
+        out.seq_ids.append(seq_id)
+        out.num_scheduled_tokens[seq_id] = n
+        if seq.spec_token_ids:
+            out.scheduled_spec_decode_tokens[seq_id] = list(seq.spec_token_ids)
+        if seq_id in self.runner_holds:
+            cached = out.scheduled_cached_reqs
+            cached.seq_ids.append(seq_id)
+            cached.block_ids.append(list(seq.block_table))
+            cached.num_computed_tokens.append(seq.num_computed_tokens)
+        else:
+            out.scheduled_new_reqs.append(NewRequestData.from_sequence(seq))
+            self.runner_holds.add(seq_id)
         return budget - n
 
     # --8<-- [start:schedule]
@@ -354,6 +333,7 @@ class Scheduler:
             # Recompute (or swap space is full): drop the KV, keep the tokens, requeue first.
             bm.free(seq)
             seq.num_computed_tokens = 0
+            self.runner_holds.discard(seq.seq_id)    # it comes back whole, as new
             seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(seq)
         out.preempted.append(seq)
@@ -382,6 +362,7 @@ class Scheduler:
         """Take a sequence out of the engine for good and return its blocks."""
         seq.metrics.finished_time = time.perf_counter()
         self.finished_seqs.append(seq)
+        self.runner_holds.discard(seq.seq_id)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

@@ -165,7 +165,7 @@ class EngineCore:
         """Finish requests (only sample `index`, if given) with `status`: the front end's stop
         strings and aborts. Called right after a step, they count in that step's record."""
         outputs = self.scheduler.finish_requests(list(request_ids), status, index)
-        self.runner.free(self.scheduler.take_finished())
+        self.runner.free([seq.seq_id for seq in self.scheduler.take_finished()])
         if self._traces and self.last_record is not None:
             done = [o.request_id for o in outputs if o.request_id not in self.requests]
             self.last_record.finished += [r for r in dict.fromkeys(done)
@@ -198,7 +198,8 @@ class EngineCore:
             return EngineCoreOutputs(timestamp=self.clock())
         # 4. Update: append, fork, accept drafts, stop on tokens and length, free blocks.
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        self.runner.free(self.scheduler.take_finished())     # their sampling state goes too
+        finished = self.scheduler.take_finished()            # the runner forgets them
+        self.runner.free([seq.seq_id for seq in finished])
         self.num_steps += 1
         if self._traces:
             self._record(scheduler_output, outputs, runner_output.errors, t0)
@@ -279,6 +280,6 @@ class EngineCore:
             raise RuntimeError(f"no free KV blocks to score {len(token_ids)} tokens right now")
         self.block_manager.allocate(seq, use_prefix_cache=False)   # every position computed
         try:
-            return self.runner.prompt_logits(seq)
+            return self.runner.prompt_logits(token_ids, seq.block_table)
         finally:
             self.block_manager.free(seq)

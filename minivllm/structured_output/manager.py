@@ -152,7 +152,7 @@ class StructuredOutputManager:
         entry = self.matchers.get(seq.seq_id)
         if entry is None:
             import xgrammar as xgr
-            grammar = seq.group.grammar or self.compile(seq.params.guided_decoding)
+            grammar = seq.grammar or self.compile(seq.params.guided_decoding)
             entry = self.matchers[seq.seq_id] = [xgr.GrammarMatcher(grammar), 0]
         matcher, fed = entry
         for token in seq.output_token_ids[fed:]:

@@ -45,8 +45,7 @@ from minivllm.attention.layer import resolve_attention_backend
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.core.kv_cache import allocate_kv_cache, kv_bytes_per_token
-from minivllm.core.scheduler import SchedulerOutput
-from minivllm.core.sequence import Sequence, SequenceGroup
+from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.layers import parallelize
 from minivllm.lora.models import LoRAManager
 from minivllm.models import LlamaForCausalLM
@@ -57,6 +56,7 @@ from minivllm.sample.rejection_sampler import accept_drafts
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.compilation import CUDAGraphRunner, set_compilation, use_cuda_graphs
+from minivllm.worker.input_batch import CachedRequestState
 
 logger = logging.getLogger("minivllm")
 
@@ -129,6 +129,7 @@ class ModelRunner:
             self.quantization = asked
         self.engine_config = engine_config
         self.sampler.reset()                 # no sample's generator outlives its pool
+        self.requests: dict[int, CachedRequestState] = {}    # seq id -> the runner's state
         self.cuda_graphs = None
         self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
         if self.device.type == "cuda":
@@ -214,12 +215,10 @@ class ModelRunner:
         scratch = allocate_kv_cache(self.kv_config, -(-n // self.block_size), self.block_size,
                                     self.dtype, self.device, self.kv_cache_dtype)
         self._bind_kv_cache(scratch)
-        seq = SequenceGroup("profile", None, [0] * n, SamplingParams(), -1).seqs[0]
-        seq.block_table = list(range(scratch.shape[2]))
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        self.prompt_logits(seq)
+        self.prompt_logits([0] * n, list(range(scratch.shape[2])))
         torch.cuda.synchronize(self.device)
         activations = torch.cuda.max_memory_allocated(self.device) - before
         del scratch
@@ -233,7 +232,7 @@ class ModelRunner:
         return budget
 
     # --8<-- [start:prepare]
-    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]):
+    def prepare(self, seqs: list[CachedRequestState], num_new_tokens: list[int]):
         """Flatten the step's work into input_ids, positions and attention metadata."""
         input_ids = []
         positions = []
@@ -285,19 +284,40 @@ class ModelRunner:
     # --8<-- [start:execute_model]
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """One step: the scheduler's block copies, one forward pass, the sampled tokens."""
+        """One step: the runner's own state brought up to date from the scheduler's messages,
+        the block copies, one forward pass, the sampled tokens (appended to its state too)."""
         so = scheduler_output
+        self._update_states(so)
         self.swap_out(so.blocks_to_swap_out)                  # before their blocks are reused
         self.swap_in(so.blocks_to_swap_in)
         self.copy_blocks(so.blocks_to_copy)
-        if not so.seqs:
+        if not so.seq_ids:
             return ModelRunnerOutput()
-        sampling, logits = self.run(so.seqs, so.num_new_tokens, so.sampling)
-        return self.sample([so.seqs[i] for i in sampling], logits)
+        states = [self.requests[seq_id] for seq_id in so.seq_ids]
+        num_tokens = [so.num_scheduled_tokens[seq_id] for seq_id in so.seq_ids]
+        sampling, logits = self.run(states, num_tokens, so.sampling)
+        out = self.sample([states[i] for i in sampling], logits)
+        for seq_id, draws in out.sampled.items():            # the runner's copy grows too
+            self.requests[seq_id].token_ids += [token for token, _ in draws]
+        return out
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        """New samples whole; held ones: their block tables, computed counts and drafts."""
+        for new in so.scheduled_new_reqs:
+            self.requests[new.seq_id] = CachedRequestState.from_new(new)
+        cached = so.scheduled_cached_reqs
+        for seq_id, block_ids, num_computed in zip(cached.seq_ids, cached.block_ids,
+                                                   cached.num_computed_tokens):
+            state = self.requests[seq_id]
+            state.block_table = block_ids
+            state.num_computed_tokens = num_computed
+        for seq_id in so.seq_ids:
+            state = self.requests[seq_id]
+            state.spec_token_ids = so.scheduled_spec_decode_tokens.get(seq_id, [])
     # --8<-- [end:execute_model]
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence], num_new_tokens: list[int],
+    def run(self, seqs: list[CachedRequestState], num_new_tokens: list[int],
             sampling: list[bool] | None = None):
         """One forward pass. Returns the indices (into seqs) of the sequences that sample
         (`sampling`; None: Sequence.samples_after) and their logits, (S, vocab) float32: a
@@ -325,7 +345,8 @@ class ModelRunner:
             return None if rows is None else self.model.compute_logits(hidden[rows])
 
     # --8<-- [start:sample]
-    def sample(self, seqs: list[Sequence], logits: torch.Tensor | None) -> ModelRunnerOutput:
+    def sample(self, seqs: list[CachedRequestState], logits: torch.Tensor | None
+               ) -> ModelRunnerOutput:
         """Draw the tokens of the sequences that sample this step. logits: their rows from
         `run`, one per sequence, or k + 1 for a sequence verifying k drafts (its last row
         last). One draw per row for each sequence, plus, for a sequence whose prompt is now
@@ -348,7 +369,7 @@ class ModelRunner:
         row_seqs = []
         indices = []
         for seq, row in zip(seqs, last):
-            forks = range(len(seq.group.seqs), seq.params.n) if seq.group.num_unforked else []
+            forks = range(1, 1 + seq.num_forks)
             for index in [seq.index, *forks]:
                 rows.append(row)
                 row_seqs.append(seq)
@@ -370,10 +391,13 @@ class ModelRunner:
         return out
     # --8<-- [end:sample]
 
-    def free(self, seqs: list[Sequence]) -> None:
-        """These sequences have finished: drop their sampling state (generators, matchers)."""
-        for seq in seqs:
-            self.sampler.free(seq)
+    def free(self, seq_ids) -> None:
+        """These samples have finished: drop the runner's state of them and their sampling
+        state (generators, matchers)."""
+        for seq_id in seq_ids:
+            state = self.requests.pop(seq_id, None)
+            if state is not None:
+                self.sampler.free(state)
 
     def _draw(self, logits, seqs, indices, errors: dict[str, str]) -> list:
         """The Sampler over every row at once; if that fails, row by row, to find the rows at
@@ -392,9 +416,12 @@ class ModelRunner:
             return draws
 
     @torch.inference_mode()
-    def prompt_logits(self, seq: Sequence) -> torch.Tensor:
-        """Logits at every position of seq's uncomputed tokens: (n, vocab). For scoring and
-        for checking the model against a reference; the serving path never needs them."""
-        n = seq.num_uncomputed_tokens
+    def prompt_logits(self, token_ids: list[int], block_table: list[int]) -> torch.Tensor:
+        """Logits at every position of token_ids, computed into the blocks of block_table:
+        (n, vocab). For scoring and for checking the model against a reference; the serving
+        path never needs them."""
+        n = len(token_ids)
+        seq = CachedRequestState(-1, "score", 0, list(token_ids), n, SamplingParams(),
+                                 block_table, 0)
         input_ids, positions, md = self.prepare([seq], [n])
         return self.forward(input_ids, positions, md, torch.arange(n, device=self.device))

@@ -1,0 +1,99 @@
+"""EngineCore and the borders around it (issue 38): the front end gets plain EngineCoreOutputs,
+the runner gets plain SchedulerOutput messages, and neither reads a core object.
+
+The runner check is real, not structural alone: an EngineCore over the session model's own
+ModelRunner, behind a wrapper that empties the core's view of the step (`seqs` and the lists
+beside it) before the runner sees it, must give the tokens LLM.generate gives.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+from conftest import PROMPTS, reconfigured
+from minivllm import SamplingParams
+from minivllm.engine.core import EngineCore, EngineCoreRequest
+from minivllm.outputs import EngineCoreOutputs
+
+REPO = Path(__file__).resolve().parents[1]
+CORE_VIEW = {"seqs": [], "num_new_tokens": [], "is_prefill": [], "spec_token_ids": [],
+             "preempted": [], "swapped_out": [], "swapped_in": []}
+
+
+class MessagesOnly:
+    """A runner that hands the real one the step's messages alone: the core's view of the
+    step (live Sequence objects and the lists beside them) is emptied first."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.num_blocks, self.num_cpu_blocks = runner.num_blocks, runner.num_cpu_blocks
+        self.num_new_reqs = 0
+
+    def execute_model(self, scheduler_output):
+        self.num_new_reqs += len(scheduler_output.scheduled_new_reqs)
+        return self.runner.execute_model(dataclasses.replace(scheduler_output, **CORE_VIEW))
+
+    def free(self, seq_ids):
+        self.runner.free(seq_ids)
+
+
+def _run_core(core: EngineCore, requests: list[EngineCoreRequest]) -> dict:
+    """Every request through the core alone; (request id, sample) -> its tokens."""
+    for request in requests:
+        core.add_request(request)
+    tokens: dict[tuple[str, int], list[int]] = {}
+    for _ in range(500):
+        outs: EngineCoreOutputs = core.step()
+        for out in outs.outputs:
+            tokens.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
+        if not core.has_unfinished_requests():
+            return tokens
+    raise AssertionError("the core did not finish in 500 steps")
+
+
+def test_the_runner_computes_from_the_messages_alone(smol_llm):
+    """Greedy and seeded n=2 requests, under a pool small enough to preempt (a preempted
+    sample comes back to the runner whole, as new): the same tokens as LLM.generate."""
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    seeded = SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)
+    params = [greedy] * 6 + [seeded] * 2
+    with reconfigured(smol_llm, num_kv_blocks=12, max_num_seqs=8) as llm:
+        outs = llm.generate(PROMPTS, params, use_tqdm=False)
+        want = {(f"core-{i}", c.index): c.token_ids
+                for i, o in enumerate(outs) for c in o.outputs}
+        preemptions = llm.engine.stats().num_preemptions
+        engine = llm.engine
+        wrapped = MessagesOnly(engine.runner)
+        core = EngineCore(engine.config, wrapped, engine.eos_token_ids)
+        got = _run_core(core, [EngineCoreRequest(f"core-{i}", llm.tokenizer.encode(p), sp)
+                               for i, (p, sp) in enumerate(zip(PROMPTS, params))])
+    assert got == want
+    assert preemptions > 0 and core.stats().num_preemptions == preemptions
+    assert wrapped.num_new_reqs > len(PROMPTS) + 2       # forks and readmissions came whole
+    assert not engine.runner.requests                      # every sample's state is gone
+
+
+def test_the_runner_module_reads_no_core_object():
+    """worker/model_runner.py imports nothing from core/ but the message types, and never
+    names the core's view of a step or a SequenceGroup."""
+    tree = ast.parse((REPO / "minivllm/worker/model_runner.py").read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert {m for m in imported if m and m.startswith("minivllm.core")} == {
+        "minivllm.core.scheduler_output", "minivllm.core.kv_cache"}
+    names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert not names & (set(CORE_VIEW) | {"group", "num_unforked"})
+
+
+def test_a_stop_string_finishes_the_sample_in_the_core(smol_llm):
+    """The front end finds the stop string and finishes the sample in the core: its blocks
+    come back at once, and the core's record of the step lists it as finished."""
+    params = SamplingParams(temperature=0, max_tokens=40, stop=[" the"], ignore_eos=True)
+    with smol_llm.engine.trace() as steps:
+        out = smol_llm.generate(PROMPTS[:1], params, use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "stop" and not out.outputs[0].text.endswith(" the")
+    assert len(out.outputs[0].token_ids) < 40
+    assert steps[-1].finished == [out.request_id]
+    assert steps[-1].stats.num_blocks_used == 0
+    assert not smol_llm.engine.requests and not smol_llm.engine.runner.requests
