@@ -197,7 +197,7 @@ def _(LLM, SamplingParams, TP, llm, mo, time):
     tokens_computed = sum(_s.num_batched_tokens for _s in _steps)
     dtype_bytes = llm_tp.engine.dtype.itemsize
     same_tokens = tpn_tokens == tp1_tokens
-    rank_bytes = runner.executor.rank_weight_bytes
+    rank_bytes = llm_tp.engine.model_executor.rank_weight_bytes
     kv_heads_per_rank = runner.kv_cache.shape[4]
     _text = _outs[0].outputs[0].text
     mo.md(f"""
@@ -455,7 +455,7 @@ def _(TP, all_reduce_bytes, all_reduce_per_step, gloo_us_small, kv_heads_per_ran
         "kv_heads_per_rank": kv_heads_per_rank,
         "gloo_all_reduce_1kib_us": round(gloo_us_small, 1),
     }
-    llm_tp.engine.runner.shutdown()             # the worker processes end here
+    llm_tp.engine.shutdown()             # the worker processes end here
     print("findings:", findings)
     mo.md(f"""
     ## What we found
@@ -479,10 +479,12 @@ def _(TP, all_reduce_bytes, all_reduce_per_step, gloo_us_small, kv_heads_per_ran
       `ParallelLMHead` (the all-gather).
     * `minivllm/distributed/parallel_state.py`: `TensorParallelGroup` (the collectives),
       `check_tensor_parallel`, `kv_head_range`.
-    * `minivllm/distributed/executor.py`: `MultiprocExecutor` (rank 0's side: starts the
-      workers, broadcasts what rank 0 runs) and `_worker_main` (ranks 1..N-1).
-    * `minivllm/worker/model_runner.py`: `ModelRunner.forward`, what every rank runs; the KV
-      pool sized from this rank's heads (`kv_config`) and the same block count on every rank.
+    * `minivllm/executor/multiproc_executor.py`: `MultiprocExecutor` (starts ranks 1..N-1,
+      keeps rank 0's worker as the driver, and `collective_rpc` sends every call, a step's
+      `SchedulerOutput` included, to every rank) and `_worker_main` (ranks 1..N-1).
+    * `minivllm/worker/worker.py` and `minivllm/worker/model_runner.py`: the same `Worker` and
+      `ModelRunner.execute_model` on every rank; the KV pool sized from this rank's heads
+      (`kv_config`) and the same block count on every rank (`Worker.determine_num_blocks`).
     * `minivllm/models/loader.py`: `load_weights` asks a split layer for its `shard` of each tensor.
     * `minivllm/benchmarks/tp.py`: `minivllm bench tp` (all-reduce sizes, tp=1 against tp=3).
     """)

@@ -37,7 +37,8 @@ def _(mo):
     shared system prompt saves. You answer them with `minivllm simulate`, which runs **the
     engine's own core** on a virtual clock: every step is `EngineCore.step`, the very
     `Scheduler.schedule()` and `Scheduler.update_from_output` a real engine runs, with a
-    `SimulatedRunner` in place of the model and a cost model in place of the forward pass. Vidur (MLSys 2024) does this by re-implementing each scheduler it simulates; here
+    `SimulatedExecutor` in place of the model and a cost model in place of the forward
+    pass. Vidur (MLSys 2024) does this by re-implementing each scheduler it simulates; here
     the schedule cannot drift from the engine's, because it *is* the engine's.
 
     The cost of a step is the roofline of lessons 01 and 10 (`roofline.StepCost`: the FLOPs
@@ -502,9 +503,9 @@ def _(best_rate, cache_ttft, chunk_rows, computed, engine_tokens, goodput, itl_p
     mo.md(r"""
     ## Where the code lives
 
-    * `minivllm/simulator/simulator.py`: `SimulatedRunner.execute_model` (tokens for the
+    * `minivllm/simulator/simulator.py`: `SimulatedExecutor.execute_model` (tokens for the
       sequences the scheduler marked as sampling, and the step's seconds on the clock),
-      `engine_core` (an `EngineCore` over that runner) and `simulate`, the loop of
+      `engine_core` (an `EngineCore` over that executor) and `simulate`, the loop of
       `workloads.serve` on a virtual clock: each step is `EngineCore.step`.
     * `minivllm/simulator/disaggregated.py`: `simulate_disaggregated`, prefill and decode
       engine cores in time order, the KV handed over after its transfer time.

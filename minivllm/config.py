@@ -141,6 +141,8 @@ class EngineConfig:
     speculative_config: dict | SpeculativeConfig | None = None
     # Tensor parallelism (minivllm/distributed/): the model split across this many processes.
     tensor_parallel_size: int = 1
+    # The executor (minivllm/executor/): "uni", "mp" (a process a rank); None: "mp" if tp > 1.
+    distributed_executor_backend: str | None = None
     # Decode steps replay CUDA graphs unless enforce_eager (CUDA; minivllm/worker/compilation.py).
     enforce_eager: bool = False
     # torch.compile of the layers around attention: vLLM's level, 0 (off) or 3; an int or
@@ -193,6 +195,12 @@ class EngineConfig:
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be {', '.join(map(repr, choices[:-1]))} or "
                                  f"{choices[-1]!r}, got {getattr(self, name)!r}")
+        if self.distributed_executor_backend not in (None, "uni", "mp"):
+            raise ValueError(f"distributed_executor_backend must be None, 'uni' or 'mp', got "
+                             f"{self.distributed_executor_backend!r}")
+        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError("distributed_executor_backend='uni' runs one process: "
+                             f"tensor_parallel_size={self.tensor_parallel_size} needs 'mp'")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")

@@ -20,9 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = REPO / "minivllm"
 
-# The core is the request path a student reads first (vLLM's vllm/v1/{engine,core,worker,
-# attention,sample} and model_executor/models) plus the public API at the top of the package.
-CORE = ("engine", "core", "worker", "attention", "sample", "models")
+# The core is the request path a student reads first (vLLM's vllm/v1/{engine,core,executor,
+# worker,attention,sample} and model_executor/models) plus the public API at the top.
+CORE = ("engine", "core", "executor", "worker", "attention", "sample", "models")
 # Each add-on plugs into a seam of the core and is read on its own, after it. Two add-ons share
 # vLLM's distributed/ folder and are counted apart: tensor parallelism (distributed/) and
 # prefill/decode disaggregation (distributed/kv_transfer/), as vLLM keeps them apart too.

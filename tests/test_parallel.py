@@ -33,7 +33,7 @@ def tiny_llama_tp2(tiny_checkpoint):
     path, _ = tiny_checkpoint("llama")
     llm = LLM(str(path), tensor_parallel_size=2, **SMALL)
     yield path, llm
-    llm.engine.runner.shutdown()
+    llm.engine.shutdown()
 
 
 def test_tp_size_that_does_not_split_the_heads_is_refused(smol_path):
@@ -134,8 +134,9 @@ def test_each_rank_holds_its_share(tiny_llama_tp2):
     runner = tp2.engine.runner
     full = weight_bytes(LLM(str(path), **SMALL).engine.runner.model)["total"]
     norms = 4 * (2 * 2 * 64 + 64)                # RMSNorm weights stay whole on every rank (fp32)
-    assert [r["split"] for r in runner.executor.rank_weight_bytes] == [(full - norms) // 2] * 2
-    assert all(r["total"] == r["split"] + norms for r in runner.executor.rank_weight_bytes)
+    rank_bytes = tp2.engine.model_executor.rank_weight_bytes
+    assert [r["split"] for r in rank_bytes] == [(full - norms) // 2] * 2
+    assert all(r["total"] == r["split"] + norms for r in rank_bytes)
     assert runner.kv_cache.shape[4] == 1      # 2 KV heads over 2 ranks: one each
     # Two all-reduces per layer, one for the embedding, one all-gather for the logits.
     before = runner.tp.num_all_reduce, runner.tp.num_all_gather
@@ -154,7 +155,7 @@ def test_tp2_greedy_matches_tp1_qwen(tiny_checkpoint, arch):
     try:
         assert token_ids(tp2, PROMPTS[:3]) == expected
     finally:
-        tp2.engine.runner.shutdown()
+        tp2.engine.shutdown()
 
 
 def test_tp3_greedy_matches_tp1_on_smollm2(smol_llm, smol_path):
@@ -166,13 +167,13 @@ def test_tp3_greedy_matches_tp1_on_smollm2(smol_llm, smol_path):
         assert tp3.engine.runner.kv_cache.shape[4] == 1
         assert token_ids(tp3, PROMPTS[:2], params) == expected
     finally:
-        tp3.engine.runner.shutdown()
+        tp3.engine.shutdown()
 
 
 def test_dead_worker_makes_the_engine_raise(tiny_llama_tp2):
     """Last in the module: it kills the shared engine's worker."""
     _, tp2 = tiny_llama_tp2
-    worker = tp2.engine.runner.executor.workers[0]
+    worker = tp2.engine.model_executor.workers[0]
     worker.kill()
     worker.join(timeout=10)
     with pytest.raises(RuntimeError, match=r"worker\(s\) died: minivllm-tp-rank1 .*exit code -9"):

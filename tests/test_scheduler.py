@@ -1,8 +1,8 @@
 """The Scheduler and BlockManager (minivllm/core/) on their own: no model, no tensors, no
 tokenizer, in the spirit of vLLM's tests/v1/core/test_scheduler.py. A request is made-up token
-ids; `step` below is the engine's own EngineCore.step (minivllm/engine/core.py) over FakeRunner,
-a runner with no model; `run_step` finishes a step whose schedule a test has looked into.
-FakeRunner samples the rows the scheduler marked (SchedulerOutput.sampling): the rule is not
+ids; `step` below is the engine's own EngineCore.step (minivllm/engine/core.py) over FakeExecutor,
+an executor with no model; `run_step` finishes a step whose schedule a test has looked into.
+FakeExecutor samples the rows the scheduler marked (SchedulerOutput.sampling): the rule is not
 copied here.
 
 Every test asserts exact counts (tokens per sequence, blocks, queue order) that a change in
@@ -28,7 +28,7 @@ TOKEN_IDS = itertools.count()
 CORES: weakref.WeakKeyDictionary[Scheduler, EngineCore] = weakref.WeakKeyDictionary()
 
 
-class FakeRunner:
+class FakeExecutor:
     """execute_model with no model: every sequence the scheduler marked as sampling draws
     token 900 + its length, after its accepted drafts (`accepted[request_id]`, default all); a
     first sample that has just prefilled an n > 1 prompt also draws one token for each sample
@@ -62,7 +62,7 @@ def make_scheduler(*, num_cpu_blocks: int = 0, **config_overrides) -> Scheduler:
     settings = {"max_model_len": 64, "max_num_seqs": 8, "max_num_batched_tokens": 64,
                 "block_size": 4, "num_kv_blocks": 16, "enable_prefix_caching": False}
     config = EngineConfig(**(settings | config_overrides))
-    core = EngineCore(config, FakeRunner(config.num_kv_blocks, num_cpu_blocks), set())
+    core = EngineCore(config, FakeExecutor(config.num_kv_blocks, num_cpu_blocks), set())
     CORES[core.scheduler] = core
     return core.scheduler
 
@@ -87,17 +87,17 @@ def names(seqs) -> list[str]:
 
 def run_step(scheduler: Scheduler, out: SchedulerOutput,
              accepted: dict[str, int] | None = None) -> None:
-    """The rest of a step whose schedule() a test has looked into: FakeRunner's output, applied
+    """The rest of a step whose schedule() a test has looked into: FakeExecutor's output, applied
     by Scheduler.update_from_output, as EngineCore.step does."""
-    fake = CORES[scheduler].runner
+    fake = CORES[scheduler].model_executor
     fake.accepted = accepted or {}
     scheduler.update_from_output(out, fake.execute_model(out))
 
 
 def step(scheduler: Scheduler, accepted: dict[str, int] | None = None) -> SchedulerOutput:
-    """One EngineCore.step over FakeRunner; returns what was scheduled."""
+    """One EngineCore.step over FakeExecutor; returns what was scheduled."""
     core = CORES[scheduler]
-    fake = core.runner
+    fake = core.model_executor
     fake.accepted = accepted or {}
     core.step()
     return core.last_scheduler_output

@@ -94,10 +94,9 @@ def tp_throughput(tp: int, num_prompts: int, max_tokens: int, model: str | None 
     res = {"tp": tp, "start_s": start, "tok_s": num_prompts * max_tokens / seconds,
            "tokens": [o.outputs[0].token_ids for o in outs],
            "weight_mib_per_rank": [b["total"] / 2**20 for b in getattr(
-               runner.executor, "rank_weight_bytes", [{"total": sum(
+               llm.engine.model_executor, "rank_weight_bytes", [{"total": sum(
                    p.numel() * p.element_size() for p in runner.model.parameters())}])]}
-    if tp > 1:
-        runner.shutdown()
+    llm.engine.shutdown()
     return res
 
 

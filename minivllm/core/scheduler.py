@@ -99,7 +99,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()
         self.requests: dict[str, SequenceGroup] = {}     # request id -> its samples (unfinished)
-        self.runner_holds: set[int] = set()      # samples the runner keeps state of (seq ids)
+        self.runner_holds: dict[int, int] = {}   # seq id -> tokens the runner has of it
         self.finished_seqs: list[Sequence] = []          # since the last take_finished()
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
@@ -130,14 +130,16 @@ class Scheduler:
         out.num_scheduled_tokens[seq_id] = n
         if seq.spec_token_ids:
             out.scheduled_spec_decode_tokens[seq_id] = list(seq.spec_token_ids)
-        if seq_id in self.runner_holds:
+        held = self.runner_holds.get(seq_id)
+        if held is not None:
             cached = out.scheduled_cached_reqs
             cached.seq_ids.append(seq_id)
+            cached.new_token_ids.append(seq.token_ids[held:])
             cached.block_ids.append(list(seq.block_table))
             cached.num_computed_tokens.append(seq.num_computed_tokens)
         else:
             out.scheduled_new_reqs.append(NewRequestData.from_sequence(seq))
-            self.runner_holds.add(seq_id)
+        self.runner_holds[seq_id] = len(seq.token_ids)
         return budget - n
 
     # --8<-- [start:schedule]
@@ -333,7 +335,7 @@ class Scheduler:
             # Recompute (or swap space is full): drop the KV, keep the tokens, requeue first.
             bm.free(seq)
             seq.num_computed_tokens = 0
-            self.runner_holds.discard(seq.seq_id)    # it comes back whole, as new
+            self.runner_holds.pop(seq.seq_id, None)  # it comes back whole, as new
             seq.status = SequenceStatus.WAITING
             self.waiting.appendleft(seq)
         out.preempted.append(seq)
@@ -362,7 +364,7 @@ class Scheduler:
         """Take a sequence out of the engine for good and return its blocks."""
         seq.metrics.finished_time = time.perf_counter()
         self.finished_seqs.append(seq)
-        self.runner_holds.discard(seq.seq_id)
+        self.runner_holds.pop(seq.seq_id, None)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

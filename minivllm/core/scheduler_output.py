@@ -6,8 +6,10 @@ what changed from these messages, keyed by the sample's id, never from a core ob
     scheduled_new_reqs      NewRequestData: a sample the runner has not seen (admitted, forked
                             from its first sample, or back after a recompute preemption): its
                             tokens, params, blocks and computed count, whole
-    scheduled_cached_reqs   CachedRequestData: samples it holds: their block tables now and
-                            how many of their tokens have K/V
+    scheduled_cached_reqs   CachedRequestData: samples it holds: the tokens the core appended
+                            since (vLLM sends these for pipeline parallelism; here every
+                            rank learns its tokens this way, so no rank but the first needs
+                            to sample), their block tables now, and how many tokens have K/V
     num_scheduled_tokens    sample id -> tokens to compute this step (drafts included)
     scheduled_spec_decode_tokens   sample id -> the draft tokens it verifies
 
@@ -22,7 +24,7 @@ The core's own view of the step rides along for traces, lessons and tests (`seqs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from minivllm.core.sequence import Sequence
 from minivllm.sampling_params import SamplingParams
@@ -51,6 +53,7 @@ class NewRequestData:
 @dataclass(slots=True)
 class CachedRequestData:
     seq_ids: list[int] = field(default_factory=list)
+    new_token_ids: list[list[int]] = field(default_factory=list)   # appended since last sent
     block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
 
@@ -86,6 +89,13 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)     # recomputed or swapped out
     swapped_out: list[Sequence] = field(default_factory=list)   # of those, swapped out
     swapped_in: list[Sequence] = field(default_factory=list)
+
+    def for_workers(self) -> SchedulerOutput:
+        """The messages alone, what crosses to another process: the core's view emptied, and
+        no compiled grammar (only the first rank samples)."""
+        new = [replace(r, grammar=None) for r in self.scheduled_new_reqs]
+        return replace(self, scheduled_new_reqs=new, seqs=[], num_new_tokens=[], is_prefill=[],
+                       spec_token_ids=[], preempted=[], swapped_out=[], swapped_in=[])
 
     @property
     def num_batched_tokens(self) -> int:

@@ -4,6 +4,5 @@
                         model allows, and which KV heads each rank holds
     layers.py           the tensor-parallel layers (column/row-parallel linear, vocab-parallel
                         embedding and LM head) and `parallelize`, which swaps them into a model
-    executor.py         the worker processes, and MultiprocExecutor: rank 0's side of them
     kv_transfer/        prefill/decode disaggregation: the KV connector and the DisaggLLM front
 """

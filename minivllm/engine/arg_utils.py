@@ -36,6 +36,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="KV pool size in blocks, instead of the memory rule")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split the model across this many processes (GPUs)")
+    g.add_argument("--distributed-executor-backend", choices=("uni", "mp"), default=None,
+                   help="uni: one process; mp: a process per rank (default with -tp > 1)")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
     return parser
 
@@ -49,4 +51,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 num_kv_blocks=args.num_gpu_blocks_override,
-                tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)
+                tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
+                distributed_executor_backend=args.distributed_executor_backend)

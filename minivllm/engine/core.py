@@ -6,24 +6,22 @@
         1. propose    drafts for the next tokens (speculative decoding), handed to the
                       scheduler through update_draft_token_ids
         2. schedule   which sequences run, how many tokens each, which blocks move
-        3. execute    the runner's execute_model: block copies, one forward pass, sampling
+        3. execute    the executor's execute_model: block copies, one forward pass, sampling
         4. update     the scheduler applies the tokens: append, fork, accept drafts, stop on
                       tokens and lengths, free blocks; one EngineCoreOutput per sample that moved
 
-The core owns the Scheduler (and its block managers) and the runner that executes a step. The
+The core owns the Scheduler (and its block managers) and the executor that runs a step on the
+devices (minivllm/executor/: Executor -> Worker -> ModelRunner, on every rank alike). The
 front end (LLMEngine, minivllm/engine/llm_engine.py) reaches it through a client
 (core_client.py) and never holds a core object: it gets plain EngineCoreOutputs, detokenizes
 them, finds stop strings, and finishes a stopped sample here with `finish_requests`.
 
-Anything that executes a SchedulerOutput can be the runner: the ModelRunner (real weights), or
-the simulator's SimulatedRunner on a virtual clock (minivllm/simulator/simulator.py), which
-thereby runs this very step; tests/test_scheduler.py drives it over a runner with no model.
+Anything that executes a SchedulerOutput can be the executor: a real one over the weights, or
+the simulator's SimulatedExecutor on a virtual clock (minivllm/simulator/simulator.py), which
+thereby runs this very step; tests/test_scheduler.py drives it over an executor with no model.
 
-Left out, compared with vLLM: the executor layer between core and runner (here the core calls
-the runner, and a tensor-parallel rank 0 runner sends each call to the other ranks), the busy
-loop and its ZMQ sockets (the in-process client calls `step` directly), batch queues for
-pipeline parallelism, and V1's Request (the core's unit is still V0's SequenceGroup, whose
-n > 1 samples fork inside the core).
+Left out, compared with vLLM: batch queues for pipeline parallelism, and V1's Request (the
+core's unit is still V0's SequenceGroup, whose n > 1 samples fork inside the core).
 """
 
 from __future__ import annotations
@@ -61,13 +59,14 @@ class EngineCoreRequest:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, runner, eos_token_ids: set[int],
+    def __init__(self, config: EngineConfig, model_executor, eos_token_ids: set[int],
                  clock: Callable[[], float] = time.perf_counter, exact_stats: bool = True):
-        """runner: executes a SchedulerOutput and says how big its KV pools are (num_blocks,
-        num_cpu_blocks). clock: the time steps are recorded in (the simulator's is virtual).
+        """model_executor: executes a SchedulerOutput, frees finished samples' state, and says
+        how big its KV pools are (num_blocks, num_cpu_blocks). clock: the time steps are
+        recorded in (the simulator's is virtual).
         exact_stats: count the tokens the KV pool holds block by block (shared blocks once);
         False counts them per sequence, cheap enough for a simulation's every step."""
-        self.runner = runner
+        self.model_executor = model_executor
         self.seq_ids = itertools.count()     # every sample's id, unique across reconfigures
         self.eos_token_ids = set(eos_token_ids)
         self.clock = clock
@@ -80,44 +79,43 @@ class EngineCore:
     @classmethod
     def from_model(cls, model_path, model_config, config: EngineConfig, device, dtype,
                    tokenizer) -> EngineCore:
-        """The core of a real engine: the runner loads the weights (tensor parallelism: rank
-        0's runner starts the other ranks), the sampler knows the end-of-sequence tokens and
+        """The core of a real engine: the executor's workers load the weights (tensor
+        parallelism: a worker per rank), the sampler knows the end-of-sequence tokens and
         guided decoding's matchers (the tokenizer is read for those alone)."""
-        from minivllm.distributed.executor import MultiprocExecutor
+        from minivllm.executor.abstract import Executor
         from minivllm.sample.sampler import Sampler
         from minivllm.structured_output.manager import StructuredOutputManager
-        from minivllm.worker.model_runner import ModelRunner
         eos_token_ids = set(model_config.eos_token_id)
         if tokenizer.eos_token_id is not None:
             eos_token_ids.add(tokenizer.eos_token_id)
         structured_output = StructuredOutputManager(   # logits processors' engine state
             tokenizer, model_config.vocab_size, eos_token_ids)
         sampler = Sampler(device, eos_token_ids, structured_output)
-        make_runner = (MultiprocExecutor.make_runner if config.tensor_parallel_size > 1
-                       else ModelRunner)
-        runner = make_runner(model_config, config, model_path, device, dtype, sampler=sampler)
-        core = cls(config, runner, eos_token_ids)
+        executor = Executor.get_class(config)(model_config, config, model_path, device, dtype,
+                                              sampler=sampler)
+        core = cls(config, executor, eos_token_ids)
         core.structured_output = structured_output
         return core
 
     def init_state(self, config: EngineConfig) -> None:
-        """A fresh scheduler, block managers and proposer for `config`, over the runner's pools
-        (sized for config already: LLMEngine.reconfigure rebuilds them first)."""
+        """A fresh scheduler, block managers and proposer for `config`, over the executor's
+        pools (sized for config already: LLMEngine.reconfigure rebuilds them first)."""
         self.config = config
-        runner = self.runner
+        executor = self.model_executor
         if config.kv_layout == "paged":
-            self.block_manager = BlockManager(runner.num_blocks, config.block_size,
+            self.block_manager = BlockManager(executor.num_blocks, config.block_size,
                                               config.enable_prefix_caching)
         else:
-            self.block_manager = ContiguousAllocator(runner.num_blocks, config.max_model_len)
-        self.cpu_block_manager = (BlockManager(runner.num_cpu_blocks, config.block_size)
-                                  if runner.num_cpu_blocks else None)
+            self.block_manager = ContiguousAllocator(executor.num_blocks, config.max_model_len)
+        self.cpu_block_manager = (BlockManager(executor.num_cpu_blocks, config.block_size)
+                                  if executor.num_cpu_blocks else None)
         self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager,
                                    self.eos_token_ids, self.seq_ids)
         self.spec_decoder = None
         if config.speculative_config:
             from minivllm.spec_decode.decoder import SpeculativeDecoder
-            self.spec_decoder = SpeculativeDecoder(config.speculative_config, runner)
+            self.spec_decoder = SpeculativeDecoder(config.speculative_config,
+                                                   config.max_model_len, executor)
         self.num_steps = 0
         self.last_scheduler_output: SchedulerOutput | None = None
 
@@ -165,7 +163,7 @@ class EngineCore:
         """Finish requests (only sample `index`, if given) with `status`: the front end's stop
         strings and aborts. Called right after a step, they count in that step's record."""
         outputs = self.scheduler.finish_requests(list(request_ids), status, index)
-        self.runner.free([seq.seq_id for seq in self.scheduler.take_finished()])
+        self.model_executor.free([seq.seq_id for seq in self.scheduler.take_finished()])
         if self._traces and self.last_record is not None:
             done = [o.request_id for o in outputs if o.request_id not in self.requests]
             self.last_record.finished += [r for r in dict.fromkeys(done)
@@ -191,15 +189,15 @@ class EngineCore:
         for callback in self.schedule_callbacks:    # a long prefill shows as running meanwhile
             callback()
         # 3. Execute: block copies, one forward pass, the sampled tokens.
-        runner_output = self.runner.execute_model(scheduler_output)
+        runner_output = self.model_executor.execute_model(scheduler_output)
         if not scheduler_output.seqs:
             if self.scheduler.has_unfinished():      # admission checks make this unreachable
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
             return EngineCoreOutputs(timestamp=self.clock())
         # 4. Update: append, fork, accept drafts, stop on tokens and length, free blocks.
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        finished = self.scheduler.take_finished()            # the runner forgets them
-        self.runner.free([seq.seq_id for seq in finished])
+        finished = self.scheduler.take_finished()            # the workers forget them
+        self.model_executor.free([seq.seq_id for seq in finished])
         self.num_steps += 1
         if self._traces:
             self._record(scheduler_output, outputs, runner_output.errors, t0)
@@ -280,6 +278,6 @@ class EngineCore:
             raise RuntimeError(f"no free KV blocks to score {len(token_ids)} tokens right now")
         self.block_manager.allocate(seq, use_prefix_cache=False)   # every position computed
         try:
-            return self.runner.prompt_logits(token_ids, seq.block_table)
+            return self.model_executor.prompt_logits(token_ids, seq.block_table)
         finally:
             self.block_manager.free(seq)

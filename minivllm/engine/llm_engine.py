@@ -62,7 +62,6 @@ class LLMEngine:
         core = EngineCore.from_model(self.model_path, self.model_config, config, self.device,
                                      self.dtype, self.tokenizer)
         self.engine_core = InprocClient(core)
-        self.runner = core.runner
         self.eos_token_ids = core.eos_token_ids
         self.structured_output = core.structured_output    # the Processor checks with it
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -95,6 +94,15 @@ class LLMEngine:
     @property
     def core(self) -> EngineCore:
         return self.engine_core.engine_core
+
+    @property
+    def model_executor(self):
+        return self.core.model_executor
+
+    @property
+    def runner(self):
+        """The driver worker's ModelRunner (rank 0's, under tensor parallelism)."""
+        return self.core.model_executor.driver_worker.model_runner
 
     @property
     def config(self) -> EngineConfig:
@@ -146,10 +154,10 @@ class LLMEngine:
         config = self._make_config(self.config, changes)
         old = self.config
         try:
-            self.runner.init_kv_cache(config)
+            self.model_executor.initialize_cache(config)
             self.core.init_state(config)
         except Exception:                # e.g. a draft model that cannot serve: as before
-            self.runner.init_kv_cache(old)
+            self.model_executor.initialize_cache(old)
             self.core.init_state(old)
             raise
         self.output_processor.abort_requests(list(self.output_processor.request_states))
@@ -234,6 +242,10 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         return self.core.stats()
+
+    def shutdown(self) -> None:
+        """Stop the executor's worker processes, if any (also done when it is dropped)."""
+        self.model_executor.shutdown()
 
     def list_loras(self) -> set[int]:
         """The ids of the LoRA adapters now in the engine's slots (vLLM's name)."""

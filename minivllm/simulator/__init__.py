@@ -1,8 +1,8 @@
 """minivllm simulate: the engine's own scheduler at any scale, timed by a cost model.
 
     cost_model.py   model shapes, hardware profiles (data-sheet or fitted), seconds per step
-    simulator.py    SimulatedRunner, `engine_core` and `simulate`: the engine's own EngineCore
-                    over a runner with no model, on a virtual clock
+    simulator.py    SimulatedExecutor, `engine_core` and `simulate`: the engine's own EngineCore
+                    over an executor with no model, on a virtual clock
     disaggregated.py  prefill engines and decode engines, the KV handed over a timed link
     calibrate.py    fit this machine's profile from real engine steps; compare with a real run
     (the `minivllm simulate` command's flags, summary table, plots and capacity search:
@@ -19,9 +19,9 @@ No vLLM twin: vLLM has no simulator; Vidur (MLSys 2024) is the research answer.
 from minivllm.simulator.cost_model import (MODEL_SHAPES, PROFILES, HardwareProfile, StepTimer,
                                            get_profile, model_config)
 from minivllm.simulator.disaggregated import simulate_disaggregated
-from minivllm.simulator.simulator import (SLO, SimResult, SimulatedRunner, engine_core, simulate,
+from minivllm.simulator.simulator import (SLO, SimResult, SimulatedExecutor, engine_core, simulate,
                                           synthetic_requests)
 
 __all__ = ["MODEL_SHAPES", "PROFILES", "HardwareProfile", "SLO", "SimResult", "engine_core",
-           "SimulatedRunner", "StepTimer", "get_profile", "model_config", "simulate",
+           "SimulatedExecutor", "StepTimer", "get_profile", "model_config", "simulate",
            "simulate_disaggregated", "synthetic_requests"]

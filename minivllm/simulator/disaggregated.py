@@ -1,5 +1,5 @@
 """Prefill/decode disaggregation, simulated: prefill engines and decode engines, each the real
-EngineCore over a SimulatedRunner on its own clock (simulator.engine_core), and the KV cache of a
+EngineCore over a SimulatedExecutor on its own clock (simulator.engine_core), and the KV cache of a
 prefilled prompt handed from one to the other after a transfer time set by the link.
 
     res = simulate_disaggregated(requests, num_prefill=1, num_decode=1, model="Llama-3-70B",
@@ -67,7 +67,7 @@ def _serve(requests, engines, mc, timer, link, tag, times) -> None:
     in_flight: list[tuple] = []         # heap of (the KV lands, request, its decode request)
     landed: deque[tuple] = deque()      # KV here, waiting for a decode engine with room
     while True:
-        due = [e.runner.clock for e in engines.values() if e.has_unfinished_requests()]
+        due = [e.model_executor.clock for e in engines.values() if e.has_unfinished_requests()]
         due += [requests[pending[0]].arrival_time] if pending else []
         due += [in_flight[0][0]] if in_flight else []
         if not due:
@@ -80,7 +80,7 @@ def _serve(requests, engines, mc, timer, link, tag, times) -> None:
             e = min(prefill, key=load)
             e.add_request(core_request(e, mc, f"{tag}{i}", prompt_of(requests[i], i),
                                        dataclasses.replace(requests[i].params, max_tokens=1)))
-            e.runner.clock = max(e.runner.clock, t)
+            e.model_executor.clock = max(e.model_executor.clock, t)
             times.arrival[i] = requests[i].arrival_time
         while in_flight and in_flight[0][0] <= t:
             landed.append(heapq.heappop(in_flight))
@@ -90,20 +90,20 @@ def _serve(requests, engines, mc, timer, link, tag, times) -> None:
             if e.add_prefilled_request(handoff, lambda s: None, (token, None)) is None:
                 break                   # no room yet: a decode step will free some
             landed.popleft()
-            e.runner.clock = max(e.runner.clock, t)
-            times.token(i, e.runner.clock)     # the first token reaches the user from here
+            e.model_executor.clock = max(e.model_executor.clock, t)
+            times.token(i, e.model_executor.clock)     # the first token reaches the user from here
         for e in engines.values():
-            if e.has_unfinished_requests() and e.runner.clock <= t:
+            if e.has_unfinished_requests() and e.model_executor.clock <= t:
                 for out in e.step().outputs:
                     if not out.new_token_ids:
                         continue
                     i = int(out.request_id.removeprefix(tag))
                     if e in decode or requests[i].params.max_tokens == 1:
-                        times.token(i, e.runner.clock)
+                        times.token(i, e.model_executor.clock)
                         continue
                     prompt = prompt_of(requests[i], i)
                     handoff = core_request(decode[0], mc, out.request_id, prompt,
                                            requests[i].params)
-                    lands = (e.runner.clock + timer.kv_token_bytes * len(prompt) / link
+                    lands = (e.model_executor.clock + timer.kv_token_bytes * len(prompt) / link
                              + timer.profile.link_latency)
                     heapq.heappush(in_flight, (lands, i, handoff, out.new_token_ids[0]))

@@ -1,5 +1,5 @@
 """The engine's own Scheduler and BlockManager on a virtual clock: `simulate` serves a workload
-the way `workloads.serve` does, with a SimulatedRunner in place of the model runner and a
+the way `workloads.serve` does, with a SimulatedExecutor in place of the model's executor and a
 StepTimer (cost_model.py) in place of the forward pass.
 
     res = simulate(requests, model="Llama-3-70B", profile="H100", tensor_parallel_size=8,
@@ -9,8 +9,8 @@ StepTimer (cost_model.py) in place of the forward pass.
     benchmarks.simulate.summary(res)     # the table `minivllm simulate` prints
 
 Nothing about scheduling is re-implemented here, nor the step: the simulated engine is the
-engine's own EngineCore (minivllm/engine/core.py) over a SimulatedRunner, so every step is
-EngineCore.step: `Scheduler.schedule()`, the runner's made-up ModelRunnerOutput, then
+engine's own EngineCore (minivllm/engine/core.py) over a SimulatedExecutor, so every step is
+EngineCore.step: `Scheduler.schedule()`, the executor's made-up ModelRunnerOutput, then
 `Scheduler.update_from_output` (tests/test_scheduler.py drives the core the same way). So the
 simulated schedule is the engine's by construction, and tests/test_simulator.py checks it
 equals a real run's, step for step. A request's output length is its max_tokens (make workloads with ignore_eos, or
@@ -44,7 +44,7 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.simulator.cost_model import StepTimer, get_profile, model_config
 
 
-class SimulatedRunner:
+class SimulatedExecutor:
     """execute_model without a model: every sequence that samples this step (the scheduler's
     SchedulerOutput.sampling) draws one token (an id of its own, never EOS), and the step moves
     the virtual clock by what the StepTimer says. With n > 1, a finished prompt also draws the
@@ -73,7 +73,7 @@ class SimulatedRunner:
     # --8<-- [end:execute_model]
 
     def free(self, seqs) -> None:
-        """Finished sequences: a simulated runner keeps no sampling state."""
+        """Finished samples: a simulated executor keeps no state of them."""
 
 
 @dataclass(frozen=True)
@@ -111,15 +111,15 @@ class SimResult:
 
 
 def engine_core(timer: StepTimer, config: EngineConfig, num_blocks: int) -> EngineCore:
-    """One simulated engine: the engine's own EngineCore over a SimulatedRunner, on the
-    runner's virtual clock (vLLM twin: EngineCore with no model executor behind it). Its
+    """One simulated engine: the engine's own EngineCore over a SimulatedExecutor, on the
+    executor's virtual clock (vLLM twin: EngineCore with no model behind its executor). Its
     stats count cached tokens per sequence, cheap enough to take every simulated step."""
     num_cpu_blocks = 0
     if config.preemption_mode == "swap":
         block_bytes = timer.kv_token_bytes * config.block_size
         num_cpu_blocks = max(1, int(config.swap_space // block_bytes))
-    runner = SimulatedRunner(timer, num_blocks, num_cpu_blocks)
-    return EngineCore(config, runner, eos_token_ids={2}, clock=lambda: runner.clock,
+    executor = SimulatedExecutor(timer, num_blocks, num_cpu_blocks)
+    return EngineCore(config, executor, eos_token_ids={2}, clock=lambda: executor.clock,
                       exact_stats=False)
 
 
@@ -158,7 +158,7 @@ class RequestTimes:
         mean_itl = np.where(tokens > 1, (last - first) / np.maximum(tokens - 1, 1), 0.0)
         return SimResult(merged, arrival, first - arrival, last - arrival,
                          mean_itl, np.asarray(self.gaps), int(tokens.sum()),
-                         max(e.runner.clock for e in engines.values()), label,
+                         max(e.model_executor.clock for e in engines.values()), label,
                          sum(e.block_manager.num_blocks for e in engines.values()),
                          time.perf_counter() - wall0, steps)
 
@@ -198,7 +198,7 @@ def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
     mc, timer, config, num_blocks, label = deployment(model, profile, tensor_parallel_size,
                                                       engine_kwargs)
     core = engine_core(timer, config, num_blocks)
-    runner = core.runner
+    executor = core.model_executor
     n = len(requests)
     times = RequestTimes(n)
     pending = deque(sorted(range(n), key=lambda i: (requests[i].arrival_step,
@@ -210,18 +210,18 @@ def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
             step = len(steps)
             if not core.has_unfinished_requests():        # idle: jump to the next arrival
                 nxt = requests[pending[0]]
-                runner.clock = max(runner.clock, nxt.arrival_time)
+                executor.clock = max(executor.clock, nxt.arrival_time)
                 step = max(step, nxt.arrival_step)
             while pending and (requests[pending[0]].arrival_step <= step
-                               and requests[pending[0]].arrival_time <= runner.clock):
+                               and requests[pending[0]].arrival_time <= executor.clock):
                 i = pending.popleft()
                 index[f"{tag}{i}"] = i
                 core.add_request(core_request(core, mc, f"{tag}{i}", prompt_of(requests[i], i),
                                               requests[i].params))
-                times.arrival[i] = requests[i].arrival_time or runner.clock
+                times.arrival[i] = requests[i].arrival_time or executor.clock
             for out in core.step().outputs:                # schedule, "execute", update
                 if out.new_token_ids:
-                    times.token(index[out.request_id], runner.clock)
+                    times.token(index[out.request_id], executor.clock)
             bar.update(len(steps[-1].finished))
     bar.close()
     return times.result({"engine-0": core}, {"engine-0": steps}, label, wall0)

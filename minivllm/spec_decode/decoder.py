@@ -43,12 +43,14 @@ class SpeculativeDecoder:
     """Seam 1 of speculative decoding: before each schedule, draft tokens for every decoding
     sequence that has room for them."""
 
-    def __init__(self, config: SpeculativeConfig, runner):
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, executor):
+        """executor: the target's; a draft model is built beside its driver's runner."""
         self.config = config
-        self.max_model_len = runner.engine_config.max_model_len
+        self.max_model_len = max_model_len
         if config.method == "draft_model":
             from minivllm.spec_decode.draft_model import DraftModelProposer
-            self.proposer = DraftModelProposer(config.model, runner, config.quantization)
+            target = executor.driver_worker.model_runner
+            self.proposer = DraftModelProposer(config.model, target, config.quantization)
         else:
             self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
 

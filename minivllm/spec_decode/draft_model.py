@@ -86,7 +86,7 @@ def first_layers_checkpoint(model: str | None, num_layers: int) -> Path:
 
 class DraftModelProposer:
     def __init__(self, model: str, target_runner, quantization: str | None = None):
-        from minivllm.worker.model_runner import ModelRunner
+        from minivllm.worker.worker import Worker
         path = resolve_model_path(model)
         config = ModelConfig.from_hf_dict(load_hf_config(path))
         target = target_runner.config
@@ -100,8 +100,10 @@ class DraftModelProposer:
             enable_prefix_caching=False, num_kv_blocks=target_runner.num_blocks,
             quantization=quantization)
         self.path = path
-        self.runner = ModelRunner(config, engine_config, path, target_runner.device,
-                                  target_runner.dtype)
+        worker = Worker(config, engine_config, path, target_runner.device, target_runner.dtype)
+        worker.load_model()
+        worker.initialize_cache(engine_config)
+        self.runner = worker.model_runner
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size)
         self.shadows: dict[int, Sequence] = {}        # target seq_id -> its draft-side twin
 

@@ -3,30 +3,33 @@
 
 `execute_model(scheduler_output)` is one step's work on the device:
 
+    0. state          its own state of each sample (worker/input_batch.py) brought up to date
+                      from the scheduler's messages: it reads no scheduler object
     1. block copies   swap out, swap in, copy-on-write (the scheduler decided them)
-    2. prepare        flatten the scheduled sequences into the four tensors every paged engine
+    2. prepare        flatten the scheduled samples into the four tensors every paged engine
                       builds:
-                        input_ids     (T,)   the new tokens of every sequence, concatenated
-                        positions     (T,)   each token's position in its own sequence (RoPE)
+                        input_ids     (T,)   the new tokens of every sample, concatenated
+                        positions     (T,)   each token's position in its own sample (RoPE)
                         slot_mapping  (T,)   where each new token's K/V goes in the pool
-                        block_tables  (B, max_blocks)   where each sequence's earlier K/V is
-    3. forward        the model once, and logits only for the last token of each sequence that
+                        block_tables  (B, max_blocks)   where each sample's earlier K/V is
+    3. forward        the model once, and logits only for the last token of each sample that
                       samples this step (a prefill chunk short of its prompt's end samples
-                      nothing); k + 1 rows for a sequence verifying k draft tokens
+                      nothing); k + 1 rows for a sample verifying k draft tokens
     4. sample         the Sampler draws each row (and, for a request with n > 1 samples whose
                       prompt is now computed, the other samples' first tokens from the same
                       row); the rejection sampler keeps the accepted drafts
 
 and returns a ModelRunnerOutput (minivllm/outputs.py) that Scheduler.update_from_output applies.
 
-The weights are loaded once; the KV pool (`init_kv_cache`) is sized and allocated per engine
-configuration, so LLMEngine.reconfigure can rebuild it over the same weights.
+The weights are loaded once. The Worker (worker/worker.py) then sets what a configuration owns,
+one method a thing: the weights' format (`set_weight_format`), the per-configuration state
+(`configure`), the pool (`initialize_kv_cache`, once the worker has sized it) and compilation
+(`compile_or_warm_up_model`), so LLMEngine.reconfigure rebuilds them over the same weights.
 
 With tensor parallelism every rank holds a ModelRunner over its shard of the weights
-(minivllm/distributed/layers.py) and its share of the KV heads; `forward` is the part all ranks
-run. Rank 0's runner gets the executor (minivllm/distributed/executor.py), which sends `forward`,
-`init_kv_cache` and `copy_blocks` to the other ranks before rank 0 runs them; only rank 0
-samples.
+(minivllm/distributed/layers.py) and its share of the KV heads, and every rank runs the same
+execute_model on the same messages (minivllm/executor/); the forward's collectives keep them
+in step, and only rank 0 samples.
 
 Decode steps on CUDA replay CUDA graphs, and torch.compile is an option
 (minivllm/worker/compilation.py).
@@ -36,7 +39,6 @@ Left out, compared with vLLM: persistent input buffers, async scheduling, multi-
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import torch
@@ -60,15 +62,14 @@ from minivllm.worker.input_batch import CachedRequestState
 
 logger = logging.getLogger("minivllm")
 
-DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the pool
-
-
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
-                 device: torch.device, dtype: torch.dtype, tp=None, executor=None,
+                 device: torch.device, dtype: torch.dtype, tp=None,
                  sampler: Sampler | None = None):
-        """sampler: the engine's (it knows the EOS tokens and the structured-output manager);
-        a runner that never samples (a tensor-parallel worker, the draft model) needs none."""
+        """Build the model and load its weights (this rank's shard under tensor parallelism);
+        the Worker then configures it and gives it a pool. sampler: the engine's (it knows the
+        EOS tokens and the structured-output manager); a runner that never samples (a
+        tensor-parallel rank but the first, the draft model) needs none."""
         self.config = model_config
         self.device = device
         self.dtype = dtype
@@ -76,8 +77,8 @@ class ModelRunner:
         # KV pool holds this rank's KV heads only, so it is sized from kv_config.
         self.tp = tp
         self.tp_size = tp.size if tp else 1
+        self.is_driver = tp is None or tp.rank == 0    # the rank whose samples count
         self.kv_config = model_config
-        self.executor = executor            # rank 0 of tp > 1: sends what all ranks run
         # Before the model is built: building it may import Triton (through torch), and on a CPU
         # Triton must see TRITON_INTERPRET=1 before that (see minivllm/__init__.py).
         resolve_attention_backend(engine_config.attention_backend, device, dtype)
@@ -93,33 +94,14 @@ class ModelRunner:
         self.model = model.eval()
         self.sampler = sampler if sampler is not None else Sampler(device)
         self.quantization, self.lora_manager = (None, True), None   # (format, lm head)
-        self.init_kv_cache(engine_config)
+        self.kv_cache = self.cpu_kv_cache = self.decode_scratch = self.cuda_graphs = None
 
-    def init_kv_cache(self, engine_config: EngineConfig) -> None:
-        """Size and allocate the KV pool (and the swap pool) for engine_config, replacing any
-        pool from an earlier configuration. The weights stay as they are."""
-        if engine_config.tensor_parallel_size != self.tp_size:
-            raise ValueError(f"tensor_parallel_size is fixed when the engine starts (here "
-                             f"{self.tp_size}), got {engine_config.tensor_parallel_size}: "
-                             "start a new LLM for another size")
-        with self._on_all_ranks("init_kv_cache", engine_config):
-            self._init_kv_cache(engine_config)
-
-    def _on_all_ranks(self, method: str, *args) -> contextlib.AbstractContextManager:
-        """Rank 0 under tensor parallelism: the executor sends `method` to the other ranks, to
-        run it in step with this one (minivllm/distributed/executor.py); otherwise nothing."""
-        if self.executor is None:
-            return contextlib.nullcontext()
-        return self.executor.broadcast(method, *args)
-
-    def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (also done when the runner is dropped)."""
-        if self.executor is not None:
-            self.executor.shutdown()
-
-    def _init_kv_cache(self, engine_config: EngineConfig) -> None:
-        if self.lora_manager:                # plain nn.Linear back first: LoRA is rebuilt below
+    def set_weight_format(self, engine_config: EngineConfig) -> None:
+        """Quantize the weights as asked, or go back to float (reading the checkpoint again
+        when the float weights were dropped). LoRA's wrappers come off first."""
+        if self.lora_manager:                # plain nn.Linear back first: LoRA is rebuilt later
             self.lora_manager.unwrap()
+            self.lora_manager = None
         asked = engine_config.quantization, engine_config.quantize_lm_head   # weights' format
         if asked != self.quantization:
             if unquantize_model(self.model):   # the float weights were dropped: read them again
@@ -127,6 +109,10 @@ class ModelRunner:
             self.quantization = None, True       # float now, should quantize_model refuse
             quantize_model(self.model, *asked)   # (minivllm/quantization/weight_only.py)
             self.quantization = asked
+
+    def configure(self, engine_config: EngineConfig) -> None:
+        """The state one configuration owns, but the pool: no sample's state outlives it; the
+        attention backend, LoRA's slots, the Triton decode scratch and the RoPE tables."""
         self.engine_config = engine_config
         self.sampler.reset()                 # no sample's generator outlives its pool
         self.requests: dict[int, CachedRequestState] = {}    # seq id -> the runner's state
@@ -148,88 +134,50 @@ class ModelRunner:
                 engine_config.max_num_seqs, self.kv_config.num_attention_heads,
                 self.kv_config.head_dim, engine_config.max_model_len, self.device)
         self.model.model.rotary_emb.build(engine_config.max_model_len, self.device, self.dtype)
-        # The KV pool. "paged": blocks of block_size tokens; "contiguous": one slab of
-        # max_model_len tokens per sequence (lesson 01's baseline), addressed the same way.
+        # "paged": blocks of block_size tokens; "contiguous": one slab of max_model_len tokens
+        # per sequence (lesson 01's baseline), addressed the same way.
         self.kv_layout = engine_config.kv_layout
         self.block_size = (engine_config.block_size if self.kv_layout == "paged"
                            else engine_config.max_model_len)
         self.kv_cache_dtype = engine_config.kv_cache_dtype
         self.block_bytes = (kv_bytes_per_token(self.kv_config, self.dtype, self.kv_cache_dtype)
                             * self.block_size)
-        self.num_blocks = self._num_kv_blocks()
-        if self.tp is not None:             # every rank's pool has the same number of blocks
-            self.num_blocks = self.tp.all_reduce_min(self.num_blocks)
-        self.kv_cache = allocate_kv_cache(self.kv_config, self.num_blocks, self.block_size,
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the KV pool of num_blocks blocks, and the swap pool in host memory."""
+        ec = self.engine_config
+        self.num_blocks = num_blocks
+        self.kv_cache = allocate_kv_cache(self.kv_config, num_blocks, self.block_size,
                                           self.dtype, self.device, self.kv_cache_dtype)
-        self._bind_kv_cache(self.kv_cache)
+        self.bind_kv_cache(self.kv_cache)
         logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
-                    self.num_blocks, self.block_size, self.num_blocks * self.block_size,
+                    num_blocks, self.block_size, num_blocks * self.block_size,
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**20, self.kv_layout)
         # The swap pool: same layout, in host memory (pinned, so copies can be asynchronous).
         self.num_cpu_blocks = 0
-        if engine_config.preemption_mode == "swap":
-            self.num_cpu_blocks = engine_config.swap_space // self.block_bytes
+        if ec.preemption_mode == "swap":
+            self.num_cpu_blocks = ec.swap_space // self.block_bytes
             self.cpu_kv_cache = allocate_kv_cache(self.kv_config, self.num_cpu_blocks,
                                                   self.block_size, self.dtype, torch.device("cpu"),
                                                   self.kv_cache_dtype)
             if self.device.type == "cuda":
                 self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
-        # Fewer launches per step (minivllm/worker/compilation.py): torch.compile, then decode graphs
-        # over this pool (a graph records the pool's addresses, so a new pool recaptures).
-        self.compiled = set_compilation(self.model, engine_config.compilation_config)
-        if use_cuda_graphs(engine_config, self.device, self.tp, self.attention_backend):
-            self.cuda_graphs = CUDAGraphRunner(
-                self.model, engine_config.max_num_seqs, engine_config.max_model_len,
-                self.block_size, self.decode_scratch, self.device)
 
-    def _bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+    def compile_or_warm_up_model(self) -> None:
+        """Fewer launches per step (minivllm/worker/compilation.py): torch.compile, then decode
+        graphs over this pool (a graph records the pool's addresses: a new pool recaptures)."""
+        ec = self.engine_config
+        self.compiled = set_compilation(self.model, ec.compilation_config)
+        if use_cuda_graphs(ec, self.device, self.tp, self.attention_backend):
+            self.cuda_graphs = CUDAGraphRunner(self.model, ec.max_num_seqs, ec.max_model_len,
+                                               self.block_size, self.decode_scratch, self.device)
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         for i, attn in enumerate(self.model.attention_layers()):
             attn.k_cache = kv_cache[i, 0]
             attn.v_cache = kv_cache[i, 1]
             attn.backend = self.attention_backend
             attn.kv_cache_dtype = self.kv_cache_dtype
-
-    def _num_kv_blocks(self) -> int:
-        """How many blocks the pool gets (see EngineConfig for the rules)."""
-        ec = self.engine_config
-        if ec.num_kv_blocks is not None:
-            return ec.num_kv_blocks
-        if ec.kv_cache_memory is not None:
-            budget = ec.kv_cache_memory
-        elif self.device.type == "cuda":
-            budget = self._profile_kv_budget()
-        else:
-            budget = DEFAULT_CPU_KV_CACHE_MEMORY
-        num_blocks = budget // self.block_bytes
-        if num_blocks < 1:
-            raise ValueError(f"the KV budget ({budget / 2**20:.1f} MiB) holds no block of "
-                             f"{self.block_bytes / 2**20:.2f} MiB; raise kv_cache_memory or lower "
-                             "max_model_len / block_size")
-        return num_blocks
-
-    @torch.inference_mode()
-    def _profile_kv_budget(self) -> int:
-        """CUDA: what is left for KV after weights and the peak activations of the largest
-        step (a prefill of max_num_batched_tokens), within gpu_memory_utilization."""
-        n = min(self.engine_config.max_num_batched_tokens, self.engine_config.max_model_len)
-        scratch = allocate_kv_cache(self.kv_config, -(-n // self.block_size), self.block_size,
-                                    self.dtype, self.device, self.kv_cache_dtype)
-        self._bind_kv_cache(scratch)
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        self.prompt_logits([0] * n, list(range(scratch.shape[2])))
-        torch.cuda.synchronize(self.device)
-        activations = torch.cuda.max_memory_allocated(self.device) - before
-        del scratch
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(self.device)
-        used_by_others = total - free
-        budget = int(total * self.engine_config.gpu_memory_utilization - used_by_others
-                     - activations)
-        logger.info("profiled a %d-token step: %.0f MiB of activations; %.0f MiB left for KV",
-                    n, activations / 2**20, budget / 2**20)
-        return budget
 
     # --8<-- [start:prepare]
     def prepare(self, seqs: list[CachedRequestState], num_new_tokens: list[int]):
@@ -269,11 +217,10 @@ class ModelRunner:
         device pool, or a swap between the device pool and the host pool ("cpu_kv_cache").
         The pools are named, not passed: under tensor parallelism each rank has its own."""
         if pairs:
-            with self._on_all_ranks("copy_blocks", pairs, src, dst):
-                src_blocks, dst_blocks = map(list, zip(*pairs))
-                dst_cache = getattr(self, dst)
-                dst_cache[:, :, dst_blocks] = getattr(self, src)[:, :, src_blocks].to(
-                    dst_cache.device)
+            src_blocks, dst_blocks = map(list, zip(*pairs))
+            dst_cache = getattr(self, dst)
+            dst_cache[:, :, dst_blocks] = getattr(self, src)[:, :, src_blocks].to(
+                dst_cache.device)
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         self.copy_blocks(pairs, "kv_cache", "cpu_kv_cache")
@@ -285,7 +232,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step: the runner's own state brought up to date from the scheduler's messages,
-        the block copies, one forward pass, the sampled tokens (appended to its state too)."""
+        the block copies, one forward pass, the sampled tokens. Under tensor parallelism every
+        rank runs this on the same messages and meets the others in the forward's
+        collectives; only rank 0 samples."""
         so = scheduler_output
         self._update_states(so)
         self.swap_out(so.blocks_to_swap_out)                  # before their blocks are reused
@@ -296,19 +245,20 @@ class ModelRunner:
         states = [self.requests[seq_id] for seq_id in so.seq_ids]
         num_tokens = [so.num_scheduled_tokens[seq_id] for seq_id in so.seq_ids]
         sampling, logits = self.run(states, num_tokens, so.sampling)
-        out = self.sample([states[i] for i in sampling], logits)
-        for seq_id, draws in out.sampled.items():            # the runner's copy grows too
-            self.requests[seq_id].token_ids += [token for token, _ in draws]
-        return out
+        if not self.is_driver:               # tensor parallelism: rank 0 samples for all
+            return ModelRunnerOutput()
+        return self.sample([states[i] for i in sampling], logits)
 
     def _update_states(self, so: SchedulerOutput) -> None:
         """New samples whole; held ones: their block tables, computed counts and drafts."""
         for new in so.scheduled_new_reqs:
             self.requests[new.seq_id] = CachedRequestState.from_new(new)
         cached = so.scheduled_cached_reqs
-        for seq_id, block_ids, num_computed in zip(cached.seq_ids, cached.block_ids,
-                                                   cached.num_computed_tokens):
+        for seq_id, new_token_ids, block_ids, num_computed in zip(
+                cached.seq_ids, cached.new_token_ids, cached.block_ids,
+                cached.num_computed_tokens):
             state = self.requests[seq_id]
+            state.token_ids += new_token_ids        # what the core appended since last time
             state.block_table = block_ids
             state.num_computed_tokens = num_computed
         for seq_id in so.seq_ids:
@@ -337,12 +287,11 @@ class ModelRunner:
     def forward(self, input_ids, positions, md, rows) -> torch.Tensor | None:
         """The forward pass and the logits of `rows` (None: no logits). Under tensor
         parallelism every rank runs this, in step, on the same inputs."""
-        with self._on_all_ranks("forward", input_ids, positions, md, rows):
-            if self.cuda_graphs is not None and self.cuda_graphs.can_run(input_ids, md):
-                hidden = self.cuda_graphs.run(input_ids, positions, md)    # decode: one replay
-            else:
-                hidden = self.model(input_ids, positions, md)              # (T, hidden)
-            return None if rows is None else self.model.compute_logits(hidden[rows])
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(input_ids, md):
+            hidden = self.cuda_graphs.run(input_ids, positions, md)    # decode: one replay
+        else:
+            hidden = self.model(input_ids, positions, md)              # (T, hidden)
+        return None if rows is None else self.model.compute_logits(hidden[rows])
 
     # --8<-- [start:sample]
     def sample(self, seqs: list[CachedRequestState], logits: torch.Tensor | None

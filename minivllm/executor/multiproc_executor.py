@@ -1,23 +1,21 @@
-"""The tensor-parallel executor: the worker processes, and rank 0's side of them (vLLM twin:
+"""MultiprocExecutor: tensor parallelism, a Worker per rank (vLLM twin:
 vllm/v1/executor/multiproc_executor.py).
 
-`LLM(tensor_parallel_size=N)` runs rank 0 in the caller's process: a plain ModelRunner over
-shard 0, with the scheduler, block manager and sampler beside it as with one process. The
-MultiprocExecutor spawns ranks 1..N-1 (torch.multiprocessing), each a plain ModelRunner over
-its shard, and hands rank 0's runner itself as `executor`. The seam is one call: before each
-thing rank 0's runner runs on every rank (`forward`, `init_kv_cache`, `copy_blocks`), it asks
-the executor to `broadcast` it, and the executor sends the same call to every worker's queue
-(the step's token ids, positions, slot mapping and block tables: a few KB). Then all ranks run
-it and meet in its collectives (parallel_state.py). A worker that dies breaks the next
-collective (or is seen dead before the step) and rank 0 raises, saying which; a worker that
-hangs makes the collective time out.
+`LLM(tensor_parallel_size=N)` gets this executor. It spawns ranks 1..N-1
+(torch.multiprocessing), each a Worker over its shard of the weights, and keeps rank 0's Worker
+in the engine core's process as the driver. Every rank runs the same code on the same
+messages: `collective_rpc(method, *args)` puts the call on every worker's queue (a step's
+SchedulerOutput is a few KB of ints: token ids, block tables, counts), then runs it on the
+driver, and all ranks meet in the forward's collectives (parallel_state.py). The scheduler
+lives in the core only; every rank keeps its own state of each sample from the messages, and
+only the driver samples. A worker that dies breaks the next collective (or is seen dead before
+the step) and the driver raises, saying which; a worker that hangs makes the collective time
+out.
 
-vLLM's executor sends the scheduler's output to every worker, and every worker (rank 0's too)
-runs the whole step behind an RPC; here rank 0 keeps the step (sampling needs only its logits)
-and sends the forward pass's inputs, so the engine and the runner stay as with one process.
-
-Left out, compared with vLLM: pipeline, data and expert parallelism; a shared-memory input
-broadcast (here a queue per worker); Ray; the worker's own scheduler-output handling.
+Left out, compared with vLLM: rank 0 in a process of its own too (vLLM's driver is a worker
+process like the others; here it shares the core's process, which saves a copy of the step's
+output), pipeline, data and expert parallelism, and the shared-memory message queue (here a
+multiprocessing queue per worker).
 """
 
 from __future__ import annotations
@@ -34,37 +32,18 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from minivllm.attention.metadata import AttentionMetadata
 from minivllm.config import EngineConfig, ModelConfig
 from minivllm.distributed.layers import weight_bytes
 from minivllm.distributed.parallel_state import TensorParallelGroup, check_tensor_parallel
-from minivllm.worker.model_runner import ModelRunner
+from minivllm.executor.abstract import Executor
+from minivllm.worker.worker import Worker
 
 START_TIMEOUT = 600.0      # seconds for workers to start and load their shard
 
 
-def _step_message(input_ids, positions, md: AttentionMetadata, rows) -> dict:
-    """One forward pass's inputs as plain lists (a few KB): what rank 0 sends every worker."""
-    return {"input_ids": input_ids.tolist(), "positions": positions.tolist(),
-            "slot_mapping": md.slot_mapping.tolist(),
-            "query_start_loc": md.query_start_loc.tolist(),
-            "seq_lens": md.seq_lens.tolist(), "block_tables": md.block_tables.tolist(),
-            "max_query_len": md.max_query_len, "max_seq_len": md.max_seq_len,
-            "rows": None if rows is None else rows.tolist()}
-
-
-def _forward_message(runner: ModelRunner, m: dict) -> None:
-    t = lambda x: torch.tensor(x, dtype=torch.int64, device=runner.device)  # noqa: E731
-    md = AttentionMetadata(t(m["slot_mapping"]), t(m["query_start_loc"]), t(m["seq_lens"]),
-                           t(m["block_tables"]), m["max_query_len"], m["max_seq_len"],
-                           decode_scratch=runner.decode_scratch)
-    rows = None if m["rows"] is None else t(m["rows"])
-    runner.forward(t(m["input_ids"]), t(m["positions"]), md, rows)
-
-
 def _worker_main(rank, size, port, backend, model_config, engine_config, path, device_type,
                  dtype, num_threads, commands, results):
-    """Rank 1..N-1: load this rank's shard, then run what rank 0 sends until told to stop."""
+    """Rank 1..N-1: load this rank's shard, then run what the driver sends until told to stop."""
     try:
         parent = os.getppid()
         torch.set_num_threads(num_threads)
@@ -76,21 +55,19 @@ def _worker_main(rank, size, port, backend, model_config, engine_config, path, d
         results.put(("started", rank, None))
         group = TensorParallelGroup(rank, size, store, backend)
         with torch.inference_mode():
-            runner = ModelRunner(model_config, engine_config, path, device, dtype, tp=group)
-            results.put(("ready", rank, weight_bytes(runner.model)))
+            worker = Worker(model_config, engine_config, path, device, dtype, tp=group)
+            worker.load_model()
+            results.put(("ready", rank, weight_bytes(worker.model_runner.model)))
             while True:
                 try:
                     method, args = commands.get(timeout=1.0)
                 except queue.Empty:
-                    if os.getppid() != parent:       # rank 0's process is gone: so are we
+                    if os.getppid() != parent:       # the driver's process is gone: so are we
                         return
                     continue
                 if method == "shutdown":
                     return
-                if method == "forward":
-                    _forward_message(runner, *args)
-                else:                                # init_kv_cache, copy_blocks
-                    getattr(runner, method)(*args)
+                getattr(worker, method)(*args)
     except BaseException:                            # noqa: BLE001 (report, then die)
         results.put(("error", rank, traceback.format_exc()))
         raise
@@ -106,11 +83,11 @@ def _stop_workers(procs, commands) -> None:
             p.kill()
 
 
-class MultiprocExecutor:
-    """Ranks 1..N-1 in processes of their own, and what rank 0 sends them."""
+class MultiprocExecutor(Executor):
+    """Ranks 1..N-1 in processes of their own; rank 0's Worker here, as the driver."""
 
     def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, sampler=None):
         n = engine_config.tensor_parallel_size
         check_tensor_parallel(model_config, n)
         if device.type == "cuda" and torch.cuda.device_count() < n:
@@ -131,7 +108,6 @@ class MultiprocExecutor:
         self.commands = []
         self.workers = []
         self.failure = None            # why the workers are gone, once they are
-        self._listening = False        # the workers run their own first init_kv_cache
         self.rank_weight_bytes: list[dict[str, int]] = []    # each rank's, for lesson 15
         for rank in range(1, n):
             self.commands.append(ctx.Queue())
@@ -140,29 +116,27 @@ class MultiprocExecutor:
                 args=(rank, n, self.store.port, self.backend, model_config, engine_config, path,
                       device.type, dtype, threads, self.commands[-1], self.results)))
             self.workers[-1].start()
-        # The runner holds the executor, not the reverse: dropping the engine stops the workers.
+        # Dropping the executor (with its engine) stops the workers.
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self.commands)
-
-    @classmethod
-    def make_runner(cls, model_config: ModelConfig, engine_config: EngineConfig, path,
-                    device: torch.device, dtype: torch.dtype, sampler=None) -> ModelRunner:
-        """Start ranks 1..N-1, then build rank 0's ModelRunner over shard 0 with this executor
-        as its broadcast: the one object the engine talks to, as with one process."""
-        executor = cls(model_config, engine_config, path, device, dtype)
         try:
-            executor._wait_for("started")
-            group = TensorParallelGroup(0, len(executor.workers) + 1, executor.store,
-                                        executor.backend)
-            runner = ModelRunner(model_config, engine_config, path, device, dtype, tp=group,
-                                 executor=executor, sampler=sampler)
-            executor.rank_weight_bytes = [weight_bytes(runner.model)] + executor._wait_for("ready")
+            self._wait_for("started")
+            group = TensorParallelGroup(0, n, self.store, self.backend)
+            self.driver_worker = Worker(model_config, engine_config, path, device, dtype,
+                                        tp=group, sampler=sampler)
+            self.driver_worker.load_model()
+            self.rank_weight_bytes = ([weight_bytes(self.driver_worker.model_runner.model)]
+                                      + self._wait_for("ready"))
+            self.initialize_cache(engine_config)
         except RuntimeError as e:          # say which worker failed, and why, if one did
-            executor._explain(e, "tensor-parallel start failed")
+            self._explain(e, "tensor-parallel start failed")
         except BaseException:
-            executor.shutdown()
+            self.shutdown()
             raise
-        executor._listening = True
-        return runner
+
+    @property
+    def tp(self):
+        """The driver's TensorParallelGroup (its collective counters, for lesson 15)."""
+        return self.driver_worker.tp
 
     def _wait_for(self, kind: str) -> list:
         got = {}
@@ -196,22 +170,21 @@ class MultiprocExecutor:
         if self.failure is not None:
             raise RuntimeError(self.failure)
 
-    @contextlib.contextmanager
-    def broadcast(self, method: str, *args):
-        """Rank 0's runner is about to run `method` (forward, init_kv_cache or copy_blocks):
-        send it to ranks 1..N-1 first, so that every rank runs it and meets in its collectives.
-        If a collective fails inside (a peer died or timed out), say which worker, and stop."""
-        if self._listening or self.failure is not None:
-            self.check_workers()                   # raises once a worker died or we shut down
-            message = (_step_message(*args),) if method == "forward" else args
-            for q in self.commands:
-                q.put((method, message))
+    def collective_rpc(self, method: str, *args):
+        """Worker.method(*args) on every rank: put on the workers' queues (a step's
+        SchedulerOutput as its messages alone), then run on the driver; its result. If a
+        collective fails inside (a peer died or timed out), say which worker, and stop."""
+        self.check_workers()                   # raises once a worker died or we shut down
+        sent = args
+        if method == "execute_model":
+            sent = (args[0].for_workers(),)
+        for q in self.commands:
+            q.put((method, sent))
         try:
-            yield
+            return getattr(self.driver_worker, method)(*args)
         except RuntimeError as e:
-            if not self._listening:                # starting (make_runner explains) or stopped
-                raise
-            self._explain(e, f"tensor-parallel {'step' if method == 'forward' else method} failed")
+            what = "step" if method == "execute_model" else method
+            self._explain(e, f"tensor-parallel {what} failed")
 
     def _explain(self, e: RuntimeError, what: str):
         for p in self.workers:
@@ -224,6 +197,5 @@ class MultiprocExecutor:
 
     def shutdown(self) -> None:
         """Stop the workers (also done when the executor is garbage-collected, or at exit)."""
-        self._listening = False
         self.failure = self.failure or "this tensor-parallel engine was shut down"
         self._finalizer()

@@ -1,0 +1,61 @@
+"""Executor: the engine core's handle on the devices (vLLM twin: vllm/v1/executor/abstract.py).
+
+The core calls `execute_model(scheduler_output)` once a step and gets the driver's (rank 0's)
+ModelRunnerOutput; `initialize_cache(config)` sets a configuration on every worker (the
+engine's start and LLMEngine.reconfigure); `free(seq_ids)` drops finished samples' state on
+every worker. Each is one `collective_rpc`: the same Worker method on every rank, the driver's
+answer returned. `Executor.get_class` picks the executor from `distributed_executor_backend`.
+
+Left out, compared with vLLM: the Ray executor, pipeline parallelism's batch queue, and
+asynchronous (non-blocking) execute_model.
+"""
+
+from __future__ import annotations
+
+from minivllm.config import EngineConfig
+
+
+class Executor:
+    @staticmethod
+    def get_class(config: EngineConfig) -> type[Executor]:
+        """"uni" (one process) unless tensor parallelism asks for "mp" (a process a rank)."""
+        backend = config.distributed_executor_backend
+        if backend is None:
+            backend = "mp" if config.tensor_parallel_size > 1 else "uni"
+        if backend == "uni":               # (EngineConfig refused "uni" with tp > 1)
+            from minivllm.executor.uniproc_executor import UniProcExecutor
+            return UniProcExecutor
+        from minivllm.executor.multiproc_executor import MultiprocExecutor
+        return MultiprocExecutor
+
+    driver_worker = None                     # rank 0's Worker, in the core's process
+
+    def collective_rpc(self, method: str, *args):
+        """Run Worker.method(*args) on every worker; the driver's result."""
+        raise NotImplementedError
+
+    @property
+    def num_blocks(self) -> int:
+        return self.driver_worker.model_runner.num_blocks
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        return self.driver_worker.model_runner.num_cpu_blocks
+
+    def initialize_cache(self, config: EngineConfig) -> None:
+        """Set `config` on every worker's loaded weights: format, state, pool, compilation."""
+        self.collective_rpc("initialize_cache", config)
+        self.collective_rpc("compile_or_warm_up_model")
+
+    def execute_model(self, scheduler_output):
+        return self.collective_rpc("execute_model", scheduler_output)
+
+    def free(self, seq_ids: list[int]) -> None:
+        if seq_ids:
+            self.collective_rpc("free", seq_ids)
+
+    def prompt_logits(self, token_ids: list[int], block_table: list[int]):
+        return self.collective_rpc("prompt_logits", token_ids, block_table)
+
+    def shutdown(self) -> None:
+        """Stop the workers, if any ran elsewhere."""

@@ -1,0 +1,128 @@
+"""Worker: one device's share of the engine, as the executor drives it (vLLM twin:
+vllm/v1/worker/gpu_worker.py).
+
+    load_model()                 build the ModelRunner: the model, its weights (this rank's
+                                 shard under tensor parallelism)
+    determine_num_blocks()       how many KV blocks this device holds (the rules below); the
+                                 executor gives every rank the smallest count
+    initialize_cache(config, n)  the weights' format, the configuration's state, a pool of n
+                                 blocks
+    compile_or_warm_up_model()   torch.compile, CUDA graphs over that pool
+    execute_model(so)            one step (ModelRunner.execute_model)
+
+The pool's size, first rule that applies: num_kv_blocks blocks; kv_cache_memory bytes; on
+CUDA, what profiling one full step leaves within gpu_memory_utilization; on a CPU, 1 GiB.
+
+Left out, compared with vLLM: device and distributed initialisation (the executor makes the
+process group), sleep mode, and profiling with a dummy batch of every sampler option.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from minivllm.config import EngineConfig, ModelConfig
+from minivllm.core.kv_cache import allocate_kv_cache
+from minivllm.core.scheduler_output import SchedulerOutput
+from minivllm.outputs import ModelRunnerOutput
+from minivllm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger("minivllm")
+
+DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the pool
+
+
+class Worker:
+    def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
+                 device: torch.device, dtype: torch.dtype, tp=None, sampler=None):
+        self.model_config = model_config
+        self.engine_config = engine_config
+        self.path = path
+        self.device = device
+        self.dtype = dtype
+        self.tp = tp                         # this rank's TensorParallelGroup, or None
+        self.sampler = sampler
+        self.model_runner: ModelRunner | None = None
+
+    def load_model(self) -> None:
+        self.model_runner = ModelRunner(self.model_config, self.engine_config, self.path,
+                                        self.device, self.dtype, tp=self.tp,
+                                        sampler=self.sampler)
+
+    def initialize_cache(self, engine_config: EngineConfig,
+                         num_blocks: int | None = None) -> int:
+        """Set engine_config on the loaded weights and give the runner its pool: num_blocks
+        blocks, or as many as determine_num_blocks finds. Returns the blocks allocated."""
+        runner = self.model_runner
+        if engine_config.tensor_parallel_size != runner.tp_size:
+            raise ValueError(f"tensor_parallel_size is fixed when the engine starts (here "
+                             f"{runner.tp_size}), got {engine_config.tensor_parallel_size}: "
+                             "start a new LLM for another size")
+        self.engine_config = engine_config
+        runner.set_weight_format(engine_config)
+        runner.configure(engine_config)
+        if num_blocks is None:
+            num_blocks = self.determine_num_blocks()
+        runner.initialize_kv_cache(num_blocks)
+        return num_blocks
+
+    def determine_num_blocks(self) -> int:
+        """How many blocks this device's pool holds (the rules in the module docstring);
+        under tensor parallelism, the smallest count of any rank."""
+        ec = self.engine_config
+        runner = self.model_runner
+        if ec.num_kv_blocks is not None:
+            num_blocks = ec.num_kv_blocks
+        else:
+            if ec.kv_cache_memory is not None:
+                budget = ec.kv_cache_memory
+            elif self.device.type == "cuda":
+                budget = self._profile_kv_budget()
+            else:
+                budget = DEFAULT_CPU_KV_CACHE_MEMORY
+            num_blocks = budget // runner.block_bytes
+            if num_blocks < 1:
+                raise ValueError(f"the KV budget ({budget / 2**20:.1f} MiB) holds no block of "
+                                 f"{runner.block_bytes / 2**20:.2f} MiB; raise kv_cache_memory "
+                                 "or lower max_model_len / block_size")
+        return self.tp.all_reduce_min(num_blocks) if self.tp is not None else num_blocks
+
+    @torch.inference_mode()
+    def _profile_kv_budget(self) -> int:
+        """CUDA: what is left for KV after weights and the peak activations of the largest
+        step (a prefill of max_num_batched_tokens), within gpu_memory_utilization."""
+        ec = self.engine_config
+        runner = self.model_runner
+        n = min(ec.max_num_batched_tokens, ec.max_model_len)
+        scratch = allocate_kv_cache(runner.kv_config, -(-n // runner.block_size),
+                                    runner.block_size, self.dtype, self.device,
+                                    runner.kv_cache_dtype)
+        runner.bind_kv_cache(scratch)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        runner.prompt_logits([0] * n, list(range(scratch.shape[2])))
+        torch.cuda.synchronize(self.device)
+        activations = torch.cuda.max_memory_allocated(self.device) - before
+        del scratch
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        used_by_others = total - free
+        budget = int(total * ec.gpu_memory_utilization - used_by_others - activations)
+        logger.info("profiled a %d-token step: %.0f MiB of activations; %.0f MiB left for KV",
+                    n, activations / 2**20, budget / 2**20)
+        return budget
+
+    def compile_or_warm_up_model(self) -> None:
+        self.model_runner.compile_or_warm_up_model()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output)
+
+    def free(self, seq_ids) -> None:
+        self.model_runner.free(seq_ids)
+
+    def prompt_logits(self, token_ids: list[int], block_table: list[int]) -> torch.Tensor:
+        return self.model_runner.prompt_logits(token_ids, block_table)
