@@ -195,12 +195,11 @@ class EngineConfig:
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be {', '.join(map(repr, choices[:-1]))} or "
                                  f"{choices[-1]!r}, got {getattr(self, name)!r}")
-        if self.distributed_executor_backend not in (None, "uni", "mp"):
-            raise ValueError(f"distributed_executor_backend must be None, 'uni' or 'mp', got "
-                             f"{self.distributed_executor_backend!r}")
-        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
-            raise ValueError("distributed_executor_backend='uni' runs one process: "
-                             f"tensor_parallel_size={self.tensor_parallel_size} needs 'mp'")
+        backend = self.distributed_executor_backend
+        tp = self.tensor_parallel_size
+        if backend not in (None, "uni", "mp") or (backend == "uni" and tp > 1):
+            raise ValueError(f"distributed_executor_backend must be None, 'uni' or 'mp' ('uni' "
+                             f"is one process: not tensor_parallel_size > 1), got {backend!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}")
