@@ -1,6 +1,4 @@
-"""Configuration: what the model is (ModelConfig) and how the engine runs it (EngineConfig)
-(vLLM twin: vllm/config/, where EngineConfig's knobs are split over SchedulerConfig,
-CacheConfig, ParallelConfig, ...).
+"""Configuration: what the model is (ModelConfig) and how the engine runs it (EngineConfig).
 
 ModelConfig is read from a Hugging Face `config.json` dict, the lingua franca of checkpoints, so
 a model converted from GGUF and a model downloaded from the hub look the same to the engine.
@@ -10,28 +8,29 @@ EngineConfig holds the knobs vLLM users know (max_model_len, max_num_seqs,
 max_num_batched_tokens, block_size, ...) and checks them once, at construction;
 LLMEngine.reconfigure builds a new one through the same checks. Which options combine is one
 table here, INCOMPATIBLE: the add-ons (tensor parallelism, quantization, LoRA, compilation,
-speculation, KV transfer) never refuse each other anywhere else.
+speculation, KV transfer) never refuse each other anywhere else. Importing this file imports
+no torch (the functions that need it do): the scheduler reads EngineConfig and runs without.
 
-vLLM twin: vllm/config/ (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, ...; the
-combinations it refuses are spread over their __post_init__ and VllmConfig's).
-
-Left out, compared with vLLM: its ~200 settings across ModelConfig, CacheConfig,
-SchedulerConfig, ParallelConfig, ...; minivllm keeps the ones a lesson turns.
+vLLM twin: vllm/config/ (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, ...: our
+EngineConfig's knobs are split over them, and the combinations it refuses are spread over
+their __post_init__ and VllmConfig's). Left out: its ~200 settings; minivllm keeps the ones a
+lesson turns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from minivllm.quantization import parse_quantization
 
+if TYPE_CHECKING:
+    import torch
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-           "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16}
+_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+           "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}   # -> torch's name
 
 
 @dataclass(slots=True)
@@ -90,6 +89,7 @@ class ModelConfig:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    import torch
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
@@ -100,13 +100,14 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """'auto' means fp32 on CPU (exact, and CPUs have no fast bf16 matmul) and bf16 on CUDA."""
+    import torch
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPES)}")
-    return _DTYPES[dtype]
+    return getattr(torch, _DTYPES[dtype])
 
 
 # The string settings and the values each takes (the first is the default).
@@ -209,9 +210,11 @@ class EngineConfig:
             elif not isinstance(value, (cls, type(None))):
                 raise ValueError(f"{name} must be a dict or None, got {value!r}")
         parse_quantization(self.quantization)
-        if self.kv_cache_dtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
-            raise ValueError(f"kv_cache_dtype='fp8' needs torch.float8_e4m3fn, which torch "
-                             f"{torch.__version__} lacks; use 'int8'")
+        if self.kv_cache_dtype == "fp8":
+            import torch
+            if not hasattr(torch, "float8_e4m3fn"):
+                raise ValueError(f"kv_cache_dtype='fp8' needs torch.float8_e4m3fn, which torch "
+                                 f"{torch.__version__} lacks; use 'int8'")
         check_compatibility(self)
 
 

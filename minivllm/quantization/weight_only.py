@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import minivllm.platforms  # noqa: F401  (first: Triton's interpreter switch, before kernels/)
 from kernels.quant_matmul import (dequantize_int4, dequantize_int8, quantize_int4,
                                   quantize_int8, unpack_int4)
 from minivllm.models.llama import PACKED_MODULES_MAPPING, projection_layers
