@@ -22,8 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from minivllm.quantization import parse_quantization
-
 if TYPE_CHECKING:
     import torch
 
@@ -114,6 +112,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 _CHOICES = {"preemption_mode": ("recompute", "swap"), "scheduling": ("continuous", "static"),
             "kv_layout": ("paged", "contiguous"), "attention_backend": ("auto", "torch", "triton"),
             "kv_cache_dtype": ("auto", "fp8", "int8")}
+# The weight formats `quantization` takes, vLLM's QUANTIZATION_METHODS (quantization/ parses one).
+INT4_GROUP_SIZES = (32, 64, 128)        # "int4-gG": a scale and a min per G weights of a row
+QUANTIZATION_METHODS = ("int8", "int4", *(f"int4-g{g}" for g in INT4_GROUP_SIZES))
 
 
 @dataclass(slots=True)
@@ -150,8 +151,8 @@ class EngineConfig:
     # Prefill/decode disaggregation, vLLM's dict: {"kv_connector": "TorchDistributedConnector",
     # "kv_role": "kv_producer" | "kv_consumer", "kv_ip": ..., "kv_port": ...} (minivllm/distributed/kv_transfer/kv_connector.py).
     kv_transfer_config: dict | KVTransferConfig | None = None
-    # Quantization (minivllm/quantization/weight_only.py, lesson 13). Weights: None, "int8" (per output channel)
-    # or "int4" / "int4-g32" / "int4-g64" / "int4-g128" (groups, packed two per byte). KV cache:
+    # Quantization (minivllm/quantization/weight_only.py, lesson 13). Weights: None, "int8" (per
+    # output channel) or an int4 of QUANTIZATION_METHODS (groups, packed two per byte). KV cache:
     # "auto" (the model's dtype), "fp8" (e4m3) or "int8", one scale per token and KV head.
     quantization: str | None = None
     # With quantization, the LM head in int8 too (per row, as llama.cpp's Q8_0 head), untied from
@@ -209,7 +210,9 @@ class EngineConfig:
                 setattr(self, name, cls.from_dict(value))
             elif not isinstance(value, (cls, type(None))):
                 raise ValueError(f"{name} must be a dict or None, got {value!r}")
-        parse_quantization(self.quantization)
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be None or one of "
+                             f"{list(QUANTIZATION_METHODS)}, got {self.quantization!r}")
         if self.kv_cache_dtype == "fp8":
             import torch
             if not hasattr(torch, "float8_e4m3fn"):
