@@ -13,7 +13,8 @@ Each kernel file carries its torch reference, a test against it and a benchmark,
 its own: `python -m kernels.flash_attention` on a GPU, `TRITON_INTERPRET=1 python -m
 kernels.flash_attention` on a CPU. Without CUDA, Triton runs only through its interpreter
 (every program runs as numpy operations, about a millisecond each), and Triton reads that
-switch when a kernel is *defined*. One place decides it: minivllm/__init__.py, on import.
+switch when a kernel is *defined*. One place decides it: minivllm/platforms.py, on import
+(the engine's modules import it before kernels/; a lesson or test importing kernels/ does too).
 
 This file must stay side-effect free and must never raise: transformers probes for an unrelated
 PyPI package that is also called `kernels` by importing it, so it imports this one too.

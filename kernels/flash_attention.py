@@ -25,7 +25,7 @@ outputs move by ~1e-3 against an fp32 reference; tests state that tolerance). IE
 memory per thread at head_dim 128 even with 32 x 32 tiles (`python -m kernels.aot`), and
 3xTF32 spills too. On a CPU (the interpreter) fp32 dots are exact fp32.
 
-Under the interpreter (CPU, TRITON_INTERPRET=1, set by `import minivllm`) fp32 and fp16 are
+Under the interpreter (CPU, TRITON_INTERPRET=1, set by minivllm/platforms.py) fp32 and fp16 are
 exact, but a bf16 `tl.dot` is wrong in the Triton we lock (3.9: a 16 x 16 dot off by 1e10), so
 bf16 is refused there with a ValueError instead of returning garbage (check_launch).
 
@@ -181,8 +181,8 @@ def check_launch(x: torch.Tensor, kernel) -> None:
     if not interpreted and not x.is_cuda:
         raise RuntimeError(
             f"a Triton kernel got a tensor on {x.device}, but Triton's interpreter is off: "
-            "set TRITON_INTERPRET=1 before Triton is imported (`import minivllm` does it on a "
-            "machine without CUDA)")
+            "set TRITON_INTERPRET=1 before kernels/ is imported (`import minivllm.platforms` does "
+            "it on a machine without CUDA)")
 
 
 def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -6,7 +6,7 @@ app = marimo.App(width="medium")
 
 @app.cell
 def _():
-    import minivllm  # noqa: F401  first: without CUDA it switches Triton's interpreter on
+    import minivllm.platforms  # noqa: F401  first: without CUDA, Triton's interpreter on
 
     import time
 

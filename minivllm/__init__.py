@@ -1,5 +1,5 @@
 """minivllm: a small, readable LLM serving engine that runs the same way vLLM does
-(vLLM twin: vllm/__init__.py, which exports the same names).
+(vLLM twin: vllm/__init__.py, which exports the same names, lazily as here).
 
     from minivllm import LLM, SamplingParams
 
@@ -14,27 +14,43 @@ The packages, in the order one request's data passes through them (each names it
     sample/                logits processors and the Sampler
     spec_decode/ lora/ quantization/ structured_output/ distributed/   the add-ons
     benchmarks/            every `minivllm bench X`, and the workloads lessons share
+    platforms.py           CUDA or not, and so Triton compiled or interpreted
 
+The public names (MODULE_ATTRS) are imported on first use, not here, as vLLM's are: `import
+minivllm.core.scheduler` runs this file first, and the scheduler needs neither torch (about 3 s
+to import) nor the engine (tests/test_imports.py checks both).
 Left out, compared with vLLM: its plugin and platform registries; `minivllm.workloads` is ours
 (a short import path for the lessons).
 """
 
-import os
+import typing
 
-import torch
+# name -> "module:attribute", imported by __getattr__ the first time the name is asked for.
+MODULE_ATTRS = {
+    "LLM": "minivllm.llm:LLM",
+    "LLMEngine": "minivllm.engine.llm_engine:LLMEngine",
+    "SamplingParams": "minivllm.sampling_params:SamplingParams",
+    "RequestOutput": "minivllm.outputs:RequestOutput",
+    "CompletionOutput": "minivllm.outputs:CompletionOutput",
+    "LoRARequest": "minivllm.lora.request:LoRARequest",
+}
 
-# The one place TRITON_INTERPRET is decided. Triton runs on a CPU only through its interpreter,
-# and reads the switch when a kernel is defined (torch may import Triton early): so it is set
-# here, before anything else, on a machine without CUDA. An explicit TRITON_INTERPRET wins.
-# Lessons and tests import minivllm before kernels/ for this reason; kernels/ never sets it.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+if typing.TYPE_CHECKING:                 # what a type checker and an editor see
+    from minivllm.engine.llm_engine import LLMEngine
+    from minivllm.llm import LLM
+    from minivllm.lora.request import LoRARequest
+    from minivllm.outputs import CompletionOutput, RequestOutput
+    from minivllm.sampling_params import SamplingParams
 
-from minivllm.engine.llm_engine import LLMEngine  # noqa: E402
-from minivllm.llm import LLM  # noqa: E402
-from minivllm.lora.request import LoRARequest  # noqa: E402
-from minivllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
-from minivllm.sampling_params import SamplingParams  # noqa: E402
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput",
-           "LoRARequest"]
+def __getattr__(name: str) -> typing.Any:
+    """`minivllm.LLM`, `from minivllm import LLM`: the module holding it, imported now."""
+    if name not in MODULE_ATTRS:
+        raise AttributeError(f"module 'minivllm' has no attribute {name!r}")
+    from importlib import import_module
+
+    module, attr = MODULE_ATTRS[name].split(":")
+    return getattr(import_module(module), attr)
+
+
+__all__ = list(MODULE_ATTRS)

@@ -1,37 +1,28 @@
-"""Configuration: what the model is (ModelConfig) and how the engine runs it (EngineConfig)
-(vLLM twin: vllm/config/, where EngineConfig's knobs are split over SchedulerConfig,
-CacheConfig, ParallelConfig, ...).
+"""Configuration: what the model is (ModelConfig) and how the engine runs it (EngineConfig).
 
-ModelConfig is read from a Hugging Face `config.json` dict, the lingua franca of checkpoints, so
-a model converted from GGUF and a model downloaded from the hub look the same to the engine.
-Only the three Llama-family architectures are understood; anything else is refused by name.
-
-EngineConfig holds the knobs vLLM users know (max_model_len, max_num_seqs,
-max_num_batched_tokens, block_size, ...) and checks them once, at construction;
+ModelConfig is read from a Hugging Face `config.json` dict, so a model converted from GGUF and
+a model from the hub look the same to the engine; only the three Llama-family architectures
+are understood, anything else is refused by name. EngineConfig holds the knobs vLLM users know
+(max_model_len, max_num_seqs, max_num_batched_tokens, block_size, ...) and checks them once;
 LLMEngine.reconfigure builds a new one through the same checks. Which options combine is one
-table here, INCOMPATIBLE: the add-ons (tensor parallelism, quantization, LoRA, compilation,
-speculation, KV transfer) never refuse each other anywhere else.
-
-vLLM twin: vllm/config/ (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, ...; the
-combinations it refuses are spread over their __post_init__ and VllmConfig's).
-
-Left out, compared with vLLM: its ~200 settings across ModelConfig, CacheConfig,
-SchedulerConfig, ParallelConfig, ...; minivllm keeps the ones a lesson turns.
+table, INCOMPATIBLE: the add-ons never refuse each other anywhere else. Importing this file
+imports no torch (the functions that need it do): the scheduler reads EngineConfig without.
+vLLM twin: vllm/config/ (EngineConfig's knobs split over CacheConfig, SchedulerConfig, ...);
+left out: its ~200 settings but those a lesson turns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
-from minivllm.quantization import parse_quantization
+if TYPE_CHECKING:
+    import torch
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-           "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16}
+_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+           "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}   # -> torch's name
 
 
 @dataclass(slots=True)
@@ -90,6 +81,7 @@ class ModelConfig:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    import torch
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
@@ -100,19 +92,23 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """'auto' means fp32 on CPU (exact, and CPUs have no fast bf16 matmul) and bf16 on CUDA."""
+    import torch
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPES)}")
-    return _DTYPES[dtype]
+    return getattr(torch, _DTYPES[dtype])
 
 
 # The string settings and the values each takes (the first is the default).
 _CHOICES = {"preemption_mode": ("recompute", "swap"), "scheduling": ("continuous", "static"),
             "kv_layout": ("paged", "contiguous"), "attention_backend": ("auto", "torch", "triton"),
             "kv_cache_dtype": ("auto", "fp8", "int8")}
+# The weight formats `quantization` takes, vLLM's QUANTIZATION_METHODS (quantization/ parses one).
+INT4_GROUP_SIZES = (32, 64, 128)        # "int4-gG": a scale and a min per G weights of a row
+QUANTIZATION_METHODS = ("int8", "int4", *(f"int4-g{g}" for g in INT4_GROUP_SIZES))
 
 
 @dataclass(slots=True)
@@ -151,8 +147,8 @@ class EngineConfig:
     # Prefill/decode disaggregation, vLLM's dict: {"kv_connector": "TorchDistributedConnector",
     # "kv_role": "kv_producer" | "kv_consumer", "kv_ip": ..., "kv_port": ...} (minivllm/distributed/kv_transfer/kv_connector.py).
     kv_transfer_config: dict | KVTransferConfig | None = None
-    # Quantization (minivllm/quantization/weight_only.py, lesson 13). Weights: None, "int8" (per output channel)
-    # or "int4" / "int4-g32" / "int4-g64" / "int4-g128" (groups, packed two per byte). KV cache:
+    # Quantization (minivllm/quantization/weight_only.py, lesson 13). Weights: None, "int8" (per
+    # output channel) or an int4 of QUANTIZATION_METHODS (groups, packed two per byte). KV cache:
     # "auto" (the model's dtype), "fp8" (e4m3) or "int8", one scale per token and KV head.
     quantization: str | None = None
     # With quantization, the LM head in int8 too (per row, as llama.cpp's Q8_0 head), untied from
@@ -215,10 +211,14 @@ class EngineConfig:
                 setattr(self, name, cls.from_dict(value))
             elif not isinstance(value, (cls, type(None))):
                 raise ValueError(f"{name} must be a dict or None, got {value!r}")
-        parse_quantization(self.quantization)
-        if self.kv_cache_dtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
-            raise ValueError(f"kv_cache_dtype='fp8' needs torch.float8_e4m3fn, which torch "
-                             f"{torch.__version__} lacks; use 'int8'")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be None or one of "
+                             f"{list(QUANTIZATION_METHODS)}, got {self.quantization!r}")
+        if self.kv_cache_dtype == "fp8":
+            import torch
+            if not hasattr(torch, "float8_e4m3fn"):
+                raise ValueError(f"kv_cache_dtype='fp8' needs torch.float8_e4m3fn, which torch "
+                                 f"{torch.__version__} lacks; use 'int8'")
         check_compatibility(self)
 
 

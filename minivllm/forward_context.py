@@ -9,6 +9,10 @@ runs as an op the graph cannot see into (attention/layer.py, `unified_attention`
 reads it back: the graph holds the per-token math only, and one graph serves every step.
 Left out, compared with vLLM's: the data-parallel and batch-descriptor fields, per-layer
 metadata dicts (one metadata serves every layer here), and the timing of each forward.
+
+The step's AttentionMetadata is held here, its class not imported: attention/ reads this
+module, so this module names attention/ in comments only (vLLM imports the class for type
+checkers, and the two packages then need each other: a cycle tests/test_import_graph.py refuses).
 """
 
 from __future__ import annotations
@@ -16,17 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:                       # attention/layer.py imports this module
-    from minivllm.attention.metadata import AttentionMetadata
 
 
 @dataclass(slots=True)
 class ForwardContext:
-    attn_metadata: AttentionMetadata
+    attn_metadata: object               # attention/metadata.py's AttentionMetadata
     attention_layers: dict[str, torch.nn.Module]    # layer_name -> the Attention module
 
 
@@ -34,7 +34,7 @@ _forward_context: ForwardContext | None = None
 
 
 @contextmanager
-def set_forward_context(attn_metadata: AttentionMetadata,
+def set_forward_context(attn_metadata: object,
                         attention_layers: dict[str, torch.nn.Module]) -> Iterator[None]:
     """The context of one forward pass; the previous one (None, mostly) comes back after."""
     global _forward_context

@@ -1,9 +1,9 @@
 """Shared fixtures. Heavy objects (the packaged model, transformers' reference) load once per
 session; tiny random checkpoints are built per architecture."""
 
-# First: importing minivllm switches Triton's interpreter on without CUDA (minivllm/__init__.py
-# decides TRITON_INTERPRET, for the kernels' tests too), before any @triton.jit is defined.
-import minivllm  # noqa: F401, I001
+# First: minivllm.platforms switches Triton's interpreter on without CUDA (it decides
+# TRITON_INTERPRET, for the kernels' tests too), before any @triton.jit is defined.
+import minivllm.platforms  # noqa: F401, I001
 
 import json
 import shutil

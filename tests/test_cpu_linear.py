@@ -2,7 +2,7 @@
 to rows (faster at 2-8 rows with MKL) up to 64 rows, one row sent as two; everything else
 runs its own forward."""
 
-import minivllm  # noqa: F401, I001  (Triton's interpreter switch first, as everywhere)
+import minivllm.platforms  # noqa: F401, I001  (Triton's interpreter switch first, as everywhere)
 
 import torch
 import torch.nn.functional as F

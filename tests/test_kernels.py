@@ -1,7 +1,8 @@
 """The Triton kernels against their torch references, and inside the real engine.
 
-On a CPU they run under TRITON_INTERPRET=1 (set by `import minivllm` in conftest.py), on small
-shapes: every program instance costs about a millisecond there, so grids stay small. On a GPU
+On a CPU they run under TRITON_INTERPRET=1 (set by minivllm/platforms.py, which conftest.py
+imports first), on small shapes: every program instance costs about a millisecond there, so
+grids stay small. On a GPU
 the same tests run compiled, and fp32 dots run as TF32 there (see flash_attention.py): fp32's
 tolerance is then 5e-3, stated below from a measurement.
 Each flash/decode case is also checked against the engine's own reference,

@@ -1,7 +1,7 @@
 """kernels/lora.py: BGMV and SGMV shrink/expand under Triton (the interpreter on a CPU) against
 the torch reference, on a flat batch that mixes adapters, ranks and base-model tokens."""
 
-import minivllm  # noqa: F401, I001  (TRITON_INTERPRET before kernels/ defines its kernels)
+import minivllm.platforms  # noqa: F401, I001  (TRITON_INTERPRET before kernels/ defines its kernels)
 
 import pytest
 import torch

@@ -10,6 +10,7 @@ C++ kernels (oneDNN / AMX) and bf16 fast paths; this one is torch.
 
 from __future__ import annotations
 
+import minivllm.platforms  # noqa: F401  (first: Triton's interpreter switch, before kernels/)
 from kernels.cpu_attention import VarlenLayout, varlen_attention
 from minivllm.attention.metadata import AttentionMetadata
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+import minivllm.platforms  # noqa: F401  (first: Triton's interpreter switch, before kernels/)
 from minivllm.attention.cpu_attention import cpu_attention
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_attention import paged_attention, write_kv_cache
@@ -24,7 +25,7 @@ from minivllm.forward_context import get_forward_context
 def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
     """'auto' -> the Triton kernels on CUDA in bf16/fp16, the torch backend otherwise.
     'triton' on a CPU runs the kernels through Triton's interpreter (switched on by
-    minivllm/__init__.py): exact in fp32 and fp16, very slow, and refused in bf16."""
+    minivllm/platforms.py): exact in fp32 and fp16, very slow, and refused in bf16."""
     if backend == "auto":
         return "triton" if device.type == "cuda" and dtype != torch.float32 else "torch"
     if backend == "triton" and device.type == "cpu":
@@ -34,7 +35,7 @@ def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.d
         if isinstance(_flash_attention_kernel, triton.runtime.JITFunction):
             raise ValueError("attention_backend='triton' on device='cpu' runs Triton's "
                              "interpreter, but Triton was imported before it was switched on: "
-                             "set TRITON_INTERPRET=1, or import minivllm before torch and triton")
+                             "set TRITON_INTERPRET=1, or import minivllm.platforms before kernels/")
         if dtype == torch.bfloat16:
             raise ValueError("attention_backend='triton' on device='cpu' cannot run dtype "
                              "torch.bfloat16: the interpreter's bf16 tl.dot returns wrong "

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+import minivllm.platforms  # noqa: F401  (first: Triton's interpreter switch, before kernels/)
 from minivllm.attention.metadata import AttentionMetadata
 
 

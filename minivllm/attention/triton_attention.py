@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+import minivllm.platforms  # noqa: F401  (first: Triton's interpreter switch, before kernels/)
 from kernels.flash_attention import flash_attention
 from kernels.paged_attention import DecodeScratch, paged_decode_attention
 from kernels.write_kv import write_kv

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+import minivllm.platforms  # noqa: F401  (first: Triton's interpreter switch, before kernels/)
 from kernels.bench import machine
 
 MODEL_SHAPES = {

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 
+import minivllm.platforms  # noqa: F401, I001  (first: Triton's interpreter switch, before kernels/)
 import kernels.bench as kernels_bench
 from minivllm.benchmarks import ablation, cpu, disagg, gpu, guided, latency, load, lora
 from minivllm.benchmarks import compile as compile_bench     # (not the builtin `compile`)

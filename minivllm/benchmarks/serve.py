@@ -161,13 +161,17 @@ def print_report(d: dict) -> None:
     print("=" * 50)
 
 
-def offline_throughput(engine_args: list[str], prompts: list[str], output_len: int) -> dict:
-    """The same requests through LLM.generate on the same engine flags: the no-HTTP baseline."""
+def offline_throughput(server_args: list[str], prompts: list[str], output_len: int) -> dict:
+    """The same requests through LLM.generate on the same engine flags: the no-HTTP baseline.
+    --server-args is read as MODEL and the engine's flags (engine/arg_utils.py), not with the
+    server's parser (entrypoints/openai/cli_args.py): the CLI imports the benchmarks, so no
+    benchmark imports an entry point. A server-only flag there is refused, by name."""
     from minivllm import LLM, SamplingParams
+    from minivllm.engine.arg_utils import add_cli_args as add_engine_args
     from minivllm.engine.arg_utils import engine_kwargs
-    from minivllm.entrypoints.openai.cli_args import make_arg_parser
-    # the server's own parser: --server-args may hold its flags too (--served-model-name ...)
-    args = make_arg_parser(argparse.ArgumentParser()).parse_args(engine_args)
+    parser = argparse.ArgumentParser(prog="minivllm bench serve --compare-offline --server-args")
+    parser.add_argument("model", nargs="?", default=None)
+    args = add_engine_args(parser).parse_args(server_args)
     llm = LLM(args.model, **engine_kwargs(args))
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.generate(prompts[:4], params, use_tqdm=False)           # warm-up, as the server had
@@ -230,8 +234,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, default=32, help="tokens per request")
     parser.add_argument("--launch-server", action="store_true",
                         help="start `minivllm serve` with --server-args, stop it at the end")
-    parser.add_argument("--server-args", default="", help="engine flags for --launch-server and "
-                        "--compare-offline, e.g. '--max-num-seqs 64'")
+    parser.add_argument("--server-args", default="", help="MODEL and engine flags for "
+                        "--launch-server and --compare-offline, e.g. '--max-num-seqs 64'")
     parser.add_argument("--compare-offline", action="store_true",
                         help="also time LLM.generate on the same requests and engine flags")
     parser.add_argument("--save-result", default=None, help="write the results as JSON here")

@@ -82,7 +82,7 @@ class EngineCore:
         """The core of a real engine: the executor's workers load the weights (tensor
         parallelism: a worker per rank), the sampler knows the end-of-sequence tokens and
         guided decoding's matchers (the tokenizer is read for those alone)."""
-        from minivllm.executor.abstract import Executor
+        from minivllm.executor import executor_class
         from minivllm.sample.sampler import Sampler
         from minivllm.structured_output.manager import StructuredOutputManager
         eos_token_ids = set(model_config.eos_token_id)
@@ -91,8 +91,8 @@ class EngineCore:
         structured_output = StructuredOutputManager(   # logits processors' engine state
             tokenizer, model_config.vocab_size, eos_token_ids)
         sampler = Sampler(device, eos_token_ids, structured_output)
-        executor = Executor.get_class(config)(model_config, config, model_path, device, dtype,
-                                              sampler=sampler)
+        executor = executor_class(config)(model_config, config, model_path, device, dtype,
+                                          sampler=sampler)
         core = cls(config, executor, eos_token_ids)
         core.structured_output = structured_output
         return core

@@ -1,7 +1,8 @@
 """Executors: how the engine core reaches its workers (vLLM twin: vllm/v1/executor/).
 
     abstract.py            Executor: the core's one handle on the devices (execute_model,
-                           initialize_cache, free, collective_rpc), and which one an engine gets
+                           initialize_cache, free, collective_rpc); `executor_class` below
+                           says which one an engine gets
     uniproc_executor.py    UniProcExecutor: one Worker in the core's process
     multiproc_executor.py  MultiprocExecutor: tensor parallelism, a Worker per rank, every rank
                            running the same step on the same messages
@@ -9,3 +10,16 @@
 EngineCore -> Executor -> Worker (worker/worker.py) -> ModelRunner (worker/model_runner.py):
 the scheduler lives in the core only, and every rank's worker is the same code.
 """
+
+
+def executor_class(config):
+    """"uni" (one process) unless tensor parallelism asks for "mp" (a process a rank); the
+    EngineConfig refused "uni" with tensor_parallel_size > 1 (vLLM: Executor.get_class)."""
+    backend = config.distributed_executor_backend
+    if backend is None:
+        backend = "mp" if config.tensor_parallel_size > 1 else "uni"
+    if backend == "uni":
+        from minivllm.executor.uniproc_executor import UniProcExecutor
+        return UniProcExecutor
+    from minivllm.executor.multiproc_executor import MultiprocExecutor
+    return MultiprocExecutor

@@ -4,7 +4,8 @@ The core calls `execute_model(scheduler_output)` once a step and gets the driver
 ModelRunnerOutput; `initialize_cache(config)` sets a configuration on every worker (the
 engine's start and LLMEngine.reconfigure); `free(seq_ids)` drops finished samples' state on
 every worker. Each is one `collective_rpc`: the same Worker method on every rank, the driver's
-answer returned. `Executor.get_class` picks the executor from `distributed_executor_backend`.
+answer returned. `executor_class` (minivllm/executor/__init__.py) picks the executor from
+`distributed_executor_backend` (vLLM: Executor.get_class).
 
 Left out, compared with vLLM: the Ray executor, pipeline parallelism's batch queue, and
 asynchronous (non-blocking) execute_model.
@@ -16,18 +17,6 @@ from minivllm.config import EngineConfig
 
 
 class Executor:
-    @staticmethod
-    def get_class(config: EngineConfig) -> type[Executor]:
-        """"uni" (one process) unless tensor parallelism asks for "mp" (a process a rank)."""
-        backend = config.distributed_executor_backend
-        if backend is None:
-            backend = "mp" if config.tensor_parallel_size > 1 else "uni"
-        if backend == "uni":               # (EngineConfig refused "uni" with tp > 1)
-            from minivllm.executor.uniproc_executor import UniProcExecutor
-            return UniProcExecutor
-        from minivllm.executor.multiproc_executor import MultiprocExecutor
-        return MultiprocExecutor
-
     driver_worker = None                     # rank 0's Worker, in the core's process
 
     def collective_rpc(self, method: str, *args):

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+import minivllm.platforms  # noqa: F401  (first: Triton's interpreter switch, before kernels/)
 from minivllm.lora.layers import LoRABatch, LoRALinear
 from minivllm.lora.request import LoRARequest
 from minivllm.models.llama import PROJECTIONS, projection_layers

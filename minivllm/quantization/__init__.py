@@ -1,13 +1,14 @@
 """Weight-only quantization (vLLM twin: vllm/model_executor/layers/quantization/): the methods.
 
-    __init__.py      the formats `quantization=` takes, parsed (what EngineConfig checks)
+    __init__.py      a format's name -> (method, group size), what the layers need to know
     weight_only.py   int8 per channel and int4 in groups: QuantLinear, quantize_model
 
-The parser lives here, as vLLM's QUANTIZATION_METHODS does, so that config.py can check a
-setting without importing the layers (which import the model).
+The names `quantization=` takes are config.py's QUANTIZATION_METHODS, which EngineConfig checks
+without importing this package (its layers import the model, and the model imports config.py).
+vLLM keeps its QUANTIZATION_METHODS here and its config imports them: a cycle minivllm avoids.
 """
 
-INT4_GROUP_SIZES = (32, 64, 128)
+from minivllm.config import QUANTIZATION_METHODS
 
 
 def parse_quantization(method: str | None) -> tuple[str, int] | None:
@@ -15,9 +16,9 @@ def parse_quantization(method: str | None) -> tuple[str, int] | None:
     block, and the one size that divides every dimension of the default model); None -> None."""
     if method is None:
         return None
-    known = ["int8", "int4"] + [f"int4-g{g}" for g in INT4_GROUP_SIZES]
-    if method not in known:
-        raise ValueError(f"quantization must be None or one of {known}, got {method!r}")
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization must be None or one of {list(QUANTIZATION_METHODS)}, "
+                         f"got {method!r}")
     if method == "int8":
         return "int8", 0
     return "int4", int(method.split("-g")[1]) if "-g" in method else 32

@@ -45,10 +45,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import minivllm.platforms  # noqa: F401  (first: Triton's interpreter switch, before kernels/)
 from kernels.quant_matmul import (dequantize_int4, dequantize_int8, quantize_int4,
                                   quantize_int8, unpack_int4)
+from minivllm.config import INT4_GROUP_SIZES
 from minivllm.models.llama import PACKED_MODULES_MAPPING, projection_layers
-from minivllm.quantization import INT4_GROUP_SIZES, parse_quantization
+from minivllm.quantization import parse_quantization
 
 # False: the seven projections quantized one by one (the slower path the tests compare against).
 FUSE_PROJECTIONS = True

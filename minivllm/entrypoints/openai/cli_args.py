@@ -1,9 +1,9 @@
 """The flags of `minivllm serve` (vLLM twin: vllm/entrypoints/openai/cli_args.py, make_arg_parser).
 
 The server's own flags (the model, where to listen, the API key, the log level, the P/D role)
-and then the engine's (minivllm/engine/arg_utils.py). Its own module, apart from cli.py, so that
-`minivllm bench serve --compare-offline` can parse the same `--server-args` a launched server
-gets without importing the CLI that imports the benchmarks (no cycle).
+and then the engine's (minivllm/engine/arg_utils.py). Its own module, apart from cli.py, as in
+vLLM. The benchmarks never import it (the CLI imports them): `minivllm bench serve
+--compare-offline` reads its `--server-args` as MODEL and the engine's flags only.
 
 Leaves out vLLM's TLS, CORS, tool-calling, chat-template and LoRA-module flags.
 """
