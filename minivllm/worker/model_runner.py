@@ -80,7 +80,7 @@ class ModelRunner:
         self.is_driver = tp is None or tp.rank == 0    # the rank whose samples count
         self.kv_config = model_config
         # Before the model is built: building it may import Triton (through torch), and on a CPU
-        # Triton must see TRITON_INTERPRET=1 before that (see minivllm/__init__.py).
+        # Triton must see TRITON_INTERPRET=1 before that (see minivllm/platforms.py).
         resolve_attention_backend(engine_config.attention_backend, device, dtype)
         with torch.device("meta"):          # no time wasted on random init of real weights
             model = LlamaForCausalLM(model_config)
