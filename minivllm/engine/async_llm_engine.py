@@ -233,6 +233,9 @@ class AsyncLLMEngine:
             elif cmd[0] == "stop":
                 self._close(EngineDeadError("the engine was shut down"),
                             EngineDeadError("the server is shutting down; request cancelled"))
+                if self._live_stats:    # the aborts crossed to the core's process: applied?
+                    with contextlib.suppress(EngineDeadError):
+                        self.engine.stats(fresh=True)
                 return False
         return True
 

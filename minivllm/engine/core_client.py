@@ -121,7 +121,8 @@ class InprocClient:
                               core.runner.kv_layout, core.runner.attention_backend,
                               set(core.eos_token_ids))
 
-    def stats(self) -> EngineStats:
+    def stats(self, fresh: bool = True) -> EngineStats:
+        """The core's stats now (in its process: always fresh)."""
         return self.engine_core.stats()
 
     def reconfigure(self, config: EngineConfig) -> EngineCoreInfo:
@@ -177,8 +178,8 @@ class InprocClient:
 
 
 # The InprocClient methods a SyncMPClient may call in the core's process.
-UTILITY_METHODS = frozenset({"reconfigure", "add_lora", "list_loras", "prompt_logits",
-                             "start_trace", "stop_trace"})
+UTILITY_METHODS = frozenset({"stats", "reconfigure", "add_lora", "list_loras",
+                             "prompt_logits", "start_trace", "stop_trace"})
 
 
 @dataclass(eq=False)
@@ -391,9 +392,10 @@ class SyncMPClient:
         finally:
             self.process.futures.pop(call_id, None)
 
-    def stats(self) -> EngineStats:
-        """The snapshot the core sent last (with its last outputs, or as it went idle)."""
-        return self.process.stats
+    def stats(self, fresh: bool = False) -> EngineStats:
+        """The snapshot the core sent last (with its last outputs, or as it went idle); with
+        fresh=True, the core's answer now: a round trip, after every message sent before."""
+        return self.call_utility("stats") if fresh else self.process.stats
 
     def reconfigure(self, config: EngineConfig) -> EngineCoreInfo:
         self.info = self.call_utility("reconfigure", config)

@@ -267,8 +267,10 @@ class LLMEngine:
         """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
         return self.engine_core.prompt_logits(token_ids)
 
-    def stats(self) -> EngineStats:
-        return self.engine_core.stats()
+    def stats(self, fresh: bool = False) -> EngineStats:
+        """With the core in its own process, the snapshot it sent last (at most a message
+        old), or with fresh=True its answer now, once it has applied every earlier message."""
+        return self.engine_core.stats(fresh)
 
     def list_loras(self) -> set[int]:
         """The ids of the LoRA adapters now in the engine's slots (vLLM's name)."""
