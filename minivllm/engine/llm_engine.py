@@ -50,13 +50,15 @@ import torch
 
 from minivllm.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
 from minivllm.engine.core import EngineCore, EngineCoreRequest
-from minivllm.engine.core_client import InprocClient, SyncMPClient
+from minivllm.engine.core_client import InprocClient
+from minivllm.engine.multiproc.client import SyncMPClient
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.processor import encode_prompt, validate_request
 from minivllm.engine.stats import EngineStats
 from minivllm.models.loader import load_hf_config, load_tokenizer, resolve_model_path
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger("minivllm")
 
@@ -87,7 +89,6 @@ class LLMEngine:
                 raise ValueError("kv_transfer_config needs the engine core in this process: "
                                  "use multiprocess_mode=False")
             self.engine_core = SyncMPClient(self.model_path, config, self.device, self.dtype)
-            from minivllm.structured_output.manager import StructuredOutputManager
             self.structured_output = StructuredOutputManager(   # the front end's, to check
                 self.tokenizer, self.model_config.vocab_size,  # and compile; the core loads
                 self.engine_core.info.eos_token_ids)            # what it compiled

@@ -9,7 +9,7 @@ One request's path: the handler validates the body (pydantic, then SamplingParam
 the prompt, checks it against max_model_len, and adds it to the engine; it then reads the
 request's stream of RequestOutputs and sends each new piece of text as an SSE chunk. The
 engine's loop runs on its own thread (minivllm/engine/async_llm_engine.py), and `minivllm
-serve` puts its EngineCore in a process of its own (engine/core_proc.py), so the event loop
+serve` puts its EngineCore in a process of its own (engine/multiproc/), so the event loop
 stays free to accept connections and flush tokens while a forward pass runs. A client that
 goes away (stream or not) aborts its request; its KV blocks are freed before the next step.
 

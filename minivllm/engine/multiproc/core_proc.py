@@ -1,7 +1,7 @@
 """EngineCoreProc: the EngineCore in a process of its own, stepping in a busy loop (vLLM twin:
 EngineCoreProc and run_engine_core in vllm/v1/engine/core.py).
 
-    python -m minivllm.engine.core_proc IPC_DIR PARENT_PID    (SyncMPClient, core_client.py)
+    python -m minivllm.engine.multiproc.core_proc IPC_DIR PARENT_PID    (SyncMPClient starts it)
 
     1. sockets   a PULL bound at IPC_DIR/input (the front end's messages), a PUSH connected to
                  IPC_DIR/output (this core's); ipc:// files in a 0700 folder: this user's alone
@@ -39,6 +39,7 @@ runs, data-parallel waves, and the handshake with cores on other hosts.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
@@ -50,10 +51,16 @@ import traceback
 import zmq
 
 from minivllm.engine.core import EngineCore, EngineCoreRequest
-from minivllm.engine.core_client import UTILITY_METHODS, InprocClient
+from minivllm.engine.core_client import InprocClient
+from minivllm.engine.stats import StepRecord
 from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
 
 logger = logging.getLogger("minivllm")
+
+# What the front end may call here (SyncMPClient.call_utility): InprocClient's methods, and
+# EngineCoreProc's own for a trace (`with core.trace()` cannot span two processes).
+UTILITY_METHODS = frozenset({"stats", "reconfigure", "add_lora", "list_loras",
+                             "prompt_logits", "start_trace", "stop_trace"})
 
 IDLE_POLL_MS = 1000          # with no work, how often the loop checks that the front end lives
 START_TIMEOUT_MS = 60_000    # the front end sends "start" as it launches this process
@@ -69,6 +76,8 @@ class EngineCoreProc:
         self.parent_pid = parent_pid
         self.changed = False                 # messages applied since the last step
         self.core.schedule_callbacks.append(self._scheduled)
+        self.traces: dict[int, tuple] = {}   # start_trace's id -> (context, its steps)
+        self.trace_ids = itertools.count()
 
     def send(self, kind: str, payload) -> None:
         self.output_socket.send(pickle.dumps((kind, payload), pickle.HIGHEST_PROTOCOL))
@@ -136,7 +145,8 @@ class EngineCoreProc:
             if method not in UTILITY_METHODS:
                 raise AttributeError(f"{method!r} is not one of the engine core's utility "
                                      f"methods {sorted(UTILITY_METHODS)}")
-            answer = (call_id, True, getattr(self.client, method)(*args))
+            owner = self if hasattr(EngineCoreProc, method) else self.client
+            answer = (call_id, True, getattr(owner, method)(*args))
         except Exception as e:                           # noqa: BLE001 -- the caller's to see
             answer = (call_id, False, e)
         self.send("stats", self.core.stats())     # first: the answer's reader sees them (a
@@ -144,6 +154,19 @@ class EngineCoreProc:
             self.send("utility", answer)
         except Exception as e:                           # noqa: BLE001 -- it did not pickle
             self.send("utility", (call_id, False, RuntimeError(f"{method}: {e!r}")))
+
+
+    def start_trace(self) -> int:
+        """The core's trace() in two calls: start, then stop_trace(id) -> its StepRecords."""
+        context = self.core.trace()
+        trace_id = next(self.trace_ids)
+        self.traces[trace_id] = (context, context.__enter__())
+        return trace_id
+
+    def stop_trace(self, trace_id: int) -> list[StepRecord]:
+        context, steps = self.traces.pop(trace_id)
+        context.__exit__(None, None, None)
+        return steps
 
 
 def build_core(model_path: str, config, device: str, dtype, log_level: int) -> EngineCore:
