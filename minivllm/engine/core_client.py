@@ -27,6 +27,7 @@ from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.engine.stats import EngineStats
 from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
 
+
 class EngineDeadError(RuntimeError):
     """The engine has stopped (its core process died, or its loop did); nothing more is
     served (vLLM twin: vllm/v1/engine/exceptions.py)."""
@@ -86,8 +87,8 @@ class InprocClient:
                               core.runner.kv_layout, core.runner.attention_backend,
                               set(core.eos_token_ids))
 
-    def stats(self, fresh: bool = True) -> EngineStats:
-        """The core's stats now (in its process: always fresh)."""
+    def stats(self, fresh: bool = False) -> EngineStats:
+        """The core's stats now (fresh or not: the core is here)."""
         return self.engine_core.stats()
 
     def reconfigure(self, config: EngineConfig) -> EngineCoreInfo:
