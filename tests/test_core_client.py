@@ -9,6 +9,7 @@ start their own on a tiny random checkpoint (a few seconds: the weights are smal
 import asyncio
 import gc
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -130,6 +131,9 @@ def test_guided_decoding_grammar_crosses_as_json(inproc, mp):
     want = [o.outputs[0].text for o in inproc.generate(PROMPTS[:2], params, use_tqdm=False)]
     assert [o.outputs[0].text for o in mp.generate(PROMPTS[:2], params, use_tqdm=False)] == want
     assert want[0] in ("Paris", "London", "Rome")
+    compiled = mp.engine.structured_output.compile(params[0].guided_decoding)
+    with pytest.raises(TypeError):        # why the client sends its JSON instead
+        pickle.dumps(compiled)
 
 
 def test_async_engine_over_the_process_client(inproc, mp):
@@ -198,16 +202,21 @@ def test_a_core_that_fails_to_start_says_why(tiny_checkpoint, tmp_path):
     assert children() == before
 
 
-def test_the_core_leaves_when_its_front_end_dies(tiny_checkpoint):
+@pytest.mark.parametrize("end", ["exit", "kill"])
+def test_the_core_leaves_with_its_front_end(tiny_checkpoint, end):
+    """A front end that exits without shutdown() stops its core at exit; one that is killed
+    leaves it to notice (within its idle poll, a second)."""
     path, _ = tiny_checkpoint("llama")
     script = ("import os, sys; from minivllm import LLMEngine; "
               f"e = LLMEngine({str(path)!r}, multiprocess_mode=True, max_model_len=64); "
-              "print(e.engine_core.pid, flush=True); os.kill(os.getpid(), 9)")
+              "print(e.engine_core.pid, flush=True); "
+              + ("os.kill(os.getpid(), 9)" if end == "kill" else "sys.exit(3)"))
     front = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                            timeout=120)
-    assert front.returncode == -9, front.stderr
+    assert front.returncode == (-9 if end == "kill" else 3), front.stderr
     core = int(front.stdout.split()[0])
-    assert until(lambda: not alive(core), timeout=10), "the core outlived its front end"
+    assert until(lambda: not alive(core), timeout=0.1 if end == "exit" else 10), \
+        "the core outlived its front end"
 
 
 def test_in_process_is_the_default(monkeypatch):
