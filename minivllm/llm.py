@@ -5,6 +5,9 @@ vllm/entrypoints/llm.py).
     outs = llm.generate(["The capital of France is"], SamplingParams(temperature=0))
     outs[0].outputs[0].text
 
+    llm = LLM(multiprocess_mode=True)            # the EngineCore in a process of its own
+                                                 # (engine/multiproc/), as a server runs it
+
 Left out, compared with vLLM: beam search, embeddings / scoring / classification, the
 old guided_options_request argument (SamplingParams.guided_decoding does it), and multi-modal
 prompts.
@@ -23,8 +26,11 @@ Message = dict[str, str]
 
 class LLM:
     def __init__(self, model: str | None = None, dtype: str = "auto", device: str = "auto",
-                 **engine_kwargs):
-        self.engine = LLMEngine(model, dtype=dtype, device=device, **engine_kwargs)
+                 multiprocess_mode: bool | None = None, **engine_kwargs):
+        """multiprocess_mode: the EngineCore in its own process (None: as the environment
+        variable MINIVLLM_ENABLE_MULTIPROCESSING says, off unless set: lessons look inside)."""
+        self.engine = LLMEngine(model, dtype=dtype, device=device,
+                                multiprocess_mode=multiprocess_mode, **engine_kwargs)
         self.tokenizer = self.engine.tokenizer
         self._counter = 0
 

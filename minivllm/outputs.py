@@ -112,3 +112,6 @@ class EngineCoreOutputs:
 
     outputs: list[EngineCoreOutput] = field(default_factory=list)
     timestamp: float = 0.0                      # time.perf_counter() when the tokens came
+    # The core's EngineStats after the step, when it runs in its own process (vLLM's
+    # SchedulerStats ride along the same way): the front end's stats() without a round trip.
+    scheduler_stats: object | None = None

@@ -25,9 +25,12 @@ ENGINE = REPO / "minivllm"
 CORE = ("engine", "core", "executor", "worker", "attention", "sample", "models")
 # Each add-on plugs into a seam of the core and is read on its own, after it. Two add-ons share
 # vLLM's distributed/ folder and are counted apart: tensor parallelism (distributed/) and
-# prefill/decode disaggregation (distributed/kv_transfer/), as vLLM keeps them apart too.
+# prefill/decode disaggregation (distributed/kv_transfer/), as vLLM keeps them apart too. So
+# does the EngineCore in its own process (engine/multiproc/: the client's and the core's ends
+# of the sockets), beside the in-process client that lessons use and a student reads first.
 ADD_ONS = ("spec_decode", "lora", "quantization", "structured_output", "distributed",
-           "distributed/kv_transfer", "simulator")
+           "distributed/kv_transfer", "engine/multiproc", "simulator")
+SUBPACKAGES = {("distributed", "kv_transfer"), ("engine", "multiproc")}  # counted apart
 
 # Issue 38 set 3,400 for the core; V1's layers (the engine core and its client, the executor,
 # the worker, the scheduler's messages) brought it past that, and the layers read better whole
@@ -80,7 +83,7 @@ def package_files() -> dict[str, list[Path]]:
     packages: dict[str, list[Path]] = {name: [] for name in BUDGETS}
     for path in sorted(ENGINE.rglob("*.py")):
         parts = path.relative_to(ENGINE).parts
-        top = "/".join(parts[:2]) if parts[:2] == ("distributed", "kv_transfer") else parts[0]
+        top = "/".join(parts[:2]) if tuple(parts[:2]) in SUBPACKAGES else parts[0]
         if top in CORE or top.endswith(".py"):
             packages["minivllm (core)"].append(path)
         else:

@@ -89,8 +89,10 @@ async def send_one(client, model: str, prompt: str, output_len: int) -> RequestR
 
 async def run_load(base_url: str, model: str, prompts: list[str], output_len: int,
                    request_rate: float, seed: int, api_key: str | None = None,
-                   progress: bool = True) -> tuple[list[RequestResult], float]:
-    """Send every prompt at its Poisson arrival time; return the results and the duration."""
+                   progress: bool = True, max_concurrency: int | None = None
+                   ) -> tuple[list[RequestResult], float]:
+    """Send every prompt at its Poisson arrival time, at most `max_concurrency` in flight
+    (a request waits for a free one); return the results and the duration."""
     from openai import AsyncOpenAI
     client = AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key or "EMPTY",
                          max_retries=0, timeout=3600)
@@ -98,10 +100,12 @@ async def run_load(base_url: str, model: str, prompts: list[str], output_len: in
     gaps = (np.zeros(len(prompts)) if request_rate == float("inf")
             else rng.exponential(1.0 / request_rate, len(prompts)))
     bar = tqdm(total=len(prompts), disable=not progress, desc="requests", dynamic_ncols=True)
+    slots = asyncio.Semaphore(max_concurrency or len(prompts))
 
     async def one(delay: float, prompt: str) -> RequestResult:
         await asyncio.sleep(delay)
-        result = await send_one(client, model, prompt, output_len)
+        async with slots:
+            result = await send_one(client, model, prompt, output_len)
         bar.update(1)
         return result
 
@@ -141,6 +145,8 @@ def print_report(d: dict) -> None:
                               else f"{k:<40}{v:<10}")
     print("{s:{c}^50}".format(s=" Serving Benchmark Result ", c="="))
     line("Request rate (req/s):", d["request_rate"])
+    if d.get("max_concurrency"):
+        line("Maximum request concurrency:", d["max_concurrency"])
     line("Successful requests:", d["completed"])
     line("Failed requests:", d["failed"])
     line("Benchmark duration (s):", d["duration_s"])
@@ -184,11 +190,15 @@ def offline_throughput(server_args: list[str], prompts: list[str], output_len: i
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) a process has used so far (Linux /proc). On a shared machine
-    it varies far less than wall time, so the HTTP layer's cost is compared in it too."""
+    """CPU time (user + system) a process and its live children (the server's EngineCore
+    process) have used so far (Linux /proc). On a shared machine it varies far less than
+    wall time, so the HTTP layer's cost is compared in it too."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()     # fields 14 and 15: utime, stime
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = [int(c) for task in os.listdir(f"/proc/{pid}/task")
+                for c in open(f"/proc/{pid}/task/{task}/children").read().split()]
+    return ((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            + sum(cpu_seconds(c) for c in children))
 
 
 def launch_server(server_args: list[str], timeout: float = 300) -> tuple[subprocess.Popen, str]:
@@ -230,6 +240,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-rate", type=float, nargs="+", default=[float("inf")],
                         help="requests/s (Poisson arrivals); inf sends all at once; several values "
                              "run one after another")
+    parser.add_argument("--max-concurrency", type=int, default=None,
+                        help="requests in flight at most (a request waits for a free slot); "
+                             "default: no limit")
     parser.add_argument("--input-len", type=int, default=64, help="words per prompt (~tokens)")
     parser.add_argument("--output-len", type=int, default=32, help="tokens per request")
     parser.add_argument("--launch-server", action="store_true",
@@ -258,8 +271,9 @@ def run(args: argparse.Namespace) -> None:
             cpu0 = cpu_seconds(proc.pid) if proc else None
             res, duration = asyncio.run(run_load(base_url, model, prompts, args.output_len,
                                                  rate, args.seed, args.api_key,
-                                                 progress=not args.no_progress))
+                                                 not args.no_progress, args.max_concurrency))
             results.append(summarize(res, duration, rate))
+            results[-1]["max_concurrency"] = args.max_concurrency
             if proc:                       # the server process's CPU per generated token
                 results[-1]["server_cpu_ms_per_token"] = 1000 * (
                     cpu_seconds(proc.pid) - cpu0) / max(1, results[-1]["total_output_tokens"])

@@ -8,13 +8,13 @@ Why not run `step()` inside the event loop: one step is a forward pass, tens to 
 milliseconds on a CPU. While it runs, the event loop can do nothing: no new connection is
 accepted, no token already computed is sent, no disconnect is noticed. Lesson 06 measures it.
 
-Why a thread and not a process: torch releases the GIL inside its kernels (matmuls, attention),
-which is where a step spends its time, so the event loop keeps running beside the engine on the
-same cores. A thread keeps one process and one copy of the model and the KV cache, and outputs
-cross over as plain Python objects. A process (vLLM's V1 engine core) buys freedom from the GIL
-for the Python parts of a step (scheduling, detokenizing) at the price of IPC: serialized
-requests and outputs over a socket. At minivllm's scale the thread is the smaller, clearer
-choice; what the GIL still costs is the HTTP overhead that `minivllm bench serve` measures.
+Why a thread, and then a process: torch releases the GIL inside its kernels (matmuls,
+attention), which is where a step spends its time, so the event loop keeps running beside the
+engine on the same cores. The Python parts of a step (scheduling, preparing the batch,
+sampling) still hold the GIL, and so do HTTP, tokenizing and detokenizing. With an LLMEngine in
+multiprocess mode (what `minivllm serve` builds), the thread here only feeds the front end and
+the EngineCore steps in its own process (engine/multiproc/), with a GIL of its own, at the
+price of IPC: pickled requests and outputs over a socket. docs/benchmarks.md measures both.
 
 Everything that touches the LLMEngine happens on the engine thread (it is not thread-safe):
 coroutines send commands (add, abort, stop) through a thread-safe queue that the loop drains
@@ -23,8 +23,8 @@ take long before a request is added stays off that thread: a guided-decoding gra
 compiled on a worker thread while the request waits ("grammar pending", counted as waiting),
 so one huge constraint does not freeze every other stream.
 
-What it leaves out, compared with vLLM: a separate engine process, output batching across
-requests, priorities, and a watchdog. An exception from step() kills the engine (every waiting
+What it leaves out, compared with vLLM: asyncio sockets to the core (AsyncMPClient; the thread
+here drives the sync client), output batching across requests, priorities, and a watchdog. An exception from step() kills the engine (every waiting
 request gets it as an error; `errored` turns true and /health says so): after one, the engine's
 state is not trusted. Faults of one request are isolated inside step(), in engine/llm_engine.py.
 """
@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
+from minivllm.engine.core_client import EngineDeadError
 from minivllm.engine.llm_engine import EngineStats, LLMEngine
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -47,8 +48,7 @@ from minivllm.sampling_params import SamplingParams
 logger = logging.getLogger("minivllm")
 
 
-class EngineDeadError(RuntimeError):
-    """The engine loop has stopped (an error in step(), or shut down); nothing more is served."""
+__all__ = ["AsyncLLMEngine", "EngineDeadError"]
 
 
 class _Stream(asyncio.Queue):
@@ -81,6 +81,10 @@ class AsyncLLMEngine:
         self._lock = threading.Lock()              # guards _error against adds in flight
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="minivllm-grammar")
         self.num_grammars_pending = 0              # requests waiting for their grammar
+        # The core in its own process: its stats() are the snapshot it sent last, safe to read
+        # from any thread, and step() waits for it (wake() ends the wait when a command comes).
+        self._live_stats = getattr(engine, "multiprocess_mode", False)
+        self._wake = getattr(engine, "wake", lambda: None)
         if hasattr(engine, "add_schedule_callback"):   # running/KV gauges as a step starts too
             engine.add_schedule_callback(self._snapshot)
         self._thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
@@ -102,7 +106,7 @@ class AsyncLLMEngine:
     def stats(self) -> EngineStats:
         """The engine's stats as its last step was scheduled or ended, whichever came later
         (read without stopping the loop); requests whose grammar compiles count as waiting."""
-        s = self._stats
+        s = self.engine.stats() if self._live_stats else self._stats
         return replace(s, num_waiting=s.num_waiting + self.num_grammars_pending)
 
     def _snapshot(self) -> None:
@@ -123,6 +127,7 @@ class AsyncLLMEngine:
             if self._error is not None:
                 raise EngineDeadError(f"the engine loop has stopped: {self._error}")
             self._commands.put(("add", request_id, prompt, params, stream, added, grammar))
+        self._wake()
         try:
             await asyncio.wrap_future(added)
         except asyncio.CancelledError:
@@ -172,12 +177,14 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         """Abort a request: its blocks are freed before the engine's next step. Thread-safe."""
         self._commands.put(("abort", request_id))
+        self._wake()
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the loop after the step in progress. Every request still in flight gets an
         EngineDeadError (and is aborted, so its blocks are freed)."""
         if self._thread.is_alive():
             self._commands.put(("stop",))
+            self._wake()
             self._thread.join(timeout)
         self._compiler.shutdown(wait=False, cancel_futures=True)
         if hasattr(self.engine, "remove_schedule_callback"):   # the engine may serve on
@@ -226,6 +233,9 @@ class AsyncLLMEngine:
             elif cmd[0] == "stop":
                 self._close(EngineDeadError("the engine was shut down"),
                             EngineDeadError("the server is shutting down; request cancelled"))
+                if self._live_stats:    # the aborts crossed to the core's process: applied?
+                    with contextlib.suppress(EngineDeadError):
+                        self.engine.stats(fresh=True)
                 return False
         return True
 

@@ -1,29 +1,55 @@
 """How a front end talks to its EngineCore (vLLM twin: vllm/v1/engine/core_client.py).
 
     InprocClient    the core in the same process, called directly: get_output() is one
-                    EngineCore.step(). LLM and LLMEngine use it, so a lesson can step the core
-                    and look inside it (client.engine_core.scheduler, .block_manager, ...).
+                    EngineCore.step(). LLM and LLMEngine use it by default, so a lesson can step
+                    the core and look inside it (client.engine_core.scheduler, ...).
+    SyncMPClient    the core in a process of its own, behind a busy loop and ZMQ sockets
+                    (engine/multiproc/: client.py, core_proc.py). `minivllm serve` uses it.
 
-Every message is plain data: EngineCoreRequest in, EngineCoreOutputs out, request ids to abort
-or finish. That is what lets vLLM put the core in a process of its own behind the same methods
-(SyncMPClient / AsyncMPClient, a busy loop and ZMQ sockets), so that tokenizing, detokenizing
-and HTTP in the front end's Python no longer hold up the GPU's next step.
+Both have the same methods, and every message is plain data: EngineCoreRequest in,
+EngineCoreOutputs out, request ids to abort or finish. What the front end asks of the core
+besides (stats, reconfigure, LoRA adapters, prompt logits for scoring, traces) is a method of
+InprocClient; SyncMPClient sends its name and arguments as a utility call (vLLM's
+`call_utility`), which the core's process answers by calling that very InprocClient method.
 
-Left out, compared with vLLM: the multiprocess clients (the core in its own process) and the
-data-parallel client that balances several cores.
+Left out, compared with vLLM: AsyncMPClient (AsyncLLMEngine drives the sync client from its
+engine thread) and the data-parallel clients that balance several cores.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from minivllm.config import EngineConfig
 from minivllm.core.sequence import SequenceStatus
 from minivllm.engine.core import EngineCore, EngineCoreRequest
+from minivllm.engine.stats import EngineStats
 from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
+
+
+class EngineDeadError(RuntimeError):
+    """The engine has stopped (its core process died, or its loop did); nothing more is
+    served (vLLM twin: vllm/v1/engine/exceptions.py)."""
+
+
+@dataclass(slots=True)
+class EngineCoreInfo:
+    """What the front end knows of its core without reaching into it: the KV pool's size (to
+    refuse a request that could never fit), the end-of-sequence tokens, and the repr's facts."""
+
+    num_blocks: int
+    block_size: int
+    kv_layout: str
+    attention_backend: str
+    eos_token_ids: set[int] = field(default_factory=set)
 
 
 class InprocClient:
     def __init__(self, engine_core: EngineCore):
         self.engine_core = engine_core
 
+    # ---------------------------------------------------------------- requests in, outputs out
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)
 
@@ -42,3 +68,67 @@ class InprocClient:
 
     def has_unfinished_requests(self) -> bool:
         return self.engine_core.has_unfinished_requests()
+
+    def wake(self) -> None:
+        """Nothing waits here: get_output is a step, run on the caller's thread."""
+
+    def shutdown(self) -> None:
+        """The core lives and goes with this process; its executor's workers, if it has
+        other ranks, stop now."""
+        self.engine_core.model_executor.shutdown()
+
+    # ---------------------------------------------------------------- utility calls
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine_core.config
+
+    @property
+    def info(self) -> EngineCoreInfo:
+        core = self.engine_core
+        runner = core.model_executor.driver_worker.model_runner
+        return EngineCoreInfo(core.block_manager.num_blocks, core.block_manager.block_size,
+                              runner.kv_layout, runner.attention_backend,
+                              set(core.eos_token_ids))
+
+    def stats(self, fresh: bool = False) -> EngineStats:
+        """The core's stats now (fresh or not: the core is here)."""
+        return self.engine_core.stats()
+
+    def reconfigure(self, config: EngineConfig) -> EngineCoreInfo:
+        """A fresh KV pool, block manager and scheduler for `config` over the same weights; the
+        old ones back if the new ones cannot be built."""
+        core = self.engine_core
+        old = core.config
+        try:
+            core.model_executor.initialize_cache(config)
+            core.init_state(config)
+        except Exception:                # e.g. a draft model that cannot serve: as before
+            core.model_executor.initialize_cache(old)
+            core.init_state(old)
+            raise
+        return self.info
+
+    def add_lora(self, lora_request) -> None:
+        """Load the adapter now (it fails alone, before its request is queued)."""
+        manager = self.engine_core.model_executor.driver_worker.model_runner.lora_manager
+        if manager is None:
+            raise ValueError(f"{lora_request} was given, but LoRA is off: start the engine "
+                             "with enable_lora=True (and max_loras, max_lora_rank)")
+        manager.add_lora(lora_request)
+
+    def list_loras(self) -> set[int]:
+        manager = self.engine_core.model_executor.driver_worker.model_runner.lora_manager
+        return set(manager.slots) if manager else set()
+
+    def prompt_logits(self, token_ids: list[int]):
+        return self.engine_core.prompt_logits(token_ids)
+
+    def trace(self):
+        """`with client.trace() as steps`: the core's StepRecords, appended as steps run."""
+        return self.engine_core.trace()
+
+    def add_schedule_callback(self, callback: Callable[[], None]) -> None:
+        self.engine_core.schedule_callbacks.append(callback)
+
+    def remove_schedule_callback(self, callback: Callable[[], None]) -> None:
+        self.engine_core.schedule_callbacks.remove(callback)

@@ -17,20 +17,32 @@ LLM (minivllm/llm.py) is the offline front end on top: add everything, step unti
 core's parts stay in reach for lessons and tests: `engine.engine_core` is the client, and
 `engine.scheduler`, `.block_manager`, `.runner`, `.requests` name the core's own.
 
+Where the core runs (vLLM's `multiprocess_mode`, which its LLMEngine takes from the
+environment variable VLLM_ENABLE_V1_MULTIPROCESSING):
+
+    LLMEngine(...)                          in this process (InprocClient): the default, so
+                                            lessons can look inside; step() is one core step
+    LLMEngine(..., multiprocess_mode=True)  in a process of its own (SyncMPClient, behind a
+    or MINIVLLM_ENABLE_MULTIPROCESSING=1    busy loop): step() returns the outputs of the
+                                            core's next step; the core's parts above are out
+                                            of reach (a clear AttributeError), stats() is the
+                                            core's last snapshot, trace() fills its list as
+                                            the block ends. `minivllm serve` runs this way.
+
 One request's fault stays that request's: an exception while sampling, detokenizing or
 checking its stop conditions finishes it with finish_reason "abort" and the error in its
 output, frees its blocks, and the other requests go on. (An exception in the forward pass
 itself concerns the whole batch and is raised.)
 
-Left out, compared with vLLM: the core in a separate process behind a busy loop and ZMQ
-(minivllm's AsyncLLMEngine runs the loop in a thread), multi-modal inputs, pooling models, and
-pipeline parallelism.
+Left out, compared with vLLM: multi-modal inputs, pooling models, pipeline parallelism, and
+prefill/decode disaggregation over the process client (kv_transfer_config needs the core here).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -39,19 +51,30 @@ import torch
 from minivllm.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
 from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.engine.core_client import InprocClient
+from minivllm.engine.multiproc.client import SyncMPClient
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.processor import encode_prompt, validate_request
 from minivllm.engine.stats import EngineStats
 from minivllm.models.loader import load_hf_config, load_tokenizer, resolve_model_path
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger("minivllm")
 
 
+def multiprocessing_enabled() -> bool:
+    """MINIVLLM_ENABLE_MULTIPROCESSING=1: the core in its own process unless told otherwise
+    (vLLM's VLLM_ENABLE_V1_MULTIPROCESSING; off by default here, for the lessons' sake)."""
+    return os.environ.get("MINIVLLM_ENABLE_MULTIPROCESSING", "0") not in ("0", "", "false")
+
+
 class LLMEngine:
     def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
-                 device: str = "auto", **engine_kwargs):
+                 device: str = "auto", multiprocess_mode: bool | None = None,
+                 **engine_kwargs):
+        """multiprocess_mode: run the EngineCore in a process of its own (None: as
+        MINIVLLM_ENABLE_MULTIPROCESSING says, off unless set)."""
         t0 = time.perf_counter()
         self.model_path = resolve_model_path(model)
         self.model_config = ModelConfig.from_hf_dict(load_hf_config(self.model_path))
@@ -59,11 +82,22 @@ class LLMEngine:
         self.dtype = resolve_dtype(dtype, self.device)
         config = self._make_config(None, engine_kwargs)
         self.tokenizer = load_tokenizer(self.model_path)
-        core = EngineCore.from_model(self.model_path, self.model_config, config, self.device,
-                                     self.dtype, self.tokenizer)
-        self.engine_core = InprocClient(core)
-        self.eos_token_ids = core.eos_token_ids
-        self.structured_output = core.structured_output    # the Processor checks with it
+        self.multiprocess_mode = (multiprocessing_enabled() if multiprocess_mode is None
+                                  else bool(multiprocess_mode))
+        if self.multiprocess_mode:
+            if config.kv_transfer_config is not None:
+                raise ValueError("kv_transfer_config needs the engine core in this process: "
+                                 "use multiprocess_mode=False")
+            self.engine_core = SyncMPClient(self.model_path, config, self.device, self.dtype)
+            self.structured_output = StructuredOutputManager(   # the front end's, to check
+                self.tokenizer, self.model_config.vocab_size,  # and compile; the core loads
+                self.engine_core.info.eos_token_ids)            # what it compiled
+        else:
+            core = EngineCore.from_model(self.model_path, self.model_config, config,
+                                         self.device, self.dtype, self.tokenizer)
+            self.engine_core = InprocClient(core)
+            self.structured_output = core.structured_output    # the Processor checks with it
+        self.eos_token_ids = self.engine_core.info.eos_token_ids
         self.output_processor = OutputProcessor(self.tokenizer)
         self.kv_connector = None             # prefill/decode disaggregation (kv_transfer/)
         if config.kv_transfer_config is not None:
@@ -93,6 +127,11 @@ class LLMEngine:
     # llm_engine.engine_core.engine_core.scheduler, ...).
     @property
     def core(self) -> EngineCore:
+        if self.multiprocess_mode:
+            raise AttributeError(
+                "the EngineCore (its scheduler, runner, block manager, requests, ...) runs in "
+                f"its own process (pid {self.engine_core.pid}, multiprocess_mode=True), not in "
+                "this one: build the engine with multiprocess_mode=False to look inside it")
         return self.engine_core.engine_core
 
     @property
@@ -106,7 +145,7 @@ class LLMEngine:
 
     @property
     def config(self) -> EngineConfig:
-        return self.core.config
+        return self.engine_core.config
 
     @property
     def scheduler(self):
@@ -147,30 +186,25 @@ class LLMEngine:
         kv_layout, ...); anything not named keeps its current value. Refused while requests
         are in flight: their blocks live in the pool being replaced.
         """
+        in_flight = list(self.output_processor.request_states)
         if self.has_unfinished_requests():
             raise RuntimeError(
-                f"cannot reconfigure with {len(self.requests)} request(s) in flight "
-                f"({', '.join(list(self.requests)[:5])}); let them finish or abort them first")
+                f"cannot reconfigure with {len(in_flight)} request(s) in flight "
+                f"({', '.join(in_flight[:5])}); let them finish or abort them first")
         config = self._make_config(self.config, changes)
-        old = self.config
-        try:
-            self.model_executor.initialize_cache(config)
-            self.core.init_state(config)
-        except Exception:                # e.g. a draft model that cannot serve: as before
-            self.model_executor.initialize_cache(old)
-            self.core.init_state(old)
-            raise
-        self.output_processor.abort_requests(list(self.output_processor.request_states))
+        self.engine_core.reconfigure(config)    # the old settings back if the new fail
         return self
     # --8<-- [end:reconfigure]
 
     def __repr__(self) -> str:
         device = (torch.cuda.get_device_name(self.device) if self.device.type == "cuda"
                   else "CPU")
+        info = self.engine_core.info
+        core = f", core in process {self.engine_core.pid}" if self.multiprocess_mode else ""
         return (f"LLMEngine(model={self.model_config.architecture} from {self.model_path.name}, "
                 f"device={device}, dtype={str(self.dtype).removeprefix('torch.')}, "
-                f"kv={self.runner.kv_layout} {self.runner.num_blocks}x{self.runner.block_size}, "
-                f"attention={self.runner.attention_backend})")
+                f"kv={info.kv_layout} {info.num_blocks}x{info.block_size}, "
+                f"attention={info.attention_backend}{core})")
 
     # ---------------------------------------------------------------- requests in
     def add_request(self, request_id: str, prompt: str | list[int],
@@ -181,7 +215,7 @@ class LLMEngine:
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
-        if request_id in self.output_processor.request_states or request_id in self.requests:
+        if request_id in self.output_processor.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if isinstance(prompt, str):
             text = prompt
@@ -192,13 +226,11 @@ class LLMEngine:
             bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)]
             if bad:
                 raise ValueError(f"prompt token ids must be integers, got {bad[0]!r}")
-        validate_request(token_ids, params, self.config, self.model_config, self.block_manager)
-        grammar = self.structured_output.check(params, self.spec_decoder is not None, grammar)
+        config = self.config
+        validate_request(token_ids, params, config, self.model_config, self.engine_core.info)
+        grammar = self.structured_output.check(params, bool(config.speculative_config), grammar)
         if lora_request is not None:         # checked and read now: a bad adapter fails alone
-            if self.runner.lora_manager is None:
-                raise ValueError(f"{lora_request} was given, but LoRA is off: start the engine "
-                                 "with enable_lora=True (and max_loras, max_lora_rank)")
-            self.runner.lora_manager.add_lora(lora_request)
+            self.engine_core.add_lora(lora_request)
         request = EngineCoreRequest(request_id, token_ids, params, lora_request, grammar)
         self.engine_core.add_request(request)
         self.output_processor.add_request(request_id, text, token_ids, params,
@@ -214,7 +246,7 @@ class LLMEngine:
         if request_id in self.output_processor.request_states:
             raise ValueError(f"request_id {request_id!r} is already in use")
         validate_request(prompt_token_ids + [first_token], params, self.config,
-                         self.model_config, self.block_manager)
+                         self.model_config, self.engine_core.info)
         request = EngineCoreRequest(request_id, list(prompt_token_ids), params)
         first = self.core.add_prefilled_request(request, load_kv, (first_token, first_logprobs))
         if first is None:
@@ -226,11 +258,12 @@ class LLMEngine:
 
     def add_schedule_callback(self, callback: Callable[[], None]) -> None:
         """Call callback() each time a step has been scheduled, before its forward pass (the
-        async engine refreshes its running/KV gauges there)."""
-        self.core.schedule_callbacks.append(callback)
+        async engine refreshes its running/KV gauges there); with the core in its own
+        process, as the news arrives, on the thread that reads the core's messages."""
+        self.engine_core.add_schedule_callback(callback)
 
     def remove_schedule_callback(self, callback: Callable[[], None]) -> None:
-        self.core.schedule_callbacks.remove(callback)
+        self.engine_core.remove_schedule_callback(callback)
 
     def abort_request(self, request_id: str) -> None:
         self.output_processor.abort_requests([request_id])
@@ -238,18 +271,16 @@ class LLMEngine:
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
-        return self.core.prompt_logits(token_ids)
+        return self.engine_core.prompt_logits(token_ids)
 
-    def stats(self) -> EngineStats:
-        return self.core.stats()
-
-    def shutdown(self) -> None:
-        """Stop the executor's worker processes, if any (also done when it is dropped)."""
-        self.model_executor.shutdown()
+    def stats(self, fresh: bool = False) -> EngineStats:
+        """With the core in its own process, the snapshot it sent last (at most a message
+        old), or with fresh=True its answer now, once it has applied every earlier message."""
+        return self.engine_core.stats(fresh)
 
     def list_loras(self) -> set[int]:
         """The ids of the LoRA adapters now in the engine's slots (vLLM's name)."""
-        return set(self.runner.lora_manager.slots) if self.runner.lora_manager else set()
+        return self.engine_core.list_loras()
 
     def has_unfinished_requests(self) -> bool:
         return (self.output_processor.has_unfinished_requests()
@@ -258,7 +289,17 @@ class LLMEngine:
     def trace(self):
         """Record every step taken inside the block: `with engine.trace() as steps: ...`
         fills `steps` with one StepRecord per step (the core keeps them)."""
-        return self.core.trace()
+        return self.engine_core.trace()
+
+    def wake(self) -> None:
+        """A thread waiting in step() for the core's process returns now, with no outputs
+        (AsyncLLMEngine: a command came in). Nothing to do with the core in this process."""
+        self.engine_core.wake()
+
+    def shutdown(self) -> None:
+        """Stop the core's process and the executor's worker processes, if any (garbage
+        collection and exit do it too)."""
+        self.engine_core.shutdown()
 
     # ---------------------------------------------------------------- one iteration
     # --8<-- [start:step]

@@ -98,6 +98,9 @@ class OutputProcessor:
             state = self.request_states.get(out.request_id)
             if state is None or out.request_id in errors:
                 continue
+            sample = state.samples.get(out.index)
+            if sample is not None and sample.finish_reason is not None:
+                continue        # stopped here, and the core (another process) ran on a step
             touched[out.request_id] = state
             try:
                 if self._update(state, out, core_outputs.timestamp):

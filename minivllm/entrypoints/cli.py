@@ -3,6 +3,7 @@
 vLLM twin: vllm/entrypoints/cli/ (main.py, serve.py, benchmark/), in one file.
 
     minivllm serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-model-len N] ...
+    minivllm serve --no-multiprocess-mode      # the EngineCore in the server's own process
     minivllm serve --kv-transfer-config '{"kv_role": "kv_producer"}'   # a prefill/decode pair
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
     minivllm bench NAME ...                # every benchmark: minivllm/benchmarks/main.py
@@ -29,12 +30,14 @@ from minivllm.benchmarks import simulate as simulator
 
 
 def make_engine(args: argparse.Namespace):
-    """The engine `minivllm serve` serves: an LLMEngine, or with --kv-transfer-config the
-    front of a disaggregated pair (minivllm/distributed/kv_transfer/disagg_llm.py)."""
+    """The engine `minivllm serve` serves: an LLMEngine with its EngineCore in a process of
+    its own (unless --no-multiprocess-mode), or with --kv-transfer-config the front of a
+    disaggregated pair (minivllm/distributed/kv_transfer/disagg_llm.py)."""
     from minivllm.engine.llm_engine import LLMEngine
     kv = args.kv_transfer_config
     if kv is None:
-        return LLMEngine(args.model, **engine_kwargs(args))
+        return LLMEngine(args.model, multiprocess_mode=args.multiprocess_mode,
+                         **engine_kwargs(args))
     from minivllm.config import KVTransferConfig
     from minivllm.distributed.kv_transfer.disagg_llm import DisaggLLM, launch
     from minivllm.entrypoints.openai.api_server import DisaggFront
@@ -70,8 +73,7 @@ def serve(args: argparse.Namespace) -> None:
     except KeyboardInterrupt:     # uvicorn re-raises Ctrl-C after its clean shutdown
         pass
     finally:
-        if hasattr(engine, "close"):            # a disaggregated pair: stop the consumer
-            engine.close()
+        engine.shutdown()        # the core's process, or a disaggregated pair's consumer
 
 
 def disagg(argv: list[str]) -> None:

@@ -86,11 +86,18 @@ class StructuredOutputManager:
         import xgrammar as xgr
         with self._lock:
             if self.compiler is None:     # xgrammar's own cache off: ours is the bounded one
-                info = xgr.TokenizerInfo.from_huggingface(
+                self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
                     self.tokenizer, vocab_size=self.vocab_size,
                     stop_token_ids=self.eos_token_ids)
-                self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+                self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=2,
+                                                    cache_enabled=False)
         return xgr
+
+    def deserialize(self, data: str):
+        """A grammar the front end compiled, from its serialize_json(): a CompiledGrammar does
+        not pickle, and loading its JSON (~1-10 ms) spares the core process the compile."""
+        xgr = self.load()
+        return xgr.CompiledGrammar.deserialize_json(data, self.tokenizer_info)
 
     @staticmethod
     def key(g: GuidedDecodingParams) -> tuple:

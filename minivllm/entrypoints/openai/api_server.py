@@ -8,9 +8,10 @@
 One request's path: the handler validates the body (pydantic, then SamplingParams), tokenizes
 the prompt, checks it against max_model_len, and adds it to the engine; it then reads the
 request's stream of RequestOutputs and sends each new piece of text as an SSE chunk. The
-engine's step loop runs on its own thread (minivllm/engine/async_llm_engine.py), so the event
-loop stays free to accept connections and flush tokens while a forward pass runs. A client that goes away
-(stream or not) aborts its request; its KV blocks are freed before the next step.
+engine's loop runs on its own thread (minivllm/engine/async_llm_engine.py), and `minivllm
+serve` puts its EngineCore in a process of its own (engine/multiproc/), so the event loop
+stays free to accept connections and flush tokens while a forward pass runs. A client that
+goes away (stream or not) aborts its request; its KV blocks are freed before the next step.
 
 Errors use OpenAI's JSON shape, {"error": {"message", "type", "param", "code"}}, every one of
 them: 400 for bad JSON (invalid UTF-8 and nesting too deep included), unknown or bad fields
@@ -274,6 +275,9 @@ class DisaggFront:
 
     def __repr__(self) -> str:
         return repr(self.llm)
+
+    def shutdown(self) -> None:
+        self.llm.close()
 
     def stats(self):
         s = self.llm.producer.stats()

@@ -1,9 +1,10 @@
 """The flags of `minivllm serve` (vLLM twin: vllm/entrypoints/openai/cli_args.py, make_arg_parser).
 
-The server's own flags (the model, where to listen, the API key, the log level, the P/D role)
-and then the engine's (minivllm/engine/arg_utils.py). Its own module, apart from cli.py, as in
-vLLM. The benchmarks never import it (the CLI imports them): `minivllm bench serve
---compare-offline` reads its `--server-args` as MODEL and the engine's flags only.
+The server's own flags (the model, where to listen, the API key, the log level, the P/D role,
+where the engine core runs) and then the engine's (minivllm/engine/arg_utils.py). Its own
+module, apart from cli.py, as in vLLM. The benchmarks never import it (the CLI imports them):
+`minivllm bench serve --compare-offline` reads its `--server-args` as MODEL and the engine's
+flags only.
 
 Leaves out vLLM's TLS, CORS, tool-calling, chat-template and LoRA-module flags.
 """
@@ -39,6 +40,11 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-prompts-per-request", type=int, default=256,
                         help="prompts one /v1/completions request may carry (400 beyond)")
     parser.add_argument("--uvicorn-log-level", default="info")
+    parser.add_argument("--multiprocess-mode", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="the EngineCore in a process of its own, as vLLM's AsyncLLM runs "
+                             "it (default); --no-multiprocess-mode steps it in the server's "
+                             "process, on the engine thread")
     parser.add_argument("--kv-transfer-config", type=json.loads, default=None,
                         help="prefill/decode disaggregation, as JSON: kv_role kv_producer "
                              "serves the front of a pair (with no kv_port, it spawns the "

@@ -1,0 +1,10 @@
+"""The EngineCore in a process of its own (vLLM twin: vllm/v1/engine/core_client.py's MPClient and
+vllm/v1/engine/core.py's EngineCoreProc): what `minivllm serve` runs, and LLM or LLMEngine with
+multiprocess_mode=True.
+
+    client.py      SyncMPClient: the front end's end (start, send, read outputs, utility calls)
+    core_proc.py   EngineCoreProc: the core's end (the busy loop), `python -m` this module
+
+An add-on beside the in-process client (engine/core_client.py), which lessons use and a student
+reads first: the same EngineCore and the same messages, carried over two ZMQ sockets.
+"""
