@@ -55,8 +55,8 @@ class EngineCoreRequest:
     sampling_params: SamplingParams
     lora_request: object | None = None      # minivllm.LoRARequest, or None: the base model
     grammar: object | None = None           # the compiled guided-decoding constraint, if any
-    kv_transfer_params: dict | None = None  # disaggregation (kv_transfer/kv_connector.py)
     arrival_time: float = field(default_factory=time.perf_counter)
+    kv_transfer_params: dict | None = None  # disaggregation (kv_transfer/kv_connector.py)
 
 
 class EngineCore:

@@ -230,7 +230,7 @@ class LLMEngine:
         if lora_request is not None:         # checked and read now: a bad adapter fails alone
             self.engine_core.add_lora(lora_request)
         request = EngineCoreRequest(request_id, token_ids, params, lora_request, grammar,
-                                    kv_transfer_params)
+                                    kv_transfer_params=kv_transfer_params)
         self.engine_core.add_request(request)
         self.output_processor.add_request(request_id, text, token_ids, params,
                                           request.arrival_time)
