@@ -87,9 +87,11 @@ def check_stop(seq: Sequence, eos_token_ids: set[int], max_model_len: int
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager, cpu_block_manager=None,
-                 eos_token_ids: set[int] = frozenset(), seq_ids=None):
+                 eos_token_ids: set[int] = frozenset(), seq_ids=None, kv_connector=None):
         """eos_token_ids: the model's end-of-sequence tokens (stop unless ignore_eos).
-        seq_ids: the engine's id counter, so that forked samples get ids unique in it."""
+        seq_ids: the engine's id counter, so that forked samples get ids unique in it.
+        kv_connector: the KV connector's scheduler side (prefill/decode disaggregation), or
+        None."""
         self.config = config
         self.block_manager = block_manager
         self.cpu_block_manager = cpu_block_manager       # the swap pool, if swapping is on
@@ -104,6 +106,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
         self.spec_decoding_stats = SpecDecodingStats()
+        self.kv_connector = kv_connector
 
     def add(self, seq: Sequence) -> None:
         """Queue a request's first sample (any others fork from it after its prompt)."""
@@ -183,9 +186,8 @@ class Scheduler:
 
         # 3. Waiting sequences, first come first served, while budget, cap and blocks allow
         #    (static batching: only into an empty batch; never while some are swapped out).
-        if self.swapped or (self.config.scheduling == "static" and self.running):
-            return out
-        while self.waiting and budget > 0:
+        admit = not self.swapped and not (self.config.scheduling == "static" and self.running)
+        while admit and self.waiting and budget > 0:
             seq = self.waiting[0]
             # A request with n samples is admitted with room for all n (forked after prefill).
             if not self._has_seq_slots(seq):
@@ -201,6 +203,8 @@ class Scheduler:
                 seq.metrics.first_scheduled_time = time.perf_counter()
             self.running.append(seq)
             budget = self._run(seq, out, budget)
+        if self.kv_connector is not None:    # disaggregation: which blocks' K/V move this step
+            out.kv_connector_metadata = self.kv_connector.build_connector_meta(out)
         return out
     # --8<-- [end:schedule]
 
@@ -279,17 +283,24 @@ class Scheduler:
         seq.metrics.num_draft_tokens += len(seq.spec_token_ids)
         seq.metrics.num_accepted_tokens += num_accepted
 
-    def add_prefilled(self, seq: Sequence, load_kv, first_token: Draw) -> bool:
+    def add_prefilled(self, seq: Sequence, first_token: Draw) -> bool:
         """Admit a sequence whose prompt another engine prefilled (prefill/decode
         disaggregation): the admission checks of `schedule` (a sequence slot, free blocks, an
-        adapter slot), blocks for its prompt (prefix-cache hits count as computed),
-        load_kv(seq) writes the rest of the prompt's K/V into them, then it runs from its first
-        token on. False, with nothing changed, when there is no room for it now."""
+        adapter slot), blocks for its prompt (prefix-cache hits count as computed), the KV
+        connector told which blocks the rest of the prompt's K/V goes into (the worker writes
+        it before the next forward), then it runs from its first token on. False, with nothing
+        changed, when there is no room for it now; the connector's ValueError, with its blocks
+        given back, when it cannot be loaded here."""
         if (not self._has_seq_slots(seq) or not self.block_manager.can_allocate(seq)
                 or not self._lora_fits(seq)):
             return False
         self.block_manager.allocate(seq)
-        load_kv(seq)
+        if self.kv_connector is not None:
+            try:
+                self.kv_connector.update_state_after_alloc(seq)
+            except ValueError:
+                self.block_manager.free(seq)
+                raise
         seq.num_computed_tokens = len(seq)
         self.block_manager.cache_computed_blocks(seq)
         seq.status = SequenceStatus.RUNNING

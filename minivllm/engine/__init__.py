@@ -6,4 +6,6 @@
     output_processor.py   tokens out: stop checks, RequestOutput
     detokenizer.py        incremental detokenization
     stats.py              EngineStats and StepRecord: what the engine reports about itself
+    disagg/               DisaggLLM: the front of a prefill/decode pair (two engines, the KV
+                          connector of minivllm/distributed/kv_transfer/ between them)
 """

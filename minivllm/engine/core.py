@@ -56,6 +56,7 @@ class EngineCoreRequest:
     lora_request: object | None = None      # minivllm.LoRARequest, or None: the base model
     grammar: object | None = None           # the compiled guided-decoding constraint, if any
     arrival_time: float = field(default_factory=time.perf_counter)
+    kv_transfer_params: dict | None = None  # disaggregation (kv_transfer/kv_connector.py)
 
 
 class EngineCore:
@@ -109,8 +110,13 @@ class EngineCore:
             self.block_manager = ContiguousAllocator(executor.num_blocks, config.max_model_len)
         self.cpu_block_manager = (BlockManager(executor.num_cpu_blocks, config.block_size)
                                   if executor.num_cpu_blocks else None)
+        kv_connector = None                  # the KV connector's scheduler side
+        if config.kv_transfer_config is not None:
+            from minivllm.distributed.kv_transfer.kv_connector import KVConnectorScheduler
+            kv_connector = KVConnectorScheduler(config.kv_transfer_config.kv_role,
+                                                self.block_manager.num_cached_tokens)
         self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager,
-                                   self.eos_token_ids, self.seq_ids)
+                                   self.eos_token_ids, self.seq_ids, kv_connector)
         self.spec_decoder = None
         if config.speculative_config:
             from minivllm.spec_decode.decoder import SpeculativeDecoder
@@ -130,21 +136,22 @@ class EngineCore:
                               request.sampling_params, next(self.seq_ids), request.lora_request)
         group.arrival_time = group.seqs[0].metrics.arrival_time = request.arrival_time
         group.grammar = request.grammar
+        group.kv_transfer_params = request.kv_transfer_params
         return group
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add(self._group(request).seqs[0])
 
-    def add_prefilled_request(self, request: EngineCoreRequest, load_kv, first_token
+    def add_prefilled_request(self, request: EngineCoreRequest, first_token
                               ) -> EngineCoreOutputs | None:
         """A request another engine prefilled (minivllm/distributed/kv_transfer/): admitted with
-        the scheduler's normal checks, load_kv(seq) writes its prompt's K/V, and it runs from
-        its first token on, which is returned. None, with nothing changed, when there is no
-        room for it now."""
+        the scheduler's normal checks, the KV connector's worker side writes its prompt's K/V
+        before the next forward, and it runs from its first token on, which is returned. None,
+        with nothing changed, when there is no room for it now."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         seq = self._group(request).seqs[0]
-        if not self.scheduler.add_prefilled(seq, load_kv, first_token):
+        if not self.scheduler.add_prefilled(seq, first_token):
             return None
         return EngineCoreOutputs([seq.output_since(seq.num_prompt_tokens)],
                                  timestamp=seq.metrics.first_token_time)
