@@ -6,7 +6,7 @@ vllm/v1/worker/gpu_worker.py).
     determine_num_blocks()       how many KV blocks this device holds (the rules below); the
                                  executor gives every rank the smallest count
     initialize_cache(config, n)  the weights' format, the configuration's state, a pool of n
-                                 blocks
+                                 blocks, and speculative decoding's drafter
     compile_or_warm_up_model()   torch.compile, CUDA graphs over that pool
     execute_model(so)            one step (ModelRunner.execute_model)
 
@@ -27,6 +27,7 @@ from minivllm.config import EngineConfig, ModelConfig
 from minivllm.core.kv_cache import allocate_kv_cache
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.outputs import ModelRunnerOutput
+from minivllm.spec_decode.decoder import make_drafter
 from minivllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("minivllm")
@@ -66,6 +67,9 @@ class Worker:
         if num_blocks is None:
             num_blocks = self.determine_num_blocks()
         runner.initialize_kv_cache(num_blocks)
+        # Speculative decoding's drafter, on the rank that samples (a draft model runs in a
+        # Worker of its own: the class is passed, spec_decode/ imports nothing of worker/).
+        runner.drafter = make_drafter(engine_config, runner, Worker) if runner.is_driver else None
         return num_blocks
 
     def determine_num_blocks(self) -> int:
