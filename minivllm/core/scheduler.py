@@ -253,10 +253,9 @@ class Scheduler:
         dropped its verified drafts), those proposed when it last ran if the budget left it
         out."""
         for (request_id, index), drafts in draft_token_ids.items():
-            group = self.requests.get(request_id)
-            seq = group.seqs[index] if group is not None and index < len(group.seqs) else None
-            if seq is not None and seq.status == SequenceStatus.RUNNING:
-                seq.spec_token_ids = list(drafts)
+            group = self.requests.get(request_id)          # None: it finished this step
+            if group is not None and group.seqs[index].status == SequenceStatus.RUNNING:
+                group.seqs[index].spec_token_ids = list(drafts)
 
     def _append(self, seq: Sequence, draws: list[Draw]) -> EngineCoreOutput:
         """Append seq's new tokens in order, up to the first that stops it; what it gained."""
