@@ -258,7 +258,7 @@ def test_draft_tokens_take_budget_and_lookahead_slots_and_give_back_the_rejected
     s = make_scheduler()
     a = add_request(s, "A", 4)
     step(s)
-    a.spec_token_ids = [7, 7, 7, 7]                        # what a proposer sets
+    s.update_draft_token_ids({("A", 0): [7, 7, 7, 7]})     # what the runner proposed
     out = s.schedule()
     assert out.num_new_tokens == [5] and out.spec_token_ids == [[7, 7, 7, 7]]
     assert len(a.block_table) == 3                         # 5 tokens + 4 lookahead slots

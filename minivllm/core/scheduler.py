@@ -10,9 +10,10 @@ chunked prefill). Then waiting sequences are admitted, first come first served, 
 budget, the cap and the free blocks allow. One forward pass can therefore carry decodes and
 prefill chunks together.
 
-With speculative decoding a decoding sequence may bring draft tokens (seq.spec_token_ids, handed
-to `update_draft_token_ids` by the engine core before the step): they are verified in the same forward, so each one
-costs a token of budget and a lookahead slot. Drafts get only what the budget leaves once every
+With speculative decoding a decoding sequence may bring draft tokens (seq.spec_token_ids: the
+model runner proposed them after the sequence's last step, and the engine core handed them to
+`update_draft_token_ids`): they are verified in the same forward, so each one costs a token of
+budget and a lookahead slot. Drafts get only what the budget leaves once every
 later running sequence has its one token, and only free blocks: speculation never preempts.
 
 When a running sequence needs a block and none is free, the newest running sequence is
@@ -248,11 +249,17 @@ class Scheduler:
         return outputs
     # --8<-- [end:update_from_output]
 
-    def update_draft_token_ids(self, draft_token_ids: dict[int, list[int]]) -> None:
-        """The drafts proposed for the next step, by sequence id (vLLM V1's name): a running
-        sequence not named has none. `schedule` fits them to the budget and the free slots."""
-        for seq in self.running:
-            seq.spec_token_ids = list(draft_token_ids.get(seq.seq_id, ()))
+    def update_draft_token_ids(self, draft_token_ids: dict[tuple[str, int], list[int]]
+                               ) -> None:
+        """The drafts the runner proposed for the next step, by (request id, sample index)
+        (vLLM V1's name); `schedule` fits them to the budget and the free slots. Only a running
+        sample takes any; one not named keeps its own: none if it ran (update_from_output
+        dropped its verified drafts), those proposed when it last ran if the budget left it
+        out."""
+        for (request_id, index), drafts in draft_token_ids.items():
+            group = self.requests.get(request_id)          # None: it finished this step
+            if group is not None and group.seqs[index].status == SequenceStatus.RUNNING:
+                group.seqs[index].spec_token_ids = list(drafts)
 
     def _append(self, seq: Sequence, draws: list[Draw]) -> EngineCoreOutput:
         """Append seq's new tokens in order, up to the first that stops it; what it gained."""

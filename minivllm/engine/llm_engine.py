@@ -156,10 +156,6 @@ class LLMEngine:
         return self.core.cpu_block_manager
 
     @property
-    def spec_decoder(self):
-        return self.core.spec_decoder
-
-    @property
     def requests(self):
         """The core's unfinished requests (SequenceGroups), by id."""
         return self.core.requests

@@ -6,7 +6,7 @@ vllm/v1/worker/gpu_worker.py).
     determine_num_blocks()       how many KV blocks this device holds (the rules below); the
                                  executor gives every rank the smallest count
     initialize_cache(config, n)  the weights' format, the configuration's state, a pool of n
-                                 blocks
+                                 blocks, and speculative decoding's drafter
     compile_or_warm_up_model()   torch.compile, CUDA graphs over that pool
     execute_model(so)            one step (ModelRunner.execute_model), and with a
                                  kv_transfer_config the KV connector's worker side around it:
@@ -30,6 +30,7 @@ from minivllm.config import EngineConfig, ModelConfig
 from minivllm.core.kv_cache import allocate_kv_cache
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.outputs import ModelRunnerOutput
+from minivllm.spec_decode.decoder import make_drafter
 from minivllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("minivllm")
@@ -73,6 +74,9 @@ class Worker:
         if engine_config.kv_transfer_config is not None and self.kv_connector is None:
             from minivllm.distributed.kv_transfer.kv_connector import KVConnectorWorker
             self.kv_connector = KVConnectorWorker(engine_config, self.model_config, runner)
+        # Speculative decoding's drafter, on the rank that samples (a draft model runs in a
+        # Worker of its own: the class is passed, spec_decode/ imports nothing of worker/).
+        runner.drafter = make_drafter(engine_config, runner, Worker) if runner.is_driver else None
         return num_blocks
 
     def determine_num_blocks(self) -> int:
