@@ -79,13 +79,18 @@ class InprocClient:
 
     # ---------------------------------------------------------------- utility calls
     @property
+    def _runner(self):
+        """The driver worker's ModelRunner (rank 0's, under tensor parallelism)."""
+        return self.engine_core.model_executor.driver_worker.model_runner
+
+    @property
     def config(self) -> EngineConfig:
         return self.engine_core.config
 
     @property
     def info(self) -> EngineCoreInfo:
         core = self.engine_core
-        runner = core.model_executor.driver_worker.model_runner
+        runner = self._runner
         return EngineCoreInfo(core.block_manager.num_blocks, core.block_manager.block_size,
                               runner.kv_layout, runner.attention_backend,
                               set(core.eos_token_ids))
@@ -110,14 +115,14 @@ class InprocClient:
 
     def add_lora(self, lora_request) -> None:
         """Load the adapter now (it fails alone, before its request is queued)."""
-        manager = self.engine_core.model_executor.driver_worker.model_runner.lora_manager
+        manager = self._runner.lora_manager
         if manager is None:
             raise ValueError(f"{lora_request} was given, but LoRA is off: start the engine "
                              "with enable_lora=True (and max_loras, max_lora_rank)")
         manager.add_lora(lora_request)
 
     def list_loras(self) -> set[int]:
-        manager = self.engine_core.model_executor.driver_worker.model_runner.lora_manager
+        manager = self._runner.lora_manager
         return set(manager.slots) if manager else set()
 
     def prompt_logits(self, token_ids: list[int]):
