@@ -28,8 +28,8 @@ two policies:
 previous one has completely finished (the baseline of lesson 04).
 
 After the forward pass, `update_from_output` is the one place where a step's results change
-the sequences: computed tokens advance (full blocks enter the prefix cache), the samples of an
-n > 1 request are forked, sampled tokens are appended (with speculation: the accepted drafts
+the sequences: computed tokens advance (full blocks enter the prefix cache), the samples of a
+V0-style n > 1 request are forked (the front end fans n out instead, as vLLM V1 does), sampled tokens are appended (with speculation: the accepted drafts
 and one more, the rejected drafts' slots rolled back), stop tokens and lengths are checked,
 and finished sequences give their blocks back. It returns an EngineCoreOutput per sample that
 moved (minivllm/outputs.py): plain values, what the front end needs and nothing it could

@@ -7,7 +7,7 @@
                       scheduler through update_draft_token_ids
         2. schedule   which sequences run, how many tokens each, which blocks move
         3. execute    the executor's execute_model: block copies, one forward pass, sampling
-        4. update     the scheduler applies the tokens: append, fork, accept drafts, stop on
+        4. update     the scheduler applies the tokens: append, fork (V0), accept drafts, stop on
                       tokens and lengths, free blocks; one EngineCoreOutput per sample that moved
 
 The core owns the Scheduler (and its block managers) and the executor that runs a step on the
@@ -20,8 +20,14 @@ Anything that executes a SchedulerOutput can be the executor: a real one over th
 the simulator's SimulatedExecutor on a virtual clock (minivllm/simulator/simulator.py), which
 thereby runs this very step; tests/test_scheduler.py drives it over an executor with no model.
 
+Parallel sampling: the front end fans n > 1 out into n requests of one sample (vLLM V1,
+engine/parallel_sampling.py), so what reaches the core from LLMEngine has n = 1. The core still
+takes an EngineCoreRequest with n > 1 from a caller who builds one: then its samples fork
+inside it after one prefill, sharing blocks by copy-on-write (vLLM V0's way, kept for lesson 02
+and for beam search).
+
 Left out, compared with vLLM: batch queues for pipeline parallelism, and V1's Request (the
-core's unit is still V0's SequenceGroup, whose n > 1 samples fork inside the core).
+core's unit is still V0's SequenceGroup: one sample, or for a V0-style n > 1 request, n).
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ class EngineCoreRequest:
 
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams         # n > 1 only from a caller who wants V0's fork
     lora_request: object | None = None      # minivllm.LoRARequest, or None: the base model
     grammar: object | None = None           # the compiled guided-decoding constraint, if any
     arrival_time: float = field(default_factory=time.perf_counter)
@@ -194,7 +200,7 @@ class EngineCore:
             if self.scheduler.has_unfinished():      # admission checks make this unreachable
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
             return EngineCoreOutputs(timestamp=self.clock())
-        # 4. Update: append, fork, accept drafts, stop on tokens and length, free blocks.
+        # 4. Update: append, fork (V0's n > 1), accept drafts, stop on tokens and length, free blocks.
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         finished = self.scheduler.take_finished()            # the workers forget them
         self.model_executor.free([seq.seq_id for seq in finished])

@@ -15,9 +15,9 @@
     3. forward        the model once, and logits only for the last token of each sample that
                       samples this step (a prefill chunk short of its prompt's end samples
                       nothing); k + 1 rows for a sample verifying k draft tokens
-    4. sample         the Sampler draws each row (and, for a request with n > 1 samples whose
-                      prompt is now computed, the other samples' first tokens from the same
-                      row); the rejection sampler keeps the accepted drafts
+    4. sample         the Sampler draws each row (and, for a V0-style request with n > 1
+                      samples whose prompt is now computed, the other samples' first tokens
+                      from the same row); the rejection sampler keeps the accepted drafts
 
 and returns a ModelRunnerOutput (minivllm/outputs.py) that Scheduler.update_from_output applies.
 
