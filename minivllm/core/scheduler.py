@@ -27,8 +27,12 @@ two policies:
 `scheduling="static"` turns continuous batching off: a batch is admitted only when the
 previous one has completely finished (the baseline of lesson 04).
 
+With prefix caching, the full blocks a step computes are named in the cache as it is scheduled,
+so a sequence admitted later in the same step reuses them (vLLM V1 does the same: every layer
+writes the step's K/V before attention reads it).
+
 After the forward pass, `update_from_output` is the one place where a step's results change
-the sequences: computed tokens advance (full blocks enter the prefix cache), the samples of a
+the sequences: computed tokens advance, the samples of a
 V0-style n > 1 request are forked (the front end fans n out instead, as vLLM V1 does), sampled tokens are appended (with speculation: the accepted drafts
 and one more, the rejected drafts' slots rolled back), stop tokens and lengths are checked,
 and finished sequences give their blocks back. It returns an EngineCoreOutput per sample that
@@ -118,7 +122,11 @@ class Scheduler:
     def _run(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
         """Schedule seq's next tokens (all it has left, or what the budget allows) and its
         drafts (the caller has fitted them to the budget); returns the budget left."""
-        n = min(seq.num_uncomputed_tokens, budget) + len(seq.spec_token_ids)
+        num_tokens = min(seq.num_uncomputed_tokens, budget)     # of its own, drafts aside
+        n = num_tokens + len(seq.spec_token_ids)
+        # Its full blocks are named now: a sequence admitted later in this step finds them (the
+        # children of an n > 1 request share the prompt so), as in vLLM V1.
+        self.block_manager.cache_computed_blocks(seq, seq.num_computed_tokens + num_tokens)
         out.seqs.append(seq)
         out.num_new_tokens.append(n)
         out.is_prefill.append(seq.is_prefill)
@@ -216,7 +224,6 @@ class Scheduler:
         self.spec_decoding_stats.num_accepted_this_step = 0
         for seq, n in zip(so.seqs, so.num_new_tokens):
             seq.num_computed_tokens += n - len(seq.spec_token_ids)   # drafts: once accepted
-            bm.cache_computed_blocks(seq)                # full blocks become reusable
         outputs = []
         for seq in so.seqs:
             if seq.status.finished or (errors and seq.request_id in errors):
