@@ -249,7 +249,7 @@ class LLMEngine:
         if parent is None:
             self.engine_core.add_request(request)
         else:                                  # V1's fan-out: n requests of one sample each
-            for index in range(parent.n):
+            for index in range(params.n):
                 child_id, child_params = parent.get_child_info(index)
                 self.engine_core.add_request(dataclasses.replace(
                     request, request_id=child_id, sampling_params=child_params))

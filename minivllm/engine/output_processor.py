@@ -66,12 +66,11 @@ class RequestState:
         return self.error is not None or (len(self.samples) == self.params.n and all(
             s.finish_reason is not None for s in self.samples.values()))
 
-    def core_request_ids(self) -> dict[str, int]:
-        """The core's requests that make this one -> the sample each is: the children of a
-        fanned-out parent, else the request itself (all its samples, if the core forks)."""
-        if self.parent is None:
-            return {self.request_id: 0}
-        return {child: i for i, child in enumerate(self.parent.child_request_ids)}
+    @property
+    def core_request_ids(self) -> list[str]:
+        """The core's requests that make this one: a fanned-out parent's children (child i is
+        sample i), else the request itself (all its samples, if the core forks them)."""
+        return self.parent.child_request_ids if self.parent else [self.request_id]
 
 
 @dataclass(slots=True)
@@ -102,9 +101,8 @@ class OutputProcessor:
                              time.perf_counter() if arrival_time is None else arrival_time,
                              parent=parent)
         self.request_states[request_id] = state
-        if parent is not None:
-            for child, index in state.core_request_ids().items():
-                self.child_requests[child] = (state, index)
+        for index, child in enumerate(parent.child_request_ids if parent else ()):
+            self.child_requests[child] = (state, index)
         return state
 
     def abort_requests(self, request_ids) -> list[str]:
@@ -119,14 +117,13 @@ class OutputProcessor:
                 core_ids.append(request_id)
                 continue
             self._remove(state)
-            core_ids += state.core_request_ids()
+            core_ids += state.core_request_ids
         return list(dict.fromkeys(core_ids))
 
     def _remove(self, state: RequestState) -> None:
         del self.request_states[state.request_id]
-        if state.parent is not None:
-            for child in state.parent.child_request_ids:
-                self.child_requests.pop(child, None)
+        for child in state.parent.child_request_ids if state.parent else ():
+            del self.child_requests[child]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)
@@ -140,10 +137,9 @@ class OutputProcessor:
         stopped = []
         errors = {}
         for out in core_outputs.outputs:
-            if out.request_id in self.child_requests:          # sample `index` of its parent
-                state, index = self.child_requests[out.request_id]
-            else:
-                state, index = self.request_states.get(out.request_id), out.index
+            # A fanned-out child's tokens are sample `index` of its parent.
+            state, index = self.child_requests.get(out.request_id) or (
+                self.request_states.get(out.request_id), out.index)
             if state is None or state.request_id in errors:
                 continue
             sample = state.samples.get(index)
@@ -157,12 +153,10 @@ class OutputProcessor:
                 errors[state.request_id] = state.error = f"output processing failed: {e!r}"
         outputs = [request_output(state) for state in touched.values()]
         to_abort = {}
-        for state in touched.values():
-            if not state.finished:
-                continue
+        for state in [state for state in touched.values() if state.finished]:
             self._remove(state)
             if state.error is not None:   # what of it still runs in the core goes too
-                to_abort.update(dict.fromkeys(state.core_request_ids(), state.error))
+                to_abort.update(dict.fromkeys(state.core_request_ids, state.error))
         return OutputProcessorOutput(outputs, stopped, errors, to_abort)
     # --8<-- [end:process_outputs]
 

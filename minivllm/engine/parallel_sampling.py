@@ -35,14 +35,8 @@ class ParentRequest:
     def __init__(self, request_id: str, sampling_params: SamplingParams):
         self.request_id = request_id
         self.sampling_params = sampling_params
-        self.child_request_ids = [self.child_request_id(i) for i in range(sampling_params.n)]
-
-    @property
-    def n(self) -> int:
-        return self.sampling_params.n
-
-    def child_request_id(self, index: int) -> str:
-        return f"{index}_{self.request_id}"          # vLLM's naming
+        # Child i's request id, vLLM's naming: "0_id", "1_id", ...
+        self.child_request_ids = [f"{i}_{request_id}" for i in range(sampling_params.n)]
 
     def child_sampling_params(self, index: int) -> SamplingParams:
         """One sample (n=1); seeded seed + index, the seed the sampler gives sample `index`."""
@@ -52,4 +46,4 @@ class ParentRequest:
 
     def get_child_info(self, index: int) -> tuple[str, SamplingParams]:
         """(child request id, its SamplingParams) of sample `index` (vLLM's name)."""
-        return self.child_request_id(index), self.child_sampling_params(index)
+        return self.child_request_ids[index], self.child_sampling_params(index)
