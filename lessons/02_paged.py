@@ -498,7 +498,7 @@ def _(PAGED, PROMPT_LEN, Request, SAMPLE_TOKENS, SamplingParams, llm, mo, prompt
     # vLLM V1's way: n > 1 fans out into n child requests of one sample each (seed + i), and
     # the children share the prompt's *full* blocks through prefix caching (lesson 05); no
     # fork, no copy-on-write. minivllm's disaggregated front does exactly this
-    # (minivllm/distributed/kv_transfer/disagg_llm.py). minivllm caches a block once its K/V
+    # (minivllm/engine/disagg/disagg_llm.py). minivllm caches a block once its K/V
     # is computed, so the children here arrive one step after the first; V1 registers a full
     # block's hash when it is allocated, so children scheduled together share too.
     llm.reconfigure(**{**PAGED, "enable_prefix_caching": True})

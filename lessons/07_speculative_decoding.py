@@ -622,9 +622,11 @@ def _(
 
     ## Where the code lives
 
-    * `minivllm/spec_decode/decoder.py`: `NgramProposer.propose` (prompt lookup), `greedy_accept`
-      and `rejection_sample` (the acceptance rule), `SpeculativeDecoder` (propose before the
-      scheduler, set the draft rows aside, accept, roll back the rejected slots).
+    * `minivllm/spec_decode/`: `NgramProposer.propose` (prompt lookup, ngram_proposer.py) and
+      `SpeculativeDecoder` (decoder.py: the model runner's drafter, which proposes each
+      sample's drafts right after sampling; the core hands them to the scheduler for the
+      next step). `minivllm/sample/rejection_sampler.py`: `greedy_accept` and
+      `rejection_sample` (the acceptance rule).
     * `minivllm/core/scheduler.py`: drafts fit into the token budget and get lookahead slots
       (`BlockManager.append_slots`); `minivllm/core/block_manager.py`: `free_lookahead_slots`.
     * `minivllm/worker/model_runner.py`: a sequence with k drafts returns k + 1 logits rows.

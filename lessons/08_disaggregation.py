@@ -15,7 +15,7 @@ def _():
 
     from minivllm import LLM, SamplingParams
     from minivllm.benchmarks.disagg import summarize, workload
-    from minivllm.distributed.kv_transfer.disagg_llm import launch
+    from minivllm.engine.disagg.disagg_llm import launch
     from minivllm.core.kv_cache import kv_bytes_per_token, reference_config
     from minivllm.workloads import serve
     return (LLM, SamplingParams, kv_bytes_per_token, launch, mo, np, plt,
@@ -336,16 +336,21 @@ def _(mo):
     mo.md(r"""
     ## The mechanism: what crosses the wire
 
-    `KVConnector.send_kv` gathers the prompt's blocks from the producer's pool, keeps only
-    the P slots the prompt fills (the last block is partly empty: those slots are not
-    sent), and announces the request with its first token. The consumer's receiving thread
-    answers how many leading tokens its own prefix cache already holds (whole blocks), and
-    only the rest crosses, as one `(layers, 2, tokens, kv_heads, head_dim)` tensor. It lands
-    while the consumer keeps decoding; then
-    `LLMEngine.add_prefilled_request` takes blocks in the consumer's own pool (reusing
-    cached prefix blocks), writes the K/V into them and puts the request among the running
-    ones, its first token already there. Nothing else about the request changes: the
-    consumer's scheduler sees an ordinary decoding sequence.
+    The KV connector has two sides, as in vLLM V1: a scheduler side in the engine core
+    (which blocks of which request move) and a worker side beside the model runner (the
+    transfer into and out of the KV pool), told what to do by the metadata each step's
+    `SchedulerOutput` carries. On the producer, the step that samples a request's first token
+    ends with `KVConnectorWorker.wait_for_save`: it gathers the prompt's blocks from the pool,
+    keeps only the P slots the prompt fills (the last block is partly empty: those slots are
+    not sent), and announces the request with its first token. The consumer's receiving
+    thread answers how many leading tokens its own prefix cache already holds (whole blocks),
+    and only the rest crosses, as one `(layers, 2, tokens, kv_heads, head_dim)` tensor. It
+    lands while the consumer keeps decoding; then `LLMEngine.add_prefilled_request` takes
+    blocks in the consumer's own pool (reusing cached prefix blocks) and puts the request
+    among the running ones, its first token already there, and the next step's
+    `start_load_kv` writes the K/V into those blocks before the forward reads them. Nothing
+    else about the request changes: the consumer's scheduler sees an ordinary decoding
+    sequence.
     """)
     return
 
@@ -616,11 +621,14 @@ def _(
 
     ## Where the code lives
 
-    * `minivllm/distributed/kv_transfer/kv_connector.py`: `KVConnector` (rendezvous and the checks that refuse a bad
-      pairing, `send_kv`, `kv_loader`, the receiving thread), `serve_decode` (the
-      consumer's loop).
-    * `minivllm/distributed/kv_transfer/disagg_llm.py`: `DisaggLLM.step` (hand-off after the first token, outputs
-      streamed back, re-prefill when the consumer refuses a request or dies) and `launch`.
+    * `minivllm/distributed/kv_transfer/kv_connector.py`: `KVConnectorScheduler`
+      (`update_state_after_alloc`, `build_connector_meta`) and `KVConnectorWorker`
+      (`start_load_kv`, `wait_for_save`), vLLM V1's two sides of a connector.
+    * `minivllm/distributed/kv_transfer/kv_pipe.py`: `TorchDistributedPipe` (rendezvous and
+      the checks that refuse a bad pairing, the receiving thread).
+    * `minivllm/engine/disagg/disagg_llm.py`: `DisaggLLM.step` (hand-off after the first token, outputs
+      streamed back, re-prefill when the consumer refuses a request or dies), `launch` and
+      `serve_decode` (the consumer's loop).
     * `minivllm/engine/llm_engine.py`: `LLMEngine.add_prefilled_request`, the consumer's way in.
     * `minivllm/config.py`: `KVTransferConfig`, vLLM's `kv_transfer_config`.
     * `minivllm/benchmarks/disagg.py`: `minivllm bench disagg`, the same comparison with more load.

@@ -377,8 +377,9 @@ def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, mo, ops_per_step, s
       buckets), `CUDAGraphRunner` (static buffers, capture, `run`: copy, pad, replay).
     * `minivllm/attention/layer.py`: `unified_attention`, the op a compiled graph calls for
       attention, and `minivllm/forward_context.py`, where it finds the step's metadata.
-    * `minivllm/worker/model_runner.py`: `init_kv_cache` compiles and captures over the new pool;
-      `forward` replays a graph for a pure decode step.
+    * `minivllm/worker/model_runner.py`: `compile_or_warm_up_model` compiles and captures over
+      the new pool (the `Worker` calls it after `initialize_cache`, at start and on
+      `reconfigure`); `forward` replays a graph for a pure decode step.
     * `kernels/paged_attention.py`: `DecodeScratch`, the fixed partials that make the decode
       kernel's grid the same every step; `kernels/write_kv.py` skips slot -1.
     * `minivllm/benchmarks/compile.py` (`minivllm bench compile`) and `minivllm/benchmarks/gpu.py

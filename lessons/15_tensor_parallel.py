@@ -154,10 +154,10 @@ def _(mo):
 
     `LLM(tensor_parallel_size=3)` starts two worker processes (rank 1 and 2) next to this
     one (rank 0). Every rank builds the model, swaps its layers for their shards, and loads
-    only its slice of each weight. The scheduler, the block manager and the sampler exist
-    once, on rank 0; each step rank 0 sends the step's token ids, positions and block tables
-    to the workers, and all three run the forward pass together, meeting in the all-reduces
-    (gloo over TCP here, NCCL on GPUs). First, the size that does *not* work:
+    only its slice of each weight. The scheduler and the block manager exist once, in the
+    `EngineCore`; each step its executor hands the same `SchedulerOutput` to every rank's
+    `Worker`, and all three `ModelRunner`s run the forward pass together, meeting in the
+    all-reduces (gloo over TCP here, NCCL on GPUs). First, the size that does *not* work:
     """)
     return
 

@@ -83,6 +83,11 @@ class ModelRunnerOutput:
                       the first token of each other sample (indices 1..n-1), drawn from the
                       same logits row; update_from_output forks the samples and appends them
     errors            request_id -> why sampling failed (that request alone is aborted)
+    draft_token_ids[(request_id, index)]   speculative decoding: the drafts the runner's
+                      drafter proposed for that sample's next step, from its tokens with this
+                      step's appended (vLLM: DraftTokenIds, by request id; here by sample, and
+                      not by seq_id: a sample forked this step has none the runner knows); the
+                      core hands them to Scheduler.update_draft_token_ids
 
     A sequence that ran a prefill chunk short of its prompt's end samples nothing: it is in
     none of the dicts.
@@ -91,6 +96,7 @@ class ModelRunnerOutput:
     sampled: dict[int, list[Draw]] = field(default_factory=dict)
     forked: dict[int, list[Draw]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    draft_token_ids: dict[tuple[str, int], list[int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.entrypoints.cli import make_engine
 from minivllm.entrypoints.openai.cli_args import make_arg_parser
 from minivllm.config import EngineConfig
-from minivllm.distributed.kv_transfer.disagg_llm import DisaggLLM, free_port, launch
+from minivllm.engine.disagg.disagg_llm import DisaggLLM, free_port, launch
 from minivllm.core.kv_cache import kv_bytes_per_token
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -192,7 +192,7 @@ def test_pair_on_cuda_matches_colocated(tiny_checkpoint):
 EXIT_SCRIPT = """
 import atexit, sys
 from minivllm import SamplingParams
-from minivllm.distributed.kv_transfer.disagg_llm import launch
+from minivllm.engine.disagg.disagg_llm import launch
 if __name__ == "__main__":
     # atexit runs last-in first-out: registered before the pair, this runs after its hook
     atexit.register(lambda: print("at exit: connected", pair.connected, "receiver alive",

@@ -10,7 +10,7 @@ import openai
 from conftest import PROMPTS
 from minivllm import SamplingParams
 from minivllm.engine.async_llm_engine import AsyncLLMEngine
-from minivllm.distributed.kv_transfer.disagg_llm import launch
+from minivllm.engine.disagg.disagg_llm import launch
 from minivllm.core.kv_cache import kv_bytes_per_token
 from minivllm.entrypoints.openai.api_server import DisaggFront, Server, bind_socket
 

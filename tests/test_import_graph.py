@@ -183,14 +183,6 @@ def describe_packages(packages: dict[str, dict[str, tuple[str, int]]], component
 # The package cycles allowed for now: a cycle may stay within one of these sets of packages.
 # Any other fails, and so does an allowance that no cycle needs any more (delete it then).
 ALLOWED_PACKAGE_CYCLES = {
-    # Left after issue 38's executor (part 5): the KV connector (distributed/kv_transfer/) is
-    # still one object holding the engine (its DisaggLLM front end builds LLMEngines, and the
-    # engine builds the connector), so distributed/ and engine/ import each other, and the
-    # packages on the path between them (executor/, worker/, spec_decode/) join the cycle.
-    # Splitting the connector into a scheduler side and a worker side (vLLM's
-    # KVConnectorBase_V1) removes it.
-    "KNOWN_ENGINE_CYCLE": {"minivllm.distributed", "minivllm.engine", "minivllm.executor",
-                           "minivllm.spec_decode", "minivllm.worker"},
     # Not in issue 38's plan. The simulator imports the benchmarks' workloads and roofline
     # (Request, synthetic_requests, serve, StepCost, measure_peaks), and benchmarks/simulate.py,
     # the `minivllm simulate` command, imports the simulator. That command moved into

@@ -261,7 +261,7 @@ def test_draft_tokens_take_budget_and_lookahead_slots_and_give_back_the_rejected
     s = make_scheduler()
     a = add_request(s, "A", 4)
     step(s)
-    a.spec_token_ids = [7, 7, 7, 7]                        # what a proposer sets
+    s.update_draft_token_ids({("A", 0): [7, 7, 7, 7]})     # what the runner proposed
     out = s.schedule()
     assert out.num_new_tokens == [5] and out.spec_token_ids == [[7, 7, 7, 7]]
     assert len(a.block_table) == 3                         # 5 tokens + 4 lookahead slots
@@ -449,11 +449,11 @@ def test_a_prefilled_request_is_admitted_with_the_normal_checks():
     add_request(s, "A", 4)
     step(s)
     group = SequenceGroup("P", None, list(range(8)), SamplingParams(max_tokens=4), 1000)
-    seq, loaded = group.seqs[0], []
-    assert not s.add_prefilled(seq, loaded.append, (42, None))      # max_num_seqs is full
-    assert loaded == [] and seq.block_table == []
+    seq = group.seqs[0]
+    assert not s.add_prefilled(seq, (42, None))                 # max_num_seqs is full
+    assert seq.block_table == []
     s.finish(s.running[0], SequenceStatus.FINISHED_ABORTED)
-    assert s.add_prefilled(seq, loaded.append, (42, None))
-    assert loaded == [seq] and seq.num_computed_tokens == 8 and seq.output_token_ids == [42]
+    assert s.add_prefilled(seq, (42, None))
+    assert seq.num_computed_tokens == 8 and seq.output_token_ids == [42]
     assert seq.status is SequenceStatus.RUNNING and names(s.running) == ["P"]
     assert s.schedule().num_new_tokens == [1]                 # it decodes from its first token

@@ -263,7 +263,7 @@ def test_draft_model_keeps_greedy_output_and_frees_its_pool(smol, smol_path):
         assert tokens(run.outputs) == tokens(plain.outputs), k
         stats = run.steps[-1].stats
         assert stats.spec_decode_num_draft_tokens > 0       # (few accepted: see its docstring)
-        drafter = llm.engine.spec_decoder.proposer
+        drafter = llm.engine.runner.drafter.proposer
         assert drafter.runner.config.num_hidden_layers == 10
         assert not drafter.shadows
         assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
@@ -338,27 +338,34 @@ def test_preemption_on_a_tiny_pool(tiny, tiny_checkpoint, mode, proposer):
     assert run.steps[-1].stats.spec_decode_num_draft_tokens > 0
     assert pool_is_full(llm.engine)
     if proposer == "draft model":
-        drafter = llm.engine.spec_decoder.proposer
+        drafter = llm.engine.runner.drafter.proposer
         assert not drafter.shadows
         assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
 
 
 def test_rejected_slots_are_rolled_back_and_their_blocks_freed(tiny):
     """After every step, each decoding sequence holds K/V for all its tokens but the newest
-    and no block past its tokens: the lookahead blocks of rejected drafts are gone. Sequences
-    in one step propose different numbers of drafts, or none."""
+    and no block past its tokens: the lookahead blocks of rejected drafts are gone, and the
+    drafts it holds for the next step (the runner's prompt lookup on its tokens now, from
+    the step's ModelRunnerOutput) have no slots yet. Sequences in one step propose different
+    numbers of drafts, or none."""
     engine = tiny(block_size=4, speculative_config=ngram(5)).engine
+    lookup = NgramProposer(1, 4)                           # ngram()'s defaults
     for i, r in enumerate(tiny_requests(4, 24)):
         engine.add_request(f"r{i}", r.prompt, r.params)
     with engine.trace() as steps:
         while engine.has_unfinished_requests():
             engine.step()
             for seq in engine.scheduler.running:
+                room = min(5, seq.params.max_tokens - seq.num_output_tokens - 1)
                 if seq.num_output_tokens:
                     assert seq.num_computed_tokens == len(seq) - 1
                     # (a plain decode's new token gets its slot next step; no lookahead kept)
                     assert cdiv(len(seq) - 1, 4) <= len(seq.block_table) <= cdiv(len(seq), 4)
-                assert seq.spec_token_ids == []
+                    assert seq.spec_token_ids == (lookup.propose(seq.token_ids, room)
+                                                  if room > 0 else [])
+                else:
+                    assert seq.spec_token_ids == []
     assert any(len({s.num_draft_tokens for s in step.scheduled}) > 1 for step in steps)
     assert sum(s.num_accepted_tokens for s in steps) < sum(s.num_draft_tokens for s in steps)
     assert pool_is_full(engine)

@@ -69,7 +69,7 @@ def compare(model=None, num_decodes=4, decode_prompt=32, decode_tokens=48, num_l
     """Serve one workload colocated, then split; return both summaries and the transfer
     numbers. `llm`: an already-loaded colocated LLM to use (its settings are kept)."""
     from minivllm import LLM
-    from minivllm.distributed.kv_transfer.disagg_llm import launch
+    from minivllm.engine.disagg.disagg_llm import launch
     settings = {"max_model_len": long_prompt + 64, "num_kv_blocks": 256, **engine_kwargs}
     llm = llm or LLM(model, **settings)
     requests = workload(llm.tokenizer, num_decodes, decode_prompt, decode_tokens, num_long,

@@ -10,9 +10,10 @@ chunked prefill). Then waiting sequences are admitted, first come first served, 
 budget, the cap and the free blocks allow. One forward pass can therefore carry decodes and
 prefill chunks together.
 
-With speculative decoding a decoding sequence may bring draft tokens (seq.spec_token_ids, handed
-to `update_draft_token_ids` by the engine core before the step): they are verified in the same forward, so each one
-costs a token of budget and a lookahead slot. Drafts get only what the budget leaves once every
+With speculative decoding a decoding sequence may bring draft tokens (seq.spec_token_ids: the
+model runner proposed them after the sequence's last step, and the engine core handed them to
+`update_draft_token_ids`): they are verified in the same forward, so each one costs a token of
+budget and a lookahead slot. Drafts get only what the budget leaves once every
 later running sequence has its one token, and only free blocks: speculation never preempts.
 
 When a running sequence needs a block and none is free, the newest running sequence is
@@ -91,9 +92,11 @@ def check_stop(seq: Sequence, eos_token_ids: set[int], max_model_len: int
 
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager, cpu_block_manager=None,
-                 eos_token_ids: set[int] = frozenset(), seq_ids=None):
+                 eos_token_ids: set[int] = frozenset(), seq_ids=None, kv_connector=None):
         """eos_token_ids: the model's end-of-sequence tokens (stop unless ignore_eos).
-        seq_ids: the engine's id counter, so that forked samples get ids unique in it."""
+        seq_ids: the engine's id counter, so that forked samples get ids unique in it.
+        kv_connector: the KV connector's scheduler side (prefill/decode disaggregation), or
+        None."""
         self.config = config
         self.block_manager = block_manager
         self.cpu_block_manager = cpu_block_manager       # the swap pool, if swapping is on
@@ -108,6 +111,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
         self.spec_decoding_stats = SpecDecodingStats()
+        self.kv_connector = kv_connector
 
     def add(self, seq: Sequence) -> None:
         """Queue a request's first sample (any others fork from it after its prompt)."""
@@ -191,9 +195,8 @@ class Scheduler:
 
         # 3. Waiting sequences, first come first served, while budget, cap and blocks allow
         #    (static batching: only into an empty batch; never while some are swapped out).
-        if self.swapped or (self.config.scheduling == "static" and self.running):
-            return out
-        while self.waiting and budget > 0:
+        admit = not self.swapped and not (self.config.scheduling == "static" and self.running)
+        while admit and self.waiting and budget > 0:
             seq = self.waiting[0]
             # A request with n samples is admitted with room for all n (forked after prefill).
             if not self._has_seq_slots(seq):
@@ -209,6 +212,8 @@ class Scheduler:
                 seq.metrics.first_scheduled_time = time.perf_counter()
             self.running.append(seq)
             budget = self._run(seq, out, budget)
+        if self.kv_connector is not None:    # disaggregation: which blocks' K/V move this step
+            out.kv_connector_metadata = self.kv_connector.build_connector_meta(out)
         return out
     # --8<-- [end:schedule]
 
@@ -251,11 +256,17 @@ class Scheduler:
         return outputs
     # --8<-- [end:update_from_output]
 
-    def update_draft_token_ids(self, draft_token_ids: dict[int, list[int]]) -> None:
-        """The drafts proposed for the next step, by sequence id (vLLM V1's name): a running
-        sequence not named has none. `schedule` fits them to the budget and the free slots."""
-        for seq in self.running:
-            seq.spec_token_ids = list(draft_token_ids.get(seq.seq_id, ()))
+    def update_draft_token_ids(self, draft_token_ids: dict[tuple[str, int], list[int]]
+                               ) -> None:
+        """The drafts the runner proposed for the next step, by (request id, sample index)
+        (vLLM V1's name); `schedule` fits them to the budget and the free slots. Only a running
+        sample takes any; one not named keeps its own: none if it ran (update_from_output
+        dropped its verified drafts), those proposed when it last ran if the budget left it
+        out."""
+        for (request_id, index), drafts in draft_token_ids.items():
+            group = self.requests.get(request_id)          # None: it finished this step
+            if group is not None and group.seqs[index].status == SequenceStatus.RUNNING:
+                group.seqs[index].spec_token_ids = list(drafts)
 
     def _append(self, seq: Sequence, draws: list[Draw]) -> EngineCoreOutput:
         """Append seq's new tokens in order, up to the first that stops it; what it gained."""
@@ -286,17 +297,24 @@ class Scheduler:
         seq.metrics.num_draft_tokens += len(seq.spec_token_ids)
         seq.metrics.num_accepted_tokens += num_accepted
 
-    def add_prefilled(self, seq: Sequence, load_kv, first_token: Draw) -> bool:
+    def add_prefilled(self, seq: Sequence, first_token: Draw) -> bool:
         """Admit a sequence whose prompt another engine prefilled (prefill/decode
         disaggregation): the admission checks of `schedule` (a sequence slot, free blocks, an
-        adapter slot), blocks for its prompt (prefix-cache hits count as computed),
-        load_kv(seq) writes the rest of the prompt's K/V into them, then it runs from its first
-        token on. False, with nothing changed, when there is no room for it now."""
+        adapter slot), blocks for its prompt (prefix-cache hits count as computed), the KV
+        connector told which blocks the rest of the prompt's K/V goes into (the worker writes
+        it before the next forward), then it runs from its first token on. False, with nothing
+        changed, when there is no room for it now; the connector's ValueError, with its blocks
+        given back, when it cannot be loaded here."""
         if (not self._has_seq_slots(seq) or not self.block_manager.can_allocate(seq)
                 or not self._lora_fits(seq)):
             return False
         self.block_manager.allocate(seq)
-        load_kv(seq)
+        if self.kv_connector is not None:
+            try:
+                self.kv_connector.update_state_after_alloc(seq)
+            except ValueError:
+                self.block_manager.free(seq)
+                raise
         seq.num_computed_tokens = len(seq)
         self.block_manager.cache_computed_blocks(seq)
         seq.status = SequenceStatus.RUNNING

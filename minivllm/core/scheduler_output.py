@@ -81,6 +81,9 @@ class SchedulerOutput:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)   # (cpu, device)
+    # Prefill/decode disaggregation: which blocks' K/V the worker loads or sends this step
+    # (minivllm/distributed/kv_transfer/kv_connector.py, KVConnectorMetadata), or None.
+    kv_connector_metadata: object | None = None
     # The core's view (traces, lessons, tests).
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)

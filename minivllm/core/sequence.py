@@ -175,6 +175,7 @@ class SequenceGroup:
         self.error: str | None = None            # why the engine failed this request, if it did
         self.lora_request = lora_request         # LoRARequest, or None for the base model
         self.grammar = None                      # its compiled guided-decoding constraint
+        self.kv_transfer_params = None           # disaggregation: vLLM's, a dict or None
         first = Sequence(first_seq_id, self, 0, prompt_token_ids, len(prompt_token_ids))
         if lora_request is not None:             # its own prefix-cache namespace too
             first.extra_keys = (lora_request.lora_int_id,)

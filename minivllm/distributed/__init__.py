@@ -4,5 +4,6 @@
                         model allows, and which KV heads each rank holds
     layers.py           the tensor-parallel layers (column/row-parallel linear, vocab-parallel
                         embedding and LM head) and `parallelize`, which swaps them into a model
-    kv_transfer/        prefill/decode disaggregation: the KV connector and the DisaggLLM front
+    kv_transfer/        prefill/decode disaggregation: the KV connector (its scheduler and
+                        worker sides) and its transport
 """

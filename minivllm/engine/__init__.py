@@ -7,4 +7,6 @@
     parallel_sampling.py  n > 1 as n child requests, gathered into one RequestOutput (V1)
     detokenizer.py        incremental detokenization
     stats.py              EngineStats and StepRecord: what the engine reports about itself
+    disagg/               DisaggLLM: the front of a prefill/decode pair (two engines, the KV
+                          connector of minivllm/distributed/kv_transfer/ between them)
 """

@@ -3,12 +3,16 @@
     add_request(request)      queue an EngineCoreRequest (the front end tokenized and checked it)
     abort_requests(ids)       finish requests now; their blocks go back
     step() -> EngineCoreOutputs
-        1. propose    drafts for the next tokens (speculative decoding), handed to the
-                      scheduler through update_draft_token_ids
-        2. schedule   which sequences run, how many tokens each, which blocks move
-        3. execute    the executor's execute_model: block copies, one forward pass, sampling
-        4. update     the scheduler applies the tokens: append, fork (V0), accept drafts, stop on
+        1. schedule   which sequences run, how many tokens each, which blocks move
+        2. execute    the executor's execute_model: block copies, one forward pass, sampling,
+                      and (speculative decoding) the runner's drafts for the next step
+        3. update     the scheduler applies the tokens: append, fork (V0), accept drafts, stop on
                       tokens and lengths, free blocks; one EngineCoreOutput per sample that moved
+        4. drafts     the runner's drafts go to the scheduler (update_draft_token_ids), which
+                      fits them into the next step
+
+The core holds no proposer: as in vLLM V1, the model runner drafts after sampling, from its own
+state of each sample (minivllm/spec_decode/), and its ModelRunnerOutput carries the drafts.
 
 The core owns the Scheduler (and its block managers) and the executor that runs a step on the
 devices (minivllm/executor/: Executor -> Worker -> ModelRunner, on every rank alike). The
@@ -18,7 +22,8 @@ them, finds stop strings, and finishes a stopped sample here with `finish_reques
 
 Anything that executes a SchedulerOutput can be the executor: a real one over the weights, or
 the simulator's SimulatedExecutor on a virtual clock (minivllm/simulator/simulator.py), which
-thereby runs this very step; tests/test_scheduler.py drives it over an executor with no model.
+thereby runs this very step (it proposes no drafts); tests/test_scheduler.py drives it over an
+executor with no model.
 
 Parallel sampling: the front end fans n > 1 out into n requests of one sample (vLLM V1,
 engine/parallel_sampling.py), so what reaches the core from LLMEngine has n = 1. The core still
@@ -62,6 +67,7 @@ class EngineCoreRequest:
     lora_request: object | None = None      # minivllm.LoRARequest, or None: the base model
     grammar: object | None = None           # the compiled guided-decoding constraint, if any
     arrival_time: float = field(default_factory=time.perf_counter)
+    kv_transfer_params: dict | None = None  # disaggregation (kv_transfer/kv_connector.py)
 
 
 class EngineCore:
@@ -104,8 +110,8 @@ class EngineCore:
         return core
 
     def init_state(self, config: EngineConfig) -> None:
-        """A fresh scheduler, block managers and proposer for `config`, over the executor's
-        pools (sized for config already: LLMEngine.reconfigure rebuilds them first)."""
+        """A fresh scheduler and block managers for `config`, over the executor's pools (sized
+        for config already, drafter included: LLMEngine.reconfigure rebuilds them first)."""
         self.config = config
         executor = self.model_executor
         if config.kv_layout == "paged":
@@ -115,13 +121,13 @@ class EngineCore:
             self.block_manager = ContiguousAllocator(executor.num_blocks, config.max_model_len)
         self.cpu_block_manager = (BlockManager(executor.num_cpu_blocks, config.block_size)
                                   if executor.num_cpu_blocks else None)
+        kv_connector = None                  # the KV connector's scheduler side
+        if config.kv_transfer_config is not None:
+            from minivllm.distributed.kv_transfer.kv_connector import KVConnectorScheduler
+            kv_connector = KVConnectorScheduler(config.kv_transfer_config.kv_role,
+                                                self.block_manager.num_cached_tokens)
         self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager,
-                                   self.eos_token_ids, self.seq_ids)
-        self.spec_decoder = None
-        if config.speculative_config:
-            from minivllm.spec_decode.decoder import SpeculativeDecoder
-            self.spec_decoder = SpeculativeDecoder(config.speculative_config,
-                                                   config.max_model_len, executor)
+                                   self.eos_token_ids, self.seq_ids, kv_connector)
         self.num_steps = 0
         self.last_scheduler_output: SchedulerOutput | None = None
 
@@ -136,21 +142,22 @@ class EngineCore:
                               request.sampling_params, next(self.seq_ids), request.lora_request)
         group.arrival_time = group.seqs[0].metrics.arrival_time = request.arrival_time
         group.grammar = request.grammar
+        group.kv_transfer_params = request.kv_transfer_params
         return group
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add(self._group(request).seqs[0])
 
-    def add_prefilled_request(self, request: EngineCoreRequest, load_kv, first_token
+    def add_prefilled_request(self, request: EngineCoreRequest, first_token
                               ) -> EngineCoreOutputs | None:
         """A request another engine prefilled (minivllm/distributed/kv_transfer/): admitted with
-        the scheduler's normal checks, load_kv(seq) writes its prompt's K/V, and it runs from
-        its first token on, which is returned. None, with nothing changed, when there is no
-        room for it now."""
+        the scheduler's normal checks, the KV connector's worker side writes its prompt's K/V
+        before the next forward, and it runs from its first token on, which is returned. None,
+        with nothing changed, when there is no room for it now."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         seq = self._group(request).seqs[0]
-        if not self.scheduler.add_prefilled(seq, load_kv, first_token):
+        if not self.scheduler.add_prefilled(seq, first_token):
             return None
         return EngineCoreOutputs([seq.output_since(seq.num_prompt_tokens)],
                                  timestamp=seq.metrics.first_token_time)
@@ -186,22 +193,21 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         t0 = self.clock()
         self.last_record = None
-        if self.spec_decoder:                    # 1. drafts, for the scheduler to fit
-            drafts = self.spec_decoder.propose(self.scheduler.running)
-            self.scheduler.update_draft_token_ids(drafts)
-        # 2. Schedule: which sequences run, how many tokens each, which blocks move.
+        # 1. Schedule: which sequences run, how many tokens each, which blocks move.
         scheduler_output = self.scheduler.schedule()
         self.last_scheduler_output = scheduler_output
         for callback in self.schedule_callbacks:    # a long prefill shows as running meanwhile
             callback()
-        # 3. Execute: block copies, one forward pass, the sampled tokens.
+        # 2. Execute: block copies, one forward pass, the sampled tokens (and drafts).
         runner_output = self.model_executor.execute_model(scheduler_output)
         if not scheduler_output.seqs:
             if self.scheduler.has_unfinished():      # admission checks make this unreachable
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
             return EngineCoreOutputs(timestamp=self.clock())
-        # 4. Update: append, fork (V0's n > 1), accept drafts, stop on tokens and length, free blocks.
+        # 3. Update: append, fork (V0), accept drafts, stop on tokens and length, free blocks.
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        # 4. The drafts the runner proposed, for the next schedule to fit (vLLM V1's order).
+        self.scheduler.update_draft_token_ids(runner_output.draft_token_ids)
         finished = self.scheduler.take_finished()            # the workers forget them
         self.model_executor.free([seq.seq_id for seq in finished])
         self.num_steps += 1
@@ -233,7 +239,7 @@ class EngineCore:
             num_preemptions=sched.num_preemptions,
             prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
             prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0,
-            **(self._spec_decode_stats() if self.spec_decoder else {}))
+            **(self._spec_decode_stats() if self.config.speculative_config else {}))
 
     def _spec_decode_stats(self) -> dict[str, int]:
         s = self.scheduler.spec_decoding_stats

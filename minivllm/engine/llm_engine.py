@@ -106,10 +106,6 @@ class LLMEngine:
             self.structured_output = core.structured_output    # the Processor checks with it
         self.eos_token_ids = self.engine_core.info.eos_token_ids
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.kv_connector = None             # prefill/decode disaggregation (kv_transfer/)
-        if config.kv_transfer_config is not None:
-            from minivllm.distributed.kv_transfer.kv_connector import KVConnector
-            self.kv_connector = KVConnector(self)     # meets the other role, or refuses
         self.load_time = time.perf_counter() - t0
 
     def _make_config(self, base: EngineConfig | None, changes: dict) -> EngineConfig:
@@ -167,10 +163,6 @@ class LLMEngine:
         return self.core.cpu_block_manager
 
     @property
-    def spec_decoder(self):
-        return self.core.spec_decoder
-
-    @property
     def requests(self):
         """The core's unfinished requests (SequenceGroups), by id: an n > 1 request's children
         by theirs ("0_id" .. "{n-1}_id")."""
@@ -217,13 +209,15 @@ class LLMEngine:
     # ---------------------------------------------------------------- requests in
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None, lora_request=None,
-                    grammar=None) -> None:
+                    grammar=None, kv_transfer_params: dict | None = None) -> None:
         """`grammar`: the guided-decoding constraint compiled beforehand (AsyncLLMEngine does
         it on a worker thread); None: compiled here, or found in the cache.
 
         n > 1 fans out here, as in vLLM V1: n child requests of one sample each, seeded
         seed + i, which the core runs like any others (the prompt's full blocks shared through
-        the prefix cache); `step` gathers them back into one RequestOutput."""
+        the prefix cache); `step` gathers them back into one RequestOutput.
+        `kv_transfer_params`: {"do_remote_decode": True} sends the prompt's K/V to the
+        kv_consumer once its first token is sampled (DisaggLLM asks it)."""
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
@@ -245,7 +239,8 @@ class LLMEngine:
         grammar = self.structured_output.check(params, bool(config.speculative_config), grammar)
         if lora_request is not None:         # checked and read now: a bad adapter fails alone
             self.engine_core.add_lora(lora_request)
-        request = EngineCoreRequest(request_id, token_ids, params, lora_request, grammar)
+        request = EngineCoreRequest(request_id, token_ids, params, lora_request, grammar,
+                                    kv_transfer_params=kv_transfer_params)
         if parent is None:
             self.engine_core.add_request(request)
         else:                                  # V1's fan-out: n requests of one sample each
@@ -257,18 +252,21 @@ class LLMEngine:
                                           request.arrival_time, parent)
 
     def add_prefilled_request(self, request_id: str, prompt_token_ids: list[int],
-                              params: SamplingParams, first_token: int, load_kv,
-                              first_logprobs: dict[int, float] | None = None) -> bool:
+                              params: SamplingParams, first_token: int,
+                              first_logprobs: dict[int, float] | None = None,
+                              kv_transfer_params: dict | None = None) -> bool:
         """A request whose prompt another engine prefilled (minivllm/distributed/kv_transfer/):
-        the scheduler admits it with its normal checks, load_kv(seq) writes the prompt's K/V,
-        and it runs from its first token on, as if prefilled here. False, with nothing
-        changed, when the pool or the batch has no room for it now."""
+        the scheduler admits it with its normal checks, the KV connector loads the prompt's
+        K/V that kv_transfer_params describes ({"cached": tokens not sent}), and it runs from
+        its first token on, as if prefilled here. False, with nothing changed, when the pool
+        or the batch has no room for it now."""
         if self.output_processor.in_use(request_id):
             raise ValueError(f"request_id {request_id!r} is already in use")
         validate_request(prompt_token_ids + [first_token], params, self.config,
                          self.model_config, self.engine_core.info)
-        request = EngineCoreRequest(request_id, list(prompt_token_ids), params)
-        first = self.core.add_prefilled_request(request, load_kv, (first_token, first_logprobs))
+        request = EngineCoreRequest(request_id, list(prompt_token_ids), params,
+                                    kv_transfer_params=kv_transfer_params)
+        first = self.core.add_prefilled_request(request, (first_token, first_logprobs))
         if first is None:
             return False
         self.output_processor.add_request(request_id, None, prompt_token_ids, params,

@@ -32,14 +32,14 @@ from minivllm.benchmarks import simulate as simulator
 def make_engine(args: argparse.Namespace):
     """The engine `minivllm serve` serves: an LLMEngine with its EngineCore in a process of
     its own (unless --no-multiprocess-mode), or with --kv-transfer-config the front of a
-    disaggregated pair (minivllm/distributed/kv_transfer/disagg_llm.py)."""
+    disaggregated pair (minivllm/engine/disagg/disagg_llm.py)."""
     from minivllm.engine.llm_engine import LLMEngine
     kv = args.kv_transfer_config
     if kv is None:
         return LLMEngine(args.model, multiprocess_mode=args.multiprocess_mode,
                          **engine_kwargs(args))
     from minivllm.config import KVTransferConfig
-    from minivllm.distributed.kv_transfer.disagg_llm import DisaggLLM, launch
+    from minivllm.engine.disagg.disagg_llm import DisaggLLM, launch
     from minivllm.entrypoints.openai.api_server import DisaggFront
     c = KVTransferConfig.from_dict(kv)
     if c.kv_role != "kv_producer":
@@ -78,7 +78,7 @@ def serve(args: argparse.Namespace) -> None:
 
 def disagg(argv: list[str]) -> None:
     """`minivllm disagg`: both roles here (default), or one role of a two-machine pair."""
-    from minivllm.distributed.kv_transfer import disagg_llm
+    from minivllm.engine.disagg import disagg_llm
     from minivllm.sampling_params import SamplingParams
     p = argparse.ArgumentParser(prog="minivllm disagg", description=disagg_llm.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         "bench", help="benchmarks: serve (against a server), the offline ones, gpu and kernels",
         description="Every benchmark; `minivllm bench NAME --help` for its flags."))
     d = sub.add_parser("disagg", add_help=False, help="prefill and decode roles in two "
-                       "processes (minivllm/distributed/kv_transfer/disagg_llm.py)")
+                       "processes (minivllm/engine/disagg/disagg_llm.py)")
     d.add_argument("rest", nargs=argparse.REMAINDER)
     simulator.add_cli_args(sub.add_parser(
         "simulate", help="the engine's scheduler on a simulated deployment (cost model)",

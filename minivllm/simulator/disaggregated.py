@@ -87,7 +87,7 @@ def _serve(requests, engines, mc, timer, link, tag, times) -> None:
         while landed:                   # first come, first admitted
             _, i, handoff, token = landed[0]
             e = min(decode, key=load)
-            if e.add_prefilled_request(handoff, lambda s: None, (token, None)) is None:
+            if e.add_prefilled_request(handoff, (token, None)) is None:
                 break                   # no room yet: a decode step will free some
             landed.popleft()
             e.model_executor.clock = max(e.model_executor.clock, t)

@@ -48,7 +48,9 @@ class SimulatedExecutor:
     """execute_model without a model: every sequence that samples this step (the scheduler's
     SchedulerOutput.sampling) draws one token (an id of its own, never EOS), and the step moves
     the virtual clock by what the StepTimer says. With n > 1, a finished prompt also draws the
-    other samples' first tokens, as the real runner does. Drafts are verified as all rejected."""
+    other samples' first tokens, as the real runner does. It has no drafter, so its
+    ModelRunnerOutput carries no drafts and a simulation with speculative_config never
+    speculates (were drafts scheduled, they would be verified as all rejected)."""
 
     def __init__(self, timer: StepTimer, num_blocks: int, num_cpu_blocks: int = 0):
         self.timer = timer

@@ -1,5 +1,5 @@
-"""SpeculativeDecoder: the engine's side of speculative decoding, which proposes the drafts
-(vLLM twin: the proposer half of vllm/v1/worker/gpu_model_runner.py's propose_draft_token_ids).
+"""SpeculativeDecoder: the model runner's drafter, which proposes the drafts (vLLM twin: the
+drafter of vllm/v1/worker/gpu_model_runner.py and its propose_draft_token_ids).
 
 A decode step reads every weight of the model to produce one token per sequence; on a CPU or a
 GPU at small batch that read, not the arithmetic, sets the time. So running k + 1 tokens of
@@ -20,53 +20,102 @@ Proposers:
     draft_model  a smaller model with the same vocabulary guesses greedily over its own paged
             KV cache (minivllm/spec_decode/draft_model.py).
 
-In the engine, four seams (listed in minivllm/spec_decode/__init__.py): EngineCore.step calls
-`propose` before scheduling and hands the drafts to Scheduler.update_draft_token_ids (vLLM V1's
-runner proposes after sampling and returns them in its ModelRunnerOutput); the scheduler fits the drafts into the token budget
-and reserves their lookahead slots; the model runner verifies them (k + 1 logits rows, the
-rejection sampler); Scheduler.update_from_output appends what was accepted and rolls the
-rejected slots back. A sequence without drafts (prefilling, or nothing found) takes a plain
-one-token step in the same batch.
+In the engine, four seams (listed in minivllm/spec_decode/__init__.py): the model runner owns
+this drafter and, right after sampling, calls `propose` on its own state of each sample (the
+tokens it had, plus the ones just sampled), as vLLM V1's runner does; the drafts ride back in
+the ModelRunnerOutput, and EngineCore.step hands them to Scheduler.update_draft_token_ids for
+the next step. The scheduler fits them into that step's token budget and reserves their
+lookahead slots; the model runner verifies them (k + 1 logits rows, the rejection sampler);
+Scheduler.update_from_output appends what was accepted and rolls the rejected slots back. A
+sequence without drafts (prefilling, or nothing found) takes a plain one-token step in the
+same batch. The core never sees a proposer, and a proposer is never handed a core object.
+
+The drafter lives on the rank that samples (under tensor parallelism rank 0, whose output the
+core reads; the other ranks neither sample nor draft). A proposer with state (the draft
+model's twin of each sample) keeps it while the runner keeps its own: `free(seq_ids)` drops
+both when the executor frees finished samples.
 
 Left out, compared with vLLM: the EAGLE, Medusa and MTP proposers, tree attention over several
-candidate continuations, and per-position acceptance counters.
+candidate continuations. (A request another engine prefilled, EngineCore.add_prefilled_request,
+takes its first decode step without drafts: the runner has not seen it sample.)
 """
 
 from __future__ import annotations
 
-from minivllm.config import SpeculativeConfig
-from minivllm.core.sequence import Sequence
+import dataclasses
+
+from minivllm.config import EngineConfig, SpeculativeConfig
+from minivllm.outputs import ModelRunnerOutput
 from minivllm.spec_decode.ngram_proposer import NgramProposer
 
 
-class SpeculativeDecoder:
-    """Seam 1 of speculative decoding: before each schedule, draft tokens for every decoding
-    sequence that has room for them."""
+def make_drafter(engine_config: EngineConfig, runner, worker_class) -> SpeculativeDecoder | None:
+    """The drafter of `runner` (the target's ModelRunner, its pool allocated) for
+    engine_config; None without speculative_config. A draft model gets a Worker of its own
+    (worker_class, passed in) on the target's device, its pool as many blocks as the target's,
+    so that it always fits what it must hold."""
+    spec = engine_config.speculative_config
+    if spec is None:
+        return None
+    if spec.method == "draft_model":
+        from minivllm.spec_decode.draft_model import DraftModelProposer, draft_model_config
+        path, config = draft_model_config(spec.model, runner.config.vocab_size)
+        draft_config = dataclasses.replace(
+            engine_config, speculative_config=None, preemption_mode="recompute",
+            enable_prefix_caching=False, num_kv_blocks=runner.num_blocks,
+            quantization=spec.quantization)
+        worker = worker_class(config, draft_config, path, runner.device, runner.dtype)
+        worker.load_model()
+        worker.initialize_cache(draft_config)
+        proposer = DraftModelProposer(worker.model_runner)
+    else:
+        proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    return SpeculativeDecoder(spec, engine_config.max_model_len, proposer)
 
-    def __init__(self, config: SpeculativeConfig, max_model_len: int, executor):
-        """executor: the target's; a draft model is built beside its driver's runner."""
+
+class SpeculativeDecoder:
+    """Seam 1 of speculative decoding: after each step's sampling, draft tokens for every
+    sample that sampled and has room for them, from the runner's own state."""
+
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, proposer):
+        """proposer: NgramProposer, or DraftModelProposer over the draft's own runner
+        (make_drafter builds them)."""
         self.config = config
         self.max_model_len = max_model_len
-        if config.method == "draft_model":
-            from minivllm.spec_decode.draft_model import DraftModelProposer
-            target = executor.driver_worker.model_runner
-            self.proposer = DraftModelProposer(config.model, target, config.quantization)
-        else:
-            self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.proposer = proposer
 
-    def propose(self, running: list[Sequence]) -> dict[int, list[int]]:
-        """Draft tokens for every decoding sequence, by sequence id (for the scheduler's
-        update_draft_token_ids): at most k, and no more than it may still produce (max_tokens,
-        max_model_len) minus the one token the target always adds. A proposer with state (the
-        draft model) drops what it held for sequences not asked."""
-        seqs = []
+    def propose(self, states: list, output: ModelRunnerOutput
+                ) -> dict[tuple[str, int], list[int]]:
+        """Draft tokens for the next step of each sample that sampled this step, and of each
+        sample it forked, by (request id, sample index): a forked sample has no id the runner
+        knows yet (for the scheduler's update_draft_token_ids). states: the runner's
+        CachedRequestStates of the samples that sampled, their tokens as the step began;
+        output: what each appends now (`sampled`, `forked`). At most k drafts, and no more than
+        the sample may still produce (max_tokens, max_model_len) minus the one token the
+        target always adds. A sample that this step stops gets drafts the scheduler ignores."""
+        keys = []
+        seq_ids = []                       # the proposer's key: None for a fork (no id yet)
+        token_ids = []
         rooms = []
-        for seq in running:
-            room = min(self.config.num_speculative_tokens,
-                       seq.params.max_tokens - seq.num_output_tokens - 1,
-                       self.max_model_len - len(seq) - 1)
-            if seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0 and room > 0:
-                seqs.append(seq)                                    # decoding, with room
-                rooms.append(room)
-        drafts = self.proposer.propose_batch(seqs, rooms)
-        return {seq.seq_id: d for seq, d in zip(seqs, drafts) if d}
+        for state in states:
+            samples = [(state.index, state.seq_id, output.sampled.get(state.seq_id))]
+            samples += [(1 + i, None, [draw])                 # forks: samples 1..n-1
+                        for i, draw in enumerate(output.forked.get(state.seq_id, ()))]
+            for index, seq_id, draws in samples:
+                if not draws:
+                    continue
+                tokens = state.token_ids + [token for token, _ in draws]
+                room = min(self.config.num_speculative_tokens,
+                           state.params.max_tokens - (len(tokens) - state.num_prompt_tokens) - 1,
+                           self.max_model_len - len(tokens) - 1)
+                if room > 0:
+                    keys.append((state.request_id, index))
+                    seq_ids.append(seq_id)
+                    token_ids.append(tokens)
+                    rooms.append(room)
+        drafts = self.proposer.propose_batch(seq_ids, token_ids, rooms)
+        return {key: d for key, d in zip(keys, drafts) if d}
+
+    def free(self, seq_ids) -> None:
+        """These samples have finished: the proposer forgets them (the draft model's twins)."""
+        self.proposer.free(seq_ids)

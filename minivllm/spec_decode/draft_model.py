@@ -4,11 +4,13 @@ tokens, one cheap decode step at a time, and the target checks them all in one f
 (minivllm/spec_decode/decoder.py does the checking; this file only guesses).
 
 The draft runs on the engine's own machinery: a ModelRunner (its weights and its own paged KV
-pool) and a BlockManager. Every target sequence that speculates has a *shadow* sequence on
-the draft side holding the same tokens. Each step:
+pool, built by decoder.py's make_drafter beside the target's) and a BlockManager. Every target
+sample that speculates has a *shadow* sequence on the draft side holding the same tokens.
+Each step, after the target's sampling (SpeculativeDecoder.propose, in the target's runner):
 
-    sync       the shadow takes the target's tokens; it keeps the K/V of the prefix both
-               agree on (everything up to the first rejected draft) and drops the rest
+    sync       the shadow takes the sample's tokens (the runner's state plus what it just
+               sampled); it keeps the K/V of the prefix both agree on (everything up to the
+               first rejected draft) and drops the rest
     catch up   one forward computes what the shadow lacks: the whole prompt the first time,
                then the target's correction or bonus token (1 or 2 tokens)
     draft      k - 1 more one-token forwards; each step's argmax is the next guess
@@ -16,7 +18,10 @@ the draft side holding the same tokens. Each step:
 All shadows advance together, one batched forward per draft position. The guesses are greedy,
 so the draft's distribution q is a point mass on each guess and the same acceptance rule as
 for n-gram lookup keeps the output exact (greedy: identical tokens; sampling: the target's
-distribution). Shadows of sequences that finished, were preempted or aborted are dropped.
+distribution). A shadow lives as long as the runner's state of its sample: `free` drops it
+when the executor frees the finished sample (a preempted sample keeps its shadow, whose K/V
+is still right for the tokens it shares). A shadow that the draft's pool cannot hold
+proposes nothing.
 
 The code takes any checkpoint with the target's vocabulary. The default model has no smaller
 sibling here; `first_layers_checkpoint` cuts it to its first layers, an untrained "early
@@ -36,7 +41,6 @@ CUDA graphs for the draft's decode steps.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import shutil
@@ -84,67 +88,65 @@ def first_layers_checkpoint(model: str | None, num_layers: int) -> Path:
     return dst
 
 
+def draft_model_config(model: str, vocab_size: int) -> tuple[Path, ModelConfig]:
+    """The draft checkpoint's path and config; refused unless it shares the target's
+    vocabulary (of vocab_size tokens)."""
+    path = resolve_model_path(model)
+    config = ModelConfig.from_hf_dict(load_hf_config(path))
+    if config.vocab_size != vocab_size:
+        raise ValueError(f"speculative_config: the draft model at {path} has a vocabulary "
+                         f"of {config.vocab_size} tokens, the target {vocab_size}: "
+                         "a draft must share the target's tokenizer")
+    return path, config
+
+
 class DraftModelProposer:
-    def __init__(self, model: str, target_runner, quantization: str | None = None):
-        from minivllm.worker.worker import Worker
-        path = resolve_model_path(model)
-        config = ModelConfig.from_hf_dict(load_hf_config(path))
-        target = target_runner.config
-        if config.vocab_size != target.vocab_size:
-            raise ValueError(f"speculative_config: the draft model at {path} has a vocabulary "
-                             f"of {config.vocab_size} tokens, the target {target.vocab_size}: "
-                             "a draft must share the target's tokenizer")
-        # As many blocks as the target's pool: the draft then always fits what it must hold.
-        engine_config = dataclasses.replace(
-            target_runner.engine_config, speculative_config=None, preemption_mode="recompute",
-            enable_prefix_caching=False, num_kv_blocks=target_runner.num_blocks,
-            quantization=quantization)
-        self.path = path
-        worker = Worker(config, engine_config, path, target_runner.device, target_runner.dtype)
-        worker.load_model()
-        worker.initialize_cache(engine_config)
-        self.runner = worker.model_runner
-        self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size)
+    def __init__(self, runner):
+        """runner: the draft's ModelRunner, loaded and given a pool (make_drafter)."""
+        self.runner = runner
+        self.block_manager = BlockManager(runner.num_blocks, runner.block_size)
         self.shadows: dict[int, Sequence] = {}        # target seq_id -> its draft-side twin
 
-    def _sync(self, seq: Sequence) -> Sequence | None:
-        """seq's shadow holding seq's tokens, with the K/V of the prefix they share kept;
-        None when the draft pool has no room for it (seq then proposes nothing)."""
+    def _sync(self, seq_id: int | None, token_ids: list[int]) -> Sequence | None:
+        """The shadow of sample seq_id holding token_ids, with the K/V of the prefix they
+        share kept (seq_id None: a sample just forked, whose shadow lasts this proposal only);
+        None when the draft pool has no room for it (it then proposes nothing)."""
         bm = self.block_manager
-        shadow = self.shadows.get(seq.seq_id)
+        shadow = self.shadows.get(seq_id)
         if shadow is None:
-            shadow = SequenceGroup(f"draft:{seq.request_id}", None, list(seq.token_ids),
+            shadow = SequenceGroup(f"draft:{seq_id}", None, list(token_ids),
                                    SamplingParams(), -1).seqs[0]
             if not bm.can_allocate(shadow):
                 return None
             bm.allocate(shadow, use_prefix_cache=False)
-            self.shadows[seq.seq_id] = shadow
+            if seq_id is not None:
+                self.shadows[seq_id] = shadow
             return shadow
         old = shadow.token_ids
-        new = seq.token_ids
-        agree = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b),
-                     min(len(old), len(new)))
-        shadow.token_ids = list(new)
+        agree = next((i for i, (a, b) in enumerate(zip(old, token_ids)) if a != b),
+                     min(len(old), len(token_ids)))
+        shadow.token_ids = list(token_ids)
         shadow.num_computed_tokens = min(shadow.num_computed_tokens, agree)
         bm.free_lookahead_slots(shadow)                 # blocks past the shadow's last token
         if not bm.can_append_slots(shadow):
-            self.drop(seq.seq_id)
+            self.free([seq_id])
             return None
         bm.append_slots(shadow)
         return shadow
 
-    def drop(self, seq_id: int) -> None:
-        shadow = self.shadows.pop(seq_id, None)
-        if shadow is not None:
-            self.block_manager.free(shadow)
+    def free(self, seq_ids) -> None:
+        for seq_id in seq_ids:
+            shadow = self.shadows.pop(seq_id, None)
+            if shadow is not None:
+                self.block_manager.free(shadow)
 
     @torch.inference_mode()
-    def propose_batch(self, seqs: list[Sequence], rooms: list[int]) -> list[list[int]]:
-        """Up to rooms[i] greedy guesses for seqs[i], from one batched forward per position."""
-        for seq_id in set(self.shadows) - {s.seq_id for s in seqs}:
-            self.drop(seq_id)                           # finished, preempted or not drafting
-        drafts: list[list[int]] = [[] for _ in seqs]
-        shadows = [self._sync(seq) for seq in seqs]
+    def propose_batch(self, seq_ids: list[int | None], token_ids: list[list[int]],
+                      rooms: list[int]) -> list[list[int]]:
+        """Up to rooms[i] greedy guesses for sample seq_ids[i] (None: just forked), whose
+        tokens are token_ids[i], from one batched forward per position."""
+        drafts: list[list[int]] = [[] for _ in seq_ids]
+        shadows = [self._sync(seq_id, tokens) for seq_id, tokens in zip(seq_ids, token_ids)]
         live = [i for i, sh in enumerate(shadows) if sh is not None and rooms[i] > 0]
         while live:
             batch = [shadows[i] for i in live]
@@ -160,4 +162,7 @@ class DraftModelProposer:
                     self.block_manager.append_slots(shadows[i])
                 else:
                     live.remove(i)
+        for seq_id, shadow in zip(seq_ids, shadows):
+            if seq_id is None and shadow is not None:    # a fork's: it has an id next step
+                self.block_manager.free(shadow)
         return drafts

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from minivllm.core.sequence import Sequence
-
 
 class NgramProposer:
     """Prompt lookup decoding (Saxena 2023; vLLM's method "ngram")."""
@@ -34,5 +32,9 @@ class NgramProposer:
                 return tokens[start:start + k].tolist()
         return []
 
-    def propose_batch(self, seqs: list[Sequence], rooms: list[int]) -> list[list[int]]:
-        return [self.propose(seq.token_ids, k) for seq, k in zip(seqs, rooms)]
+    def propose_batch(self, seq_ids: list[int | None], token_ids: list[list[int]],
+                      rooms: list[int]) -> list[list[int]]:
+        return [self.propose(tokens, k) for tokens, k in zip(token_ids, rooms)]
+
+    def free(self, seq_ids) -> None:
+        """Prompt lookup keeps no state of a sample."""

@@ -16,10 +16,15 @@
                       samples this step (a prefill chunk short of its prompt's end samples
                       nothing); k + 1 rows for a sample verifying k draft tokens
     4. sample         the Sampler draws each row (and, for a V0-style request with n > 1
-                      samples whose prompt is now computed, the other samples' first tokens
-                      from the same row); the rejection sampler keeps the accepted drafts
+                      samples whose prompt is now computed, the other samples' first tokens from the same
+                      row); the rejection sampler keeps the accepted drafts
+    5. draft          speculative decoding: the drafter (`self.drafter`,
+                      minivllm/spec_decode/decoder.py) proposes the next step's drafts of
+                      each sample that sampled (or was forked), from the runner's state and
+                      the tokens just sampled
 
-and returns a ModelRunnerOutput (minivllm/outputs.py) that Scheduler.update_from_output applies.
+and returns a ModelRunnerOutput (minivllm/outputs.py) that Scheduler.update_from_output applies;
+its drafts go to Scheduler.update_draft_token_ids.
 
 The weights are loaded once. The Worker (worker/worker.py) then sets what a configuration owns,
 one method a thing: the weights' format (`set_weight_format`), the per-configuration state
@@ -29,7 +34,7 @@ one method a thing: the weights' format (`set_weight_format`), the per-configura
 With tensor parallelism every rank holds a ModelRunner over its shard of the weights
 (minivllm/distributed/layers.py) and its share of the KV heads, and every rank runs the same
 execute_model on the same messages (minivllm/executor/); the forward's collectives keep them
-in step, and only rank 0 samples.
+in step, and only rank 0 samples (and drafts).
 
 Decode steps on CUDA replay CUDA graphs, and torch.compile is an option
 (minivllm/worker/compilation.py).
@@ -116,6 +121,7 @@ class ModelRunner:
         self.engine_config = engine_config
         self.sampler.reset()                 # no sample's generator outlives its pool
         self.requests: dict[int, CachedRequestState] = {}    # seq id -> the runner's state
+        self.drafter = None        # speculative decoding's, set with the pool (Worker)
         self.cuda_graphs = None
         self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
         if self.device.type == "cuda":
@@ -232,9 +238,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step: the runner's own state brought up to date from the scheduler's messages,
-        the block copies, one forward pass, the sampled tokens. Under tensor parallelism every
-        rank runs this on the same messages and meets the others in the forward's
-        collectives; only rank 0 samples."""
+        the block copies, one forward pass, the sampled tokens, and the drafts for the next
+        step. Under tensor parallelism every rank runs this on the same messages and meets
+        the others in the forward's collectives; only rank 0 samples and drafts."""
         so = scheduler_output
         self._update_states(so)
         self.swap_out(so.blocks_to_swap_out)                  # before their blocks are reused
@@ -247,7 +253,11 @@ class ModelRunner:
         sampling, logits = self.run(states, num_tokens, so.sampling)
         if not self.is_driver:               # tensor parallelism: rank 0 samples for all
             return ModelRunnerOutput()
-        return self.sample([states[i] for i in sampling], logits)
+        sampled = [states[i] for i in sampling]
+        output = self.sample(sampled, logits)
+        if self.drafter is not None:         # drafts for the next step (speculative decoding)
+            output.draft_token_ids = self.drafter.propose(sampled, output)
+        return output
 
     def _update_states(self, so: SchedulerOutput) -> None:
         """New samples whole; held ones: their block tables, computed counts and drafts."""
@@ -341,12 +351,14 @@ class ModelRunner:
     # --8<-- [end:sample]
 
     def free(self, seq_ids) -> None:
-        """These samples have finished: drop the runner's state of them and their sampling
-        state (generators, matchers)."""
+        """These samples have finished: drop the runner's state of them, their sampling
+        state (generators, matchers) and the drafter's (a draft model's twins)."""
         for seq_id in seq_ids:
             state = self.requests.pop(seq_id, None)
             if state is not None:
                 self.sampler.free(state)
+        if self.drafter is not None:
+            self.drafter.free(seq_ids)
 
     def _draw(self, logits, seqs, indices, errors: dict[str, str]) -> list:
         """The Sampler over every row at once; if that fails, row by row, to find the rows at

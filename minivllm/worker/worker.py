@@ -6,9 +6,12 @@ vllm/v1/worker/gpu_worker.py).
     determine_num_blocks()       how many KV blocks this device holds (the rules below); the
                                  executor gives every rank the smallest count
     initialize_cache(config, n)  the weights' format, the configuration's state, a pool of n
-                                 blocks
+                                 blocks, and speculative decoding's drafter
     compile_or_warm_up_model()   torch.compile, CUDA graphs over that pool
-    execute_model(so)            one step (ModelRunner.execute_model)
+    execute_model(so)            one step (ModelRunner.execute_model), and with a
+                                 kv_transfer_config the KV connector's worker side around it:
+                                 received K/V into the pool before the forward, a prompt's
+                                 K/V sent after (minivllm/distributed/kv_transfer/)
 
 The pool's size, first rule that applies: num_kv_blocks blocks; kv_cache_memory bytes; on
 CUDA, what profiling one full step leaves within gpu_memory_utilization; on a CPU, 1 GiB.
@@ -27,6 +30,7 @@ from minivllm.config import EngineConfig, ModelConfig
 from minivllm.core.kv_cache import allocate_kv_cache
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.outputs import ModelRunnerOutput
+from minivllm.spec_decode.decoder import make_drafter
 from minivllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("minivllm")
@@ -45,6 +49,7 @@ class Worker:
         self.tp = tp                         # this rank's TensorParallelGroup, or None
         self.sampler = sampler
         self.model_runner: ModelRunner | None = None
+        self.kv_connector = None             # the KV connector's worker side, if any
 
     def load_model(self) -> None:
         self.model_runner = ModelRunner(self.model_config, self.engine_config, self.path,
@@ -66,6 +71,12 @@ class Worker:
         if num_blocks is None:
             num_blocks = self.determine_num_blocks()
         runner.initialize_kv_cache(num_blocks)
+        if engine_config.kv_transfer_config is not None and self.kv_connector is None:
+            from minivllm.distributed.kv_transfer.kv_connector import KVConnectorWorker
+            self.kv_connector = KVConnectorWorker(engine_config, self.model_config, runner)
+        # Speculative decoding's drafter, on the rank that samples (a draft model runs in a
+        # Worker of its own: the class is passed, spec_decode/ imports nothing of worker/).
+        runner.drafter = make_drafter(engine_config, runner, Worker) if runner.is_driver else None
         return num_blocks
 
     def determine_num_blocks(self) -> int:
@@ -119,7 +130,14 @@ class Worker:
         self.model_runner.compile_or_warm_up_model()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.model_runner.execute_model(scheduler_output)
+        runner = self.model_runner
+        kv_meta = scheduler_output.kv_connector_metadata
+        if kv_meta is not None:              # vLLM: the runner's KVConnectorModelRunnerMixin
+            self.kv_connector.start_load_kv(kv_meta, runner.kv_cache, runner.sampler)
+        output = runner.execute_model(scheduler_output)
+        if kv_meta is not None:
+            self.kv_connector.wait_for_save(kv_meta, runner.kv_cache, runner.sampler, output)
+        return output
 
     def free(self, seq_ids) -> None:
         self.model_runner.free(seq_ids)

@@ -1,5 +1,9 @@
-"""Prefill/decode disaggregation (vLLM twin: vllm/distributed/kv_transfer/).
+"""Prefill/decode disaggregation's KV connector (vLLM twin: vllm/distributed/kv_transfer/).
 
-    kv_connector.py   KVConnector: the producer sends a prefilled request's KV, the consumer admits it
-    disagg_llm.py     DisaggLLM and launch(): the front of a disaggregated pair
+    kv_connector.py   the connector's two sides (KVConnectorBase_V1's): KVConnectorScheduler in
+                      the core (which blocks move) and KVConnectorWorker in the worker (the
+                      transfer into and out of the KV cache), and the metadata between them
+    kv_pipe.py        the transport: torch.distributed point-to-point between the two roles
+
+The front that drives a pair (DisaggLLM) is in minivllm/engine/disagg/.
 """

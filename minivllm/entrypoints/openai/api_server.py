@@ -261,7 +261,7 @@ def build_app(aengine: AsyncLLMEngine, served_model_name: str, api_key: str | No
 
 
 class DisaggFront:
-    """A disaggregated pair (minivllm/distributed/kv_transfer/disagg_llm.py: DisaggLLM, the producer's engine and the
+    """A disaggregated pair (minivllm/engine/disagg/disagg_llm.py: DisaggLLM, the producer's engine and the
     front) as AsyncLLMEngine drives an engine. The server is the same; its /metrics show the
     producer's queue and pool, with the requests decoding on the consumer counted as running."""
 

@@ -1,4 +1,6 @@
-"""DisaggLLM: the front of a disaggregated pair, and the launcher that starts both roles.
+"""DisaggLLM: the front of a disaggregated pair, the launcher that starts both roles, and the
+decode role's loop (vLLM twin: the disaggregated-serving proxy,
+examples/online_serving/disaggregated_serving/, with one server per role in vLLM).
 
     with launch(max_model_len=1024) as llm:       # spawns the decode role on this machine
         outs = llm.generate(prompts, SamplingParams(temperature=0))
@@ -10,7 +12,12 @@ PORT` and the front `minivllm disagg --role producer --kv-ip HOST --kv-port PORT
 the HTTP front `minivllm serve --kv-transfer-config '{"kv_role": "kv_producer", "kv_ip": HOST,
 "kv_port": PORT}'` (without kv_port, `serve` spawns the consumer here). Both in minivllm/entrypoints/cli.py.
 
-DisaggLLM lives in the producer's process and owns its engine. It answers LLMEngine's driving
+DisaggLLM lives in the producer's process and owns its engine. It adds each request with
+kv_transfer_params={"do_remote_decode": True}: the engine's KV connector sends the prompt's K/V
+once the first token is sampled (minivllm/distributed/kv_transfer/kv_connector.py), and the
+front, seeing that first token and the request in the pipe's `sent`, drops the request here
+and relays what the consumer streams back. It never touches a KV cache. It answers LLMEngine's
+driving
 calls (add_request, step, has_unfinished_requests, abort_request, num_steps, trace), so the
 shared driver `workloads.serve(llm, requests)` serves a workload through it unchanged; TTFT is
 the producer's (arrival to first token), inter-token latencies are the consumer's (measured
@@ -30,13 +37,14 @@ import signal
 import socket
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass
 
 import torch
 import torch.multiprocessing as mp
 
-from minivllm.distributed.kv_transfer.kv_connector import (ABORT, BYE, ERROR, OUTPUTS, REJECT,
-                                                           REPORT, SHUTDOWN, serve_decode)
+from minivllm.distributed.kv_transfer.kv_pipe import (ABORT, BYE, ERROR, KV, OUTPUTS, REJECT,
+                                                      REPORT, SHUTDOWN, get_kv_pipe)
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.outputs import RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -64,10 +72,10 @@ class DisaggLLM:
         self.consumer_process = consumer_process
         self.producer = LLMEngine(model, kv_transfer_config=config, **engine_kwargs)
         self.tokenizer = self.producer.tokenizer
-        self.conn = self.producer.kv_connector
+        self.conn = get_kv_pipe()                # the pipe the producer's worker made
         self.remote: dict[str, Handoff] = {}     # decoding on the consumer
-        self.local: set[str] = set()             # prefilled again here: they stay here
         self.parts: dict[str, list] = {}         # n > 1: each sample's latest output
+        self.handing: dict[str, SamplingParams] = {}   # to hand off after their first token
         self.connected = True
         self.error = None
         self.report = None
@@ -101,7 +109,11 @@ class DisaggLLM:
             return
         if request_id in self.remote:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        self.producer.add_request(request_id, prompt, params)
+        remote = self.connected and params.max_tokens > 1    # one token: nothing to decode
+        self.producer.add_request(request_id, prompt, params, kv_transfer_params={
+            "do_remote_decode": True} if remote else None)
+        if remote:
+            self.handing[request_id] = params
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.remote) or self.producer.has_unfinished_requests()
@@ -109,6 +121,7 @@ class DisaggLLM:
     def abort_request(self, request_id: str) -> None:
         for i in range(len(self.parts.pop(request_id, []))):
             self.abort_request(f"{request_id}#{i}")
+        self.handing.pop(request_id, None)
         if self.remote.pop(request_id, None) is not None and self.connected:
             self._send(ABORT, request_id)
         self.producer.abort_request(request_id)
@@ -117,19 +130,22 @@ class DisaggLLM:
         return self.producer.trace()             # the producer's steps (prefills, fallbacks)
 
     def step(self) -> list[RequestOutput]:
-        """One producer step (prefills; a prompt done is handed to the consumer), then every
-        output the consumer has streamed back since. Waits a little when the producer is idle."""
+        """One producer step (prefills; a prompt done is handed to the consumer: its K/V went
+        in that step), then every output the consumer has streamed back since. Waits a little
+        when the producer is idle."""
         outs = []
         for out in self.producer.step() if self.producer.has_unfinished_requests() else []:
             rid = out.request_id
-            seq = self.producer.requests[rid].seqs[0] if rid in self.producer.requests else None
-            if (self.connected and seq is not None and seq.num_output_tokens == 1
-                    and rid not in self.local and self._handoff(seq)):
-                self.remote[rid] = Handoff(out.prompt, out.prompt_token_ids, seq.params,
-                                           out.metrics)
-                self.producer.abort_request(rid)  # its blocks: back to the pool (and cache)
-            if out.finished:
-                self.local.discard(rid)
+            params = self.handing.pop(rid, None)
+            if rid in self.conn.sent:            # its K/V went with its first token
+                self.conn.sent.discard(rid)
+                self._last_heard = time.monotonic()  # the consumer's silence counts from here
+                if out.finished:                 # it stopped there: nothing to decode
+                    self._send(ABORT, rid)
+                else:
+                    self.remote[rid] = Handoff(out.prompt, out.prompt_token_ids, params,
+                                               out.metrics)
+                    self.producer.abort_request(rid)  # its blocks: back to the pool (and cache)
             outs.append(out)
         idle = not self.producer.has_unfinished_requests()
         for kind, payload, _ in self.conn.poll(0.05 if idle and self.connected else 0):
@@ -170,15 +186,6 @@ class DisaggLLM:
                 del self.parts[parent]
         return merged
 
-    def _handoff(self, seq) -> bool:
-        try:
-            self.conn.send_kv(seq)
-            self._last_heard = time.monotonic()  # the consumer's silence counts from here
-            return True
-        except Exception as e:  # noqa: BLE001 (it keeps decoding here)
-            self._lose_consumer(f"sending {seq.request_id}'s KV failed: {e}")
-            return False
-
     def _send(self, kind: int, payload) -> None:
         try:
             self.conn.send(kind, payload)
@@ -199,15 +206,16 @@ class DisaggLLM:
         """Not lost: prefill it again here, and decode it here (its output restarts)."""
         h = self.remote.pop(request_id)
         logger.warning("request %s: %s; prefilling it again on the kv_producer", request_id, why)
-        self.producer.add_request(    # the text, if given as text: same ids, and it is shown
+        self.producer.add_request(    # the text, if given as text: same ids, and it is shown;
             request_id, h.prompt if h.prompt is not None else h.prompt_token_ids, h.params)
-        self.local.add(request_id)
+        # no kv_transfer_params: it decodes here
         self.num_reprefilled += 1
 
     def _lose_consumer(self, why: str) -> None:
         if self.connected:
             logger.error("%s; decoding on the kv_producer from now on", why)
         self.connected = False
+        self.conn.broken = True                  # the engine's worker sends no more K/V
         self.error = why
         for request_id in list(self.remote):
             self._reprefill(request_id, why)
@@ -303,3 +311,69 @@ def run_decode_role(model: str | None, engine_kwargs: dict, spawned: bool = Fals
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     serve_decode(LLMEngine(model, **engine_kwargs))
+
+
+def serve_decode(engine) -> dict:
+    """The consumer's loop: admit transferred requests when their blocks fit, decode, stream
+    outputs back, until the producer says stop (or is gone). Returns the final report."""
+    conn = get_kv_pipe()                        # the pipe this engine's worker made
+    pending = deque()                           # received, waiting for room
+    error = None
+    # A prefill here would be a bug; the largest step a decode waited through is the
+    # interference measure lesson 08 compares with colocated and chunked prefill.
+    counts = {"num_steps": 0, "num_prefill_steps": 0, "largest_decode_step_tokens": 0}
+    while True:
+        msgs = conn.poll(0 if engine.has_unfinished_requests() or pending else 0.01)
+        if any(kind in (SHUTDOWN, ERROR) for kind, _, _ in msgs):
+            error = next((p for k, p, _ in msgs if k == ERROR), None)
+            break
+        for kind, payload, _ in msgs:
+            if kind == KV:
+                pending.append(payload)
+            elif kind == ABORT:
+                if any(m["request_id"] == payload for m in pending):   # its K/V: not needed
+                    conn.received.pop(payload, None)
+                pending = deque(m for m in pending if m["request_id"] != payload)
+                engine.abort_request(payload)
+            elif kind == REPORT:
+                conn.send(REPORT, _report(engine, conn, counts, None))
+        while pending:                          # first come, first served, as in `waiting`
+            meta = pending[0]
+            try:
+                if not engine.add_prefilled_request(
+                        meta["request_id"], meta["prompt_token_ids"], meta["params"],
+                        meta["first_token"], meta["first_logprobs"], {"cached": meta["cached"]}):
+                    break
+            except ValueError as e:             # it can never run here: the producer keeps it
+                conn.received.pop(meta["request_id"], None)
+                conn.send(REJECT, (meta["request_id"], str(e)))
+            pending.popleft()
+        if engine.has_unfinished_requests():
+            outs = engine.step()
+            counts["num_steps"] += 1
+            so = engine.last_scheduler_output
+            counts["num_prefill_steps"] += so.num_prefill_tokens > 0
+            if so.num_decode_tokens:
+                counts["largest_decode_step_tokens"] = max(counts["largest_decode_step_tokens"],
+                                                           so.num_batched_tokens)
+            try:
+                if outs:
+                    conn.send(OUTPUTS, [dataclasses.replace(o, prompt=None,
+                                                            prompt_token_ids=[]) for o in outs])
+            except RuntimeError as e:           # the producer is gone: nobody to decode for
+                error = f"sending outputs failed: {e}"
+                break
+    report = _report(engine, conn, counts, error)
+    if error is None:
+        conn.send(BYE, report)
+    return report
+
+
+def _report(engine, conn, counts: dict, error: str | None) -> dict:
+    """The consumer's counters: bytes in, steps (and those that prefilled), its pool."""
+    bm = engine.block_manager
+    return {"bytes_received": conn.bytes_received, "num_received": conn.num_received,
+            "receive_seconds": conn.transfer_seconds, **counts,
+            "num_blocks": bm.num_blocks, "num_free_blocks": bm.num_free_blocks,
+            "num_referenced_blocks": sum(c > 0 for c in bm.ref_counts),
+            "stats": dataclasses.asdict(engine.stats()), "error": error}
