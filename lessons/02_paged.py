@@ -15,13 +15,14 @@ def _():
     import collections
 
     from minivllm import LLM, SamplingParams
+    from minivllm.engine.core import EngineCoreRequest
     from minivllm.core.block_manager import cdiv
     from minivllm.config import resolve_device, resolve_dtype
     from minivllm.core.kv_cache import kv_bytes_per_token, reference_config
     from minivllm.workloads import Request, lognormal_requests, serve
-    return (LLM, Request, Rectangle, SamplingParams, cdiv, collections, kv_bytes_per_token,
-            lognormal_requests, mo, np, plt, reference_config, resolve_device,
-            resolve_dtype, serve, torch)
+    return (EngineCoreRequest, LLM, Request, Rectangle, SamplingParams, cdiv, collections,
+            kv_bytes_per_token, lognormal_requests, mo, np, plt, reference_config,
+            resolve_device, resolve_dtype, serve, torch)
 
 
 @app.cell
@@ -293,8 +294,9 @@ def _(mo):
 
     Parallel sampling asks for `n` answers to one prompt (`SamplingParams(n=...)`). What
     follows is **vLLM V0's design** (the PagedAttention paper's), which minivllm's
-    `LLMEngine` keeps because it shows reference counts and copy-on-write at work; vLLM V1
-    does it another way, shown after it. The engine prefills the prompt once; when the
+    `EngineCore` keeps for a request handed to it whole (`EngineCoreRequest` with `n > 1`),
+    because it shows reference counts and copy-on-write at work; `LLMEngine` itself does it
+    vLLM V1's way, shown after it. The engine prefills the prompt once; when the
     first token is sampled, `BlockManager.fork`
     gives each of the other samples a block table that points at the same physical blocks,
     and raises each block's reference count to `n`. Nothing is copied yet.
@@ -314,7 +316,7 @@ def _(mo):
 
 
 @app.cell
-def _(PAGED, SamplingParams, collections, llm):
+def _(EngineCoreRequest, PAGED, SamplingParams, collections, llm):
     PROMPT_LEN, SAMPLE_TOKENS = 40, 16
     prompt_ids = llm.tokenizer.encode(
         "The quick brown fox jumps over the lazy dog. A paged cache lends memory one block "
@@ -333,8 +335,11 @@ def _(PAGED, SamplingParams, collections, llm):
             return _cache[key]
         engine = llm.reconfigure(**PAGED).engine
         rid = f"parallel-n{n}-p{prompt_len}"
-        engine.add_request(rid, prompt_ids[:prompt_len], SamplingParams(
-            n=n, temperature=0.8, seed=0, max_tokens=max_tokens, ignore_eos=True))
+        # V0's path: the request goes to the core whole, n samples in one group (LLMEngine's
+        # add_request would fan it out into n requests, V1's way, below).
+        engine.engine_core.add_request(EngineCoreRequest(
+            rid, prompt_ids[:prompt_len],
+            SamplingParams(n=n, temperature=0.8, seed=0, max_tokens=max_tokens, ignore_eos=True)))
         group = engine.requests[rid]       # its samples: one until the prompt is done, then n
         snapshots = []
         with engine.trace() as steps:      # StepRecord.num_blocks_copied: copy-on-write
@@ -498,9 +503,9 @@ def _(PAGED, PROMPT_LEN, Request, SAMPLE_TOKENS, SamplingParams, llm, mo, prompt
     # vLLM V1's way: n > 1 fans out into n child requests of one sample each (seed + i), and
     # the children share the prompt's *full* blocks through prefix caching (lesson 05); no
     # fork, no copy-on-write. minivllm's disaggregated front does exactly this
-    # (minivllm/engine/disagg/disagg_llm.py). minivllm caches a block once its K/V
-    # is computed, so the children here arrive one step after the first; V1 registers a full
-    # block's hash when it is allocated, so children scheduled together share too.
+    # (minivllm/engine/disagg/disagg_llm.py), and so does LLMEngine.add_request for n > 1
+    # (minivllm/engine/parallel_sampling.py). A full block is named in the cache as soon as
+    # it is scheduled, as in V1, so children scheduled in the same step share it too.
     llm.reconfigure(**{**PAGED, "enable_prefix_caching": True})
     _fan = serve(llm, [Request(prompt_ids[:PROMPT_LEN], SamplingParams(
         temperature=0.8, seed=_i, max_tokens=SAMPLE_TOKENS, ignore_eos=True),
@@ -604,7 +609,7 @@ def _(mo):
 
 
 @app.cell
-def _(PAGED, SamplingParams, cdiv, llm, prompt_ids):
+def _(EngineCoreRequest, PAGED, SamplingParams, cdiv, llm, prompt_ids):
     def measure_exercise(generated=20):
         """Run the exercise's request set on the paged engine; count blocks when every
         sequence holds `generated` output tokens' K/V. Then abort it."""
@@ -613,8 +618,8 @@ def _(PAGED, SamplingParams, cdiv, llm, prompt_ids):
         requests = [("ex-a", ids[:100], 1), ("ex-b", ids[:16], 1), ("ex-c", ids[:33], 1),
                     ("ex-d", ids[:40], 3)]
         for rid, prompt, n in requests:
-            engine.add_request(rid, prompt, SamplingParams(
-                n=n, temperature=0.8, seed=1, max_tokens=generated + 5, ignore_eos=True))
+            engine.engine_core.add_request(EngineCoreRequest(rid, prompt, SamplingParams(
+                n=n, temperature=0.8, seed=1, max_tokens=generated + 5, ignore_eos=True)))
         for _ in range(generated + 1):     # step 1 prefills; each later step caches 1 token
             engine.step()
         held = [s.num_computed_tokens for rid, _, _ in requests
@@ -729,7 +734,7 @@ def _(
     * `minivllm/attention/torch_attention.py`: `paged_attention` gathers each sequence's K/V through its
       block table; `write_kv_cache` scatters new K/V into slots.
     * `minivllm/worker/model_runner.py`: `copy_blocks` performs the copies `append_slots` asks for.
-    * `minivllm/core/scheduler.py`: `Scheduler.fork` and the admission checks (`can_allocate`,
+    * `minivllm/core/scheduler.py`: `Scheduler._fork` (V0's n > 1) and the admission checks (`can_allocate`,
       `can_append_slots`); `minivllm/core/kv_cache.py`: `ContiguousAllocator`, the slab baseline.
     * Next: lesson 03 makes the attention over these blocks fast (FlashAttention),
       lesson 04 uses the freed memory to keep the batch full (continuous batching), and

@@ -277,8 +277,10 @@ def _(mo):
     made of a served prompt's blocks moved one block earlier finds none of them (the
     "Try it" cell below counts its hits: 0).
 
-    * **After each step**, `cache_computed_blocks` names every block that became full and
-      computed, in the block manager's dictionary from name to physical block.
+    * **As each step is scheduled**, `cache_computed_blocks` names every block the step will
+      fill, in the block manager's dictionary from name to physical block (as vLLM V1 does: the
+      step writes all its K/V before attention reads any, so a request admitted later in the
+      same step may already share them).
     * **At admission**, `allocate` walks the prompt's blocks from the first and stops at the
       first name it does not find (`_cached_prefix`). The hits join the block table with their
       reference count raised and their tokens count as computed; the scheduler schedules the
@@ -668,8 +670,8 @@ def _(conv_computed_cached, conv_computed_uncached, conv_ttft_ratio, conv_work_r
       (name -> block, verified by tokens and parent; eviction of a block and its descendants).
     * `minivllm/core/block_manager.py`: `_cached_prefix` (the walk at admission, one token short),
       `allocate` (hits join the block table as computed), `cache_computed_blocks` (naming
-      blocks after each step), `_release` (named blocks go to the back of the free list: LRU).
-    * `minivllm/core/scheduler.py`: `update_from_output` calls `cache_computed_blocks` after the model ran;
+      the blocks a step fills, as it is scheduled), `_release` (named blocks go to the back of the free list: LRU).
+    * `minivllm/core/scheduler.py`: `_run` calls `cache_computed_blocks` as it schedules a sequence;
       `EngineCore.stats()` (`minivllm/engine/core.py`) reports `prefix_cache_queried_tokens` and
       `prefix_cache_hit_tokens`.
     * `minivllm/config.py`: `enable_prefix_caching` (on by default, as in vLLM).

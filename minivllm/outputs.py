@@ -77,7 +77,9 @@ class ModelRunnerOutput:
 
     sampled[seq_id]   the tokens that sequence appends this step, in order: one, or with
                       speculative decoding the drafts the target accepted and then one more
-    forked[seq_id]    a sequence whose prompt is now computed, of a request with n > 1 samples:
+    forked[seq_id]    (vLLM V0's parallel sampling, for an n > 1 request the core forks; the
+                      front end fans n out instead, as V1 does) a sequence whose prompt is now
+                      computed, of a request with n > 1 samples:
                       the first token of each other sample (indices 1..n-1), drawn from the
                       same logits row; update_from_output forks the samples and appends them
     errors            request_id -> why sampling failed (that request alone is aborted)

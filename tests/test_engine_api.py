@@ -5,6 +5,10 @@ isolation, and the shared workloads with their driver."""
 import pytest
 
 from minivllm import SamplingParams
+from minivllm.engine.core import EngineCoreRequest
+from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.parallel_sampling import ParentRequest
+from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.workloads import (Request, conversation_requests, lognormal_requests,
                                 poisson_arrivals, serve, shared_prefix_requests)
@@ -56,21 +60,94 @@ def test_latency_counts_from_when_a_request_arrived(smol):
     assert [len(t) for t in run.token_steps] == [2, 2, 2]
 
 
-def test_parallel_sampling_is_one_group_forked_after_prefill(smol):
+def test_parallel_sampling_fans_out_into_n_requests_gathered_into_one_output(smol):
+    """vLLM V1: n=3 becomes three requests of one sample (child i seeded seed + i), prefilled
+    side by side with no fork and no copy-on-write, and gathered back into one RequestOutput."""
     llm = smol(max_model_len=256)
+    ids = llm.tokenizer.encode("Name a colour:")
     params = SamplingParams(n=3, temperature=0.9, max_tokens=4, seed=3, ignore_eos=True)
-    run = serve(llm, [Request(llm.tokenizer.encode("Name a colour:"), params)])
-    # The prompt is prefilled once, by sample 0; the step after, all three samples decode.
-    assert [(s.index, s.is_prefill) for s in run.steps[0].scheduled] == [(0, True)]
-    assert sorted(s.index for s in run.steps[1].scheduled) == [0, 1, 2]
-    assert not any(s.is_prefill for s in run.steps[1].scheduled)
-    # Sample 0 and its forks share the prompt's last, partly filled block: each fork that
-    # writes into it first gets a private copy (copy-on-write), recorded in the step.
-    assert sum(s.num_blocks_copied for s in run.steps) >= 2
+    run = serve(llm, [Request(ids, params)])
+    assert [(s.request_id, s.index, s.is_prefill) for s in run.steps[0].scheduled] == [
+        ("0_req-0", 0, True), ("1_req-0", 0, True), ("2_req-0", 0, True)]
+    assert sum(s.num_blocks_copied for s in run.steps) == 0
     out = run.outputs[0]
+    assert out.request_id == "req-0" and out.finished and out.prompt_token_ids == ids
     assert [c.index for c in out.outputs] == [0, 1, 2]
-    assert all(len(c.token_ids) == 4 for c in out.outputs)
+    assert all(len(c.token_ids) == 4 and c.finish_reason == "length" for c in out.outputs)
+    for i, c in enumerate(out.outputs):             # each child is an ordinary request
+        alone = SamplingParams(temperature=0.9, max_tokens=4, seed=3 + i, ignore_eos=True)
+        assert llm.generate([ids], alone, use_tqdm=False)[0].outputs[0].token_ids == c.token_ids
+    assert pool_is_full(llm.engine) and not llm.engine.requests
+
+
+def test_v0_fork_in_the_core_draws_what_the_fan_out_draws(smol):
+    """vLLM V0's parallel sampling, still in the core for a caller who adds an
+    EngineCoreRequest with n > 1 itself: the prompt is prefilled once by sample 0, then the
+    samples fork onto its blocks (copy-on-write on the partly filled one). Same tokens."""
+    llm = smol(max_model_len=256)
+    ids = llm.tokenizer.encode("Name a colour:")
+    params = SamplingParams(n=3, temperature=0.9, max_tokens=4, seed=3, ignore_eos=True)
+    fanned_out = [c.token_ids for c in llm.generate([ids], params, use_tqdm=False)[0].outputs]
+    core = llm.engine.engine_core
+    core.add_request(EngineCoreRequest("v0", ids, params))
+    tokens = {}
+    with llm.engine.trace() as steps:
+        while core.has_unfinished_requests():
+            for out in core.get_output().outputs:
+                tokens.setdefault(out.index, []).extend(out.new_token_ids)
+    assert [(s.index, s.is_prefill) for s in steps[0].scheduled] == [(0, True)]
+    assert sorted(s.index for s in steps[1].scheduled) == [0, 1, 2]
+    assert not any(s.is_prefill for s in steps[1].scheduled)
+    assert sum(s.num_blocks_copied for s in steps) >= 2
+    assert [tokens[i] for i in range(3)] == fanned_out
     assert pool_is_full(llm.engine)
+
+
+def test_a_stop_string_ends_one_child_and_an_abort_ends_them_all(smol):
+    llm = smol(max_model_len=256)
+    engine = llm.engine
+    ids = llm.tokenizer.encode("Write a list of fruits:")
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=5, ignore_eos=True)
+    plain = llm.generate([ids], params, use_tqdm=False)[0].outputs
+    word = next(w for w in sorted(set(plain[1].text.split()))     # in sample 1's text alone
+                if w not in plain[0].text and w not in plain[2].text)
+    stopped = llm.generate([ids], SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=5,
+                                                 ignore_eos=True, stop=[word]),
+                           use_tqdm=False)[0].outputs
+    assert stopped[1].finish_reason == "stop" and word not in stopped[1].text
+    assert stopped[1].text == plain[1].text[:len(stopped[1].text)]
+    assert [(c.token_ids, c.finish_reason) for c in (stopped[0], stopped[2])] == [
+        (c.token_ids, "length") for c in (plain[0], plain[2])]
+    engine.add_request("parent", ids, params)
+    assert sorted(engine.requests) == ["0_parent", "1_parent", "2_parent"]
+    with pytest.raises(ValueError, match="'1_parent' is already in use"):
+        engine.add_request("1_parent", ids)
+    engine.step()
+    engine.abort_request("parent")
+    assert not engine.requests and not engine.has_unfinished_requests()
+    assert pool_is_full(engine)
+
+
+def test_the_output_processor_gathers_children_and_one_childs_fault_fails_them_all(smol_llm):
+    """The front end alone, on plain EngineCoreOutputs: children "0_p" and "1_p" are samples 0
+    and 1 of "p"; when the core fails one child, the parent finishes with the error and every
+    child is to be aborted in the core (the other is still running there)."""
+    op = OutputProcessor(smol_llm.tokenizer)
+    params = SamplingParams(n=2, temperature=1.0, seed=1)
+    op.add_request("p", None, [1, 2], params, 0.0, ParentRequest("p", params))
+    first = op.process_outputs(EngineCoreOutputs([EngineCoreOutput("1_p", 0, [6], None),
+                                                  EngineCoreOutput("0_p", 0, [5], None)]))
+    [out] = first.request_outputs
+    assert out.request_id == "p" and not out.finished and not first.to_abort
+    assert [(c.index, c.token_ids) for c in out.outputs] == [(0, [5]), (1, [6])]
+    failed = op.process_outputs(EngineCoreOutputs([EngineCoreOutput(
+        "1_p", 0, [], None, "abort", error="sampling failed")]))
+    [out] = failed.request_outputs
+    assert out.finished and out.error == "sampling failed"
+    assert [c.finish_reason for c in out.outputs] == ["abort", "abort"]
+    assert failed.to_abort == {"0_p": "sampling failed", "1_p": "sampling failed"}
+    assert not op.has_unfinished_requests() and not op.child_requests
+    assert op.abort_requests(["unknown"]) == ["unknown"]     # not here: the core's to find
 
 
 def test_reconfigure_keeps_weights_and_checks_like_a_fresh_engine(smol):

@@ -55,7 +55,9 @@ def _run_core(core: EngineCore, requests: list[EngineCoreRequest]) -> dict:
 
 def test_the_runner_computes_from_the_messages_alone(smol_llm):
     """Greedy and seeded n=2 requests, under a pool small enough to preempt (a preempted
-    sample comes back to the runner whole, as new): the same tokens as LLM.generate."""
+    sample comes back to the runner whole, as new): the same tokens as LLM.generate. The core
+    here forks the n=2 requests (V0) where LLM.generate fans them out (V1): the same tokens
+    too, though the two schedule (and preempt) differently."""
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     seeded = SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)
     params = [greedy] * 6 + [seeded] * 2
@@ -70,7 +72,7 @@ def test_the_runner_computes_from_the_messages_alone(smol_llm):
         got = _run_core(core, [EngineCoreRequest(f"core-{i}", llm.tokenizer.encode(p), sp)
                                for i, (p, sp) in enumerate(zip(PROMPTS, params))])
     assert got == want
-    assert preemptions > 0 and core.stats().num_preemptions == preemptions
+    assert preemptions > 0 and core.stats().num_preemptions > 0
     assert wrapped.num_new_reqs > len(PROMPTS) + 2       # forks and readmissions came whole
     assert not engine.runner.requests                      # every sample's state is gone
 

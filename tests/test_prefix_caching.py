@@ -161,13 +161,20 @@ def test_same_tokens_with_and_without_caching(smol, uncached, engine_kwargs):
 
 
 def test_parallel_sampling_with_a_cached_prompt(smol):
+    """n=3 fans out into three requests (vLLM V1), prefilled in one step: child 0 computes the
+    prompt, children 1 and 2 find its full blocks (named as they were scheduled) and compute
+    only the partly filled one. Warm, all three find them. The same tokens either way."""
     llm = smol(max_model_len=512)
     ids = llm.tokenizer.encode(SYSTEM + QUESTIONS[0])
+    full = (len(ids) - 1) // 16 * 16
     params = SamplingParams(n=3, temperature=0.8, max_tokens=8, seed=21)
-    cold = [c.token_ids for c in llm.generate([ids], params, use_tqdm=False)[0].outputs]
+    with llm.engine.trace() as steps:
+        cold = [c.token_ids for c in llm.generate([ids], params, use_tqdm=False)[0].outputs]
+    assert llm.engine.stats().prefix_cache_hit_tokens == 2 * full
+    assert steps[0].num_prefill_tokens == len(ids) + 2 * (len(ids) - full)
     warm = [c.token_ids for c in llm.generate([ids], params, use_tqdm=False)[0].outputs]
     assert cold == warm
-    assert llm.engine.stats().prefix_cache_hit_tokens == (len(ids) - 1) // 16 * 16
+    assert llm.engine.stats().prefix_cache_hit_tokens == 5 * full
 
 
 def test_a_prefix_computed_twice_in_one_step_stays_reachable():

@@ -232,13 +232,16 @@ def test_swap_falls_back_to_recompute_when_the_host_pool_is_full():
     assert names(s.swapped) == ["D"] and names(s.waiting) == ["C"]
 
 
-def test_prefix_cache_hits_once_the_first_requests_blocks_are_computed():
+def test_prefix_cache_hits_blocks_named_as_they_are_scheduled():
+    """A's full blocks are named when A is scheduled, so A2, admitted after it in the same
+    step, finds them (vLLM V1 does the same: the step's K/V is written before attention)."""
     s = make_scheduler(enable_prefix_caching=True)
     prompt = list(range(10))                               # two full blocks and 2 tokens
     add_request(s, "A", prompt)
-    add_request(s, "A2", prompt)
+    a2 = add_request(s, "A2", prompt)
     out = step(s)
-    assert out.num_new_tokens == [10, 10]                  # same step: nothing cached yet
+    assert out.num_new_tokens == [10, 2]                   # A2: only its partly filled block
+    assert a2.block_table[:2] == out.seqs[0].block_table[:2]
     b = add_request(s, "B", prompt[:8] + [50, 51, 52])
     c = add_request(s, "C", prompt[:8])                    # all cached, but its last token
     out = s.schedule()                                     # must be computed for its logits
@@ -249,9 +252,9 @@ def test_prefix_cache_hits_once_the_first_requests_blocks_are_computed():
     assert b.block_table[:2] == a.block_table[:2] and c.block_table[0] == a.block_table[0]
     assert c.block_table[1] != a.block_table[1]
     refs = s.block_manager.ref_counts
-    assert (refs[a.block_table[0]], refs[a.block_table[1]]) == (3, 2)
+    assert (refs[a.block_table[0]], refs[a.block_table[1]]) == (4, 3)    # A2 too
     cache = s.block_manager.prefix_cache
-    assert (cache.num_queried_tokens, cache.num_hit_tokens) == (10 + 10 + 11 + 8, 8 + 4)
+    assert (cache.num_queried_tokens, cache.num_hit_tokens) == (10 + 10 + 11 + 8, 8 + 8 + 4)
 
 
 def test_draft_tokens_take_budget_and_lookahead_slots_and_give_back_the_rejected_ones():

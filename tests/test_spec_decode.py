@@ -404,13 +404,22 @@ def test_sampling_with_speculation_is_seeded_and_keeps_logprobs(tiny):
 
 
 def test_parallel_samples_speculate_on_shared_blocks(tiny):
-    """n = 3 samples share the prompt's blocks; each verifies its own drafts, writing its
-    lookahead slots through copy-on-write. All finish with max_tokens; every block returns."""
+    """V0's fork (an n = 3 request handed to the core whole): the samples share the prompt's
+    blocks; each verifies its own drafts, writing its lookahead slots through copy-on-write.
+    All finish with max_tokens; every block returns."""
+    from minivllm.engine.core import EngineCoreRequest
     llm = tiny(block_size=4, speculative_config=ngram(3))
-    prompt = tiny_requests(1, 1)[0].prompt
+    engine = llm.engine
+    prompt = list(tiny_requests(1, 1)[0].prompt)          # token ids
     params = SamplingParams(n=3, temperature=0.05, seed=1, max_tokens=12, ignore_eos=True)
-    run = serve(llm, [Request(prompt, params)])
-    assert [len(c.token_ids) for c in run.outputs[0].outputs] == [12, 12, 12]
-    assert run.outputs[0].metrics.num_draft_tokens > 0
-    assert sum(s.num_blocks_copied for s in run.steps) >= 2
-    assert pool_is_full(llm.engine)
+    engine.engine_core.add_request(EngineCoreRequest("v0", prompt, params))
+    group = engine.requests["v0"]
+    with engine.trace() as steps:
+        for _ in range(100):
+            if not engine.has_unfinished_requests():
+                break
+            engine.step()
+    assert [len(s.output_token_ids) for s in group.seqs] == [12, 12, 12]
+    assert sum(s.num_draft_tokens for s in steps) > 0
+    assert sum(s.num_blocks_copied for s in steps) >= 2
+    assert pool_is_full(engine)

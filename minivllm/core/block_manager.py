@@ -22,8 +22,10 @@ Operations, with vLLM's names:
     swap_out / swap_in   move a preempted sequence's blocks to a host-memory pool and back
 
 With prefix caching on (minivllm/core/prefix_cache.py), `allocate` first reuses cached blocks for
-the longest cached prefix of the sequence, `cache_computed_blocks` names each block once its
-K/V is computed, and the free list doubles as the LRU evictor: a freed block that holds a
+the longest cached prefix of the sequence, `cache_computed_blocks` names each full block as
+soon as a step is scheduled to compute its K/V (as vLLM V1's cache_blocks does at allocation),
+so a sequence admitted later in that same step already finds it, and the free list doubles as
+the LRU evictor: a freed block that holds a
 cached prefix goes to the back of the list (evicted last), one that does not goes to the front.
 
 Left out, compared with vLLM: per-layer-group managers (sliding-window and hybrid models),
@@ -139,10 +141,15 @@ class BlockManager:
             self.prefix_cache.num_queried_tokens += len(seq)
             self.prefix_cache.num_hit_tokens += seq.num_computed_tokens
 
-    def cache_computed_blocks(self, seq: Sequence) -> None:
-        """Name every block of seq that is full and computed, so later requests can reuse it.
-        Only computed blocks are named: a block still being filled this step is never hit."""
-        num_full = seq.num_computed_tokens // self.block_size
+    def cache_computed_blocks(self, seq: Sequence, num_computed_tokens: int | None = None) -> None:
+        """Name every block of seq that is full once its first num_computed_tokens (default:
+        those computed now) have K/V, so other requests can reuse it. The scheduler names a
+        step's blocks when it schedules them: every layer writes the whole step's K/V before
+        any attention reads it, so a sequence in the same step may read them (V1 does so).
+        A block only partly filled is never named."""
+        if num_computed_tokens is None:
+            num_computed_tokens = seq.num_computed_tokens
+        num_full = num_computed_tokens // self.block_size
         if self.prefix_cache is None or num_full <= seq.num_cached_blocks:
             return                       # (most steps: a decode that fills no block)
         bs = self.block_size

@@ -99,7 +99,7 @@ class ContiguousAllocator:
     def allocate(self, seq: Sequence, use_prefix_cache: bool = False) -> None:
         seq.block_table = [self.free_slabs.pop()]
 
-    def cache_computed_blocks(self, seq: Sequence) -> None:
+    def cache_computed_blocks(self, seq: Sequence, num_computed_tokens: int | None = None) -> None:
         """Nothing to do: a private slab per request has nothing to share."""
 
     def can_append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> bool:

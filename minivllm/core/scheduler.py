@@ -13,8 +13,8 @@ prefill chunks together.
 With speculative decoding a decoding sequence may bring draft tokens (seq.spec_token_ids: the
 model runner proposed them after the sequence's last step, and the engine core handed them to
 `update_draft_token_ids`): they are verified in the same forward, so each one costs a token of
-budget and a lookahead slot. Drafts get only what the budget leaves once every
-later running sequence has its one token, and only free blocks: speculation never preempts.
+budget and a lookahead slot. Drafts get only what the budget leaves once every later running
+sequence has its one token, and only free blocks: speculation never preempts.
 
 When a running sequence needs a block and none is free, the newest running sequence is
 preempted (newest first, as in vLLM, so the oldest requests keep making progress), by one of
@@ -29,13 +29,14 @@ two policies:
 previous one has completely finished (the baseline of lesson 04).
 
 After the forward pass, `update_from_output` is the one place where a step's results change
-the sequences: computed tokens advance (full blocks enter the prefix cache), the samples of an
-n > 1 request are forked, sampled tokens are appended (with speculation: the accepted drafts
-and one more, the rejected drafts' slots rolled back), stop tokens and lengths are checked,
-and finished sequences give their blocks back. It returns an EngineCoreOutput per sample that
-moved (minivllm/outputs.py): plain values, what the front end needs and nothing it could
-mutate. Stop *strings* need text, so the front end finds them (engine/output_processor.py) and
-finishes the sample through EngineCore, which calls `finish_requests` here, as vLLM V1 does.
+the sequences: computed tokens advance, the samples of a V0-style n > 1 request are forked
+(the front end fans n out instead, as vLLM V1 does), sampled tokens are appended (with
+speculation: the accepted drafts and one more, the rejected drafts' slots rolled back), stop
+tokens and lengths are checked, and finished sequences give their blocks back. It returns an
+EngineCoreOutput per sample that moved (minivllm/outputs.py): plain values, what the front end
+needs and nothing it could mutate. Stop *strings* need text, so the front end finds them
+(engine/output_processor.py) and finishes the sample through EngineCore, which calls
+`finish_requests` here, as vLLM V1 does.
 
 Left out, compared with vLLM: priority scheduling, V1's single token-level schedule (vLLM V1
 treats prefill and decode alike as "tokens to compute"; minivllm keeps the V0-style split
@@ -122,7 +123,10 @@ class Scheduler:
     def _run(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
         """Schedule seq's next tokens (all it has left, or what the budget allows) and its
         drafts (the caller has fitted them to the budget); returns the budget left."""
-        n = min(seq.num_uncomputed_tokens, budget) + len(seq.spec_token_ids)
+        num_tokens = min(seq.num_uncomputed_tokens, budget)     # of its own, drafts aside
+        n = num_tokens + len(seq.spec_token_ids)
+        # Full blocks enter the prefix cache now (vLLM V1): later admissions this step reuse them.
+        self.block_manager.cache_computed_blocks(seq, seq.num_computed_tokens + num_tokens)
         out.seqs.append(seq)
         out.num_new_tokens.append(n)
         out.is_prefill.append(seq.is_prefill)
@@ -221,7 +225,6 @@ class Scheduler:
         self.spec_decoding_stats.num_accepted_this_step = 0
         for seq, n in zip(so.seqs, so.num_new_tokens):
             seq.num_computed_tokens += n - len(seq.spec_token_ids)   # drafts: once accepted
-            bm.cache_computed_blocks(seq)                # full blocks become reusable
         outputs = []
         for seq in so.seqs:
             if seq.status.finished or (errors and seq.request_id in errors):

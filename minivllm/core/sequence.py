@@ -17,9 +17,12 @@ then one new token per decode step. Same bookkeeping as vLLM. With speculative d
 decoding sequence also holds, for one step, `spec_token_ids`: draft tokens that are not its
 tokens yet; they are computed after token_ids, and only those the target accepts join them.
 
-Parallel sampling (n > 1): the group starts with one sequence, which prefills the prompt once.
-When the prompt is done, the group forks the other n - 1 samples from it; they share its
-blocks (copy-on-write) and each draws its own first token from the same logits row.
+Parallel sampling (n > 1), vLLM V0's way: the group starts with one sequence, which prefills
+the prompt once. When the prompt is done, the group forks the other n - 1 samples from it;
+they share its blocks (copy-on-write) and each draws its own first token from the same logits
+row. The front end (LLMEngine) no longer sends such a group: it fans n out into n requests of
+one sample (vLLM V1, engine/parallel_sampling.py). The fork stays for a caller that adds an
+EngineCoreRequest with n > 1 to the core itself (lesson 02), and for beam search.
 
 Plain Python only: no torch tensors here (each sample's random generator lives with the
 Sampler), so the scheduler and the block manager can be read and tested without a device.
@@ -159,7 +162,7 @@ class SequenceGroup:
     """One request: its prompt, its SamplingParams, and the samples it owns.
 
     `seqs` holds the samples that exist: one until the prompt has been prefilled, then all n
-    (`fork` makes the others). The scheduler asks `num_unforked` to reserve room for the
+    (`fork` makes the others: vLLM V0's parallel sampling; from the front end n is 1). The scheduler asks `num_unforked` to reserve room for the
     samples to come before it admits the first one.
     """
 

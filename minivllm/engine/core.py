@@ -6,7 +6,7 @@
         1. schedule   which sequences run, how many tokens each, which blocks move
         2. execute    the executor's execute_model: block copies, one forward pass, sampling,
                       and (speculative decoding) the runner's drafts for the next step
-        3. update     the scheduler applies the tokens: append, fork, accept drafts, stop on
+        3. update     the scheduler applies the tokens: append, fork (V0), accept drafts, stop on
                       tokens and lengths, free blocks; one EngineCoreOutput per sample that moved
         4. drafts     the runner's drafts go to the scheduler (update_draft_token_ids), which
                       fits them into the next step
@@ -25,8 +25,14 @@ the simulator's SimulatedExecutor on a virtual clock (minivllm/simulator/simulat
 thereby runs this very step (it proposes no drafts); tests/test_scheduler.py drives it over an
 executor with no model.
 
+Parallel sampling: the front end fans n > 1 out into n requests of one sample (vLLM V1,
+engine/parallel_sampling.py), so what reaches the core from LLMEngine has n = 1. The core still
+takes an EngineCoreRequest with n > 1 from a caller who builds one: then its samples fork
+inside it after one prefill, sharing blocks by copy-on-write (vLLM V0's way, kept for lesson 02
+and for beam search).
+
 Left out, compared with vLLM: batch queues for pipeline parallelism, and V1's Request (the
-core's unit is still V0's SequenceGroup, whose n > 1 samples fork inside the core).
+core's unit is still V0's SequenceGroup: one sample, or for a V0-style n > 1 request, n).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ class EngineCoreRequest:
 
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams         # n > 1 only from a caller who wants V0's fork
     lora_request: object | None = None      # minivllm.LoRARequest, or None: the base model
     grammar: object | None = None           # the compiled guided-decoding constraint, if any
     arrival_time: float = field(default_factory=time.perf_counter)
@@ -198,7 +204,7 @@ class EngineCore:
             if self.scheduler.has_unfinished():      # admission checks make this unreachable
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
             return EngineCoreOutputs(timestamp=self.clock())
-        # 3. Update: append, fork, accept drafts, stop on tokens and length, free blocks.
+        # 3. Update: append, fork (V0), accept drafts, stop on tokens and length, free blocks.
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         # 4. The drafts the runner proposed, for the next schedule to fit (vLLM V1's order).
         self.scheduler.update_draft_token_ids(runner_output.draft_token_ids)

@@ -3,19 +3,25 @@
 One request's path, as in vLLM V1:
 
     add_request(id, prompt, params)    Processor: tokenize and check (engine/processor.py), then
-                                       an EngineCoreRequest to the core through the client
+                                       an EngineCoreRequest to the core through the client; n > 1
+                                       fans out into n child requests of one sample each
+                                       (engine/parallel_sampling.py, vLLM V1's ParentRequest)
     step()                             client.get_output(): one EngineCore.step (engine/core.py):
                                        schedule -> execute_model -> update_from_output
                                        -> OutputProcessor (engine/output_processor.py): text,
                                        stop strings (a stopped sample is finished in the core),
-                                       a RequestOutput for every request that moved
-    abort_request(id)                  the core finishes it and returns its blocks
+                                       a RequestOutput for every request that moved (one for
+                                       a parent, its children's samples gathered in it)
+    abort_request(id)                  the core finishes it (a parent: every child) and
+                                       returns its blocks
     reconfigure(...)                   new EngineConfig values over the same weights
     trace()                            the core's StepRecords: what ran, how long, the engine after
 
 LLM (minivllm/llm.py) is the offline front end on top: add everything, step until done. The
 core's parts stay in reach for lessons and tests: `engine.engine_core` is the client, and
-`engine.scheduler`, `.block_manager`, `.runner`, `.requests` name the core's own.
+`engine.scheduler`, `.block_manager`, `.runner`, `.requests` name the core's own (there, an
+n > 1 request is its children, "0_id" .. "{n-1}_id"; a lesson that wants vLLM V0's fork
+inside the core adds an EngineCoreRequest with n > 1 to `engine.engine_core` itself).
 
 Where the core runs (vLLM's `multiprocess_mode`, which its LLMEngine takes from the
 environment variable VLLM_ENABLE_V1_MULTIPROCESSING):
@@ -53,6 +59,7 @@ from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.engine.core_client import InprocClient
 from minivllm.engine.multiproc.client import SyncMPClient
 from minivllm.engine.output_processor import OutputProcessor
+from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.engine.processor import encode_prompt, validate_request
 from minivllm.engine.stats import EngineStats
 from minivllm.models.loader import load_hf_config, load_tokenizer, resolve_model_path
@@ -157,7 +164,8 @@ class LLMEngine:
 
     @property
     def requests(self):
-        """The core's unfinished requests (SequenceGroups), by id."""
+        """The core's unfinished requests (SequenceGroups), by id: an n > 1 request's children
+        by theirs ("0_id" .. "{n-1}_id")."""
         return self.core.requests
 
     @property
@@ -204,13 +212,19 @@ class LLMEngine:
                     grammar=None, kv_transfer_params: dict | None = None) -> None:
         """`grammar`: the guided-decoding constraint compiled beforehand (AsyncLLMEngine does
         it on a worker thread); None: compiled here, or found in the cache.
+
+        n > 1 fans out here, as in vLLM V1: n child requests of one sample each, seeded
+        seed + i, which the core runs like any others (the prompt's full blocks shared through
+        the prefix cache); `step` gathers them back into one RequestOutput.
         `kv_transfer_params`: {"do_remote_decode": True} sends the prompt's K/V to the
         kv_consumer once its first token is sampled (DisaggLLM asks it)."""
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
-        if request_id in self.output_processor.request_states:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+        parent = ParentRequest(request_id, params) if params.n > 1 else None
+        for rid in [request_id, *(parent.child_request_ids if parent else ())]:
+            if self.output_processor.in_use(rid):
+                raise ValueError(f"request_id {rid!r} is already in use")
         if isinstance(prompt, str):
             text = prompt
             token_ids = encode_prompt(self.tokenizer, prompt)
@@ -227,9 +241,15 @@ class LLMEngine:
             self.engine_core.add_lora(lora_request)
         request = EngineCoreRequest(request_id, token_ids, params, lora_request, grammar,
                                     kv_transfer_params=kv_transfer_params)
-        self.engine_core.add_request(request)
+        if parent is None:
+            self.engine_core.add_request(request)
+        else:                                  # V1's fan-out: n requests of one sample each
+            for index in range(params.n):
+                child_id, child_params = parent.get_child_info(index)
+                self.engine_core.add_request(dataclasses.replace(
+                    request, request_id=child_id, sampling_params=child_params))
         self.output_processor.add_request(request_id, text, token_ids, params,
-                                          request.arrival_time)
+                                          request.arrival_time, parent)
 
     def add_prefilled_request(self, request_id: str, prompt_token_ids: list[int],
                               params: SamplingParams, first_token: int,
@@ -240,7 +260,7 @@ class LLMEngine:
         K/V that kv_transfer_params describes ({"cached": tokens not sent}), and it runs from
         its first token on, as if prefilled here. False, with nothing changed, when the pool
         or the batch has no room for it now."""
-        if request_id in self.output_processor.request_states:
+        if self.output_processor.in_use(request_id):
             raise ValueError(f"request_id {request_id!r} is already in use")
         validate_request(prompt_token_ids + [first_token], params, self.config,
                          self.model_config, self.engine_core.info)
@@ -264,8 +284,8 @@ class LLMEngine:
         self.engine_core.remove_schedule_callback(callback)
 
     def abort_request(self, request_id: str) -> None:
-        self.output_processor.abort_requests([request_id])
-        self.engine_core.abort_requests([request_id])
+        """Abort a request: a parent's every child (a child's id aborts its parent too)."""
+        self.engine_core.abort_requests(self.output_processor.abort_requests([request_id]))
 
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
@@ -306,10 +326,10 @@ class LLMEngine:
         processed = self.output_processor.process_outputs(core_outputs)
         if processed.stopped:                              # text reached a stop string
             self.engine_core.finish_stopped(processed.stopped)
-        if processed.errors:                               # this request alone fails
-            for request_id, error in processed.errors.items():
-                logger.error("request %s failed and was aborted: %s", request_id, error)
-            self.engine_core.abort_requests(list(processed.errors), processed.errors)
+        for request_id, error in processed.errors.items():     # this request alone fails
+            logger.error("request %s failed and was aborted: %s", request_id, error)
+        if processed.to_abort:                             # (a parent: all its children)
+            self.engine_core.abort_requests(list(processed.to_abort), processed.to_abort)
         for out in processed.request_outputs:
             if out.error is not None and out.request_id not in processed.errors:
                 logger.error("request %s failed and was aborted: %s", out.request_id, out.error)

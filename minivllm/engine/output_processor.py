@@ -8,9 +8,14 @@ string needs the text, so it is found here: the sample's tokens and text are cut
 front end then finishes that sample in the core (EngineCore.finish_requests), as vLLM V1 aborts
 a request whose text has stopped.
 
+A request with n > 1 samples reaches the core as n child requests of one sample each (vLLM
+V1's fan-out, engine/parallel_sampling.py): the OutputProcessor keeps ONE RequestState for the
+parent, routes child i's tokens to its sample i, and so gathers the children into one
+RequestOutput with n CompletionOutputs, streaming and final. (A V0-style request whose core
+forks its samples reports each by its index, and lands in the same place.)
+
 Left out, compared with vLLM: per-request output queues for streaming (the AsyncLLMEngine keeps
-its own), the delta / final-only output kinds, and V1's parent request gathering n fanned-out
-requests (here the core forks the n samples and reports each by its index).
+its own), and the delta / final-only output kinds.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from minivllm.engine.detokenizer import IncrementalDetokenizer, find_stop_string
+from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.outputs import (CompletionOutput, EngineCoreOutput, EngineCoreOutputs,
                               RequestMetrics, RequestOutput)
 from minivllm.sampling_params import SamplingParams
@@ -53,35 +59,71 @@ class RequestState:
     samples: dict[int, SampleState] = field(default_factory=dict)
     first_scheduled_time: float | None = None
     error: str | None = None
+    parent: ParentRequest | None = None       # n > 1: fanned out into the parent's children
 
     @property
     def finished(self) -> bool:
         return self.error is not None or (len(self.samples) == self.params.n and all(
             s.finish_reason is not None for s in self.samples.values()))
 
+    @property
+    def core_request_ids(self) -> list[str]:
+        """The core's requests that make this one: a fanned-out parent's children (child i is
+        sample i), else the request itself (all its samples, if the core forks them)."""
+        return self.parent.child_request_ids if self.parent else [self.request_id]
+
 
 @dataclass(slots=True)
 class OutputProcessorOutput:
     request_outputs: list[RequestOutput]
-    stopped: list[tuple[str, int]]            # (request id, sample) whose text hit a stop string
-    errors: dict[str, str]                    # request id -> why its output processing failed
+    stopped: list[tuple[str, int]]   # the core's (request id, sample) whose text hit a stop string
+    errors: dict[str, str]           # request id -> why its output processing failed
+    # The core's request ids to abort, with the error: a request whose output processing
+    # failed, or a failed parent's children still running (one child's fault fails them all).
+    to_abort: dict[str, str] = field(default_factory=dict)
 
 
 class OutputProcessor:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.request_states: dict[str, RequestState] = {}
+        self.request_states: dict[str, RequestState] = {}      # by the caller's request id
+        # A fanned-out child's request id -> (its parent's state, the sample it is).
+        self.child_requests: dict[str, tuple[RequestState, int]] = {}
+
+    def in_use(self, request_id: str) -> bool:
+        return request_id in self.request_states or request_id in self.child_requests
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, arrival_time: float | None = None) -> RequestState:
+                    params: SamplingParams, arrival_time: float | None = None,
+                    parent: ParentRequest | None = None) -> RequestState:
+        """parent: the request was fanned out into its children (n > 1)."""
         state = RequestState(request_id, prompt, list(prompt_token_ids), params,
-                             time.perf_counter() if arrival_time is None else arrival_time)
+                             time.perf_counter() if arrival_time is None else arrival_time,
+                             parent=parent)
         self.request_states[request_id] = state
+        for index, child in enumerate(parent.child_request_ids if parent else ()):
+            self.child_requests[child] = (state, index)
         return state
 
-    def abort_requests(self, request_ids) -> None:
+    def abort_requests(self, request_ids) -> list[str]:
+        """Forget these requests; returns the core's request ids to abort: a parent's every
+        child (a child's id stands for its parent), an id not known here as it is."""
+        core_ids = []
         for request_id in request_ids:
-            self.request_states.pop(request_id, None)
+            if request_id in self.child_requests:
+                request_id = self.child_requests[request_id][0].request_id
+            state = self.request_states.get(request_id)
+            if state is None:
+                core_ids.append(request_id)
+                continue
+            self._remove(state)
+            core_ids += state.core_request_ids
+        return list(dict.fromkeys(core_ids))
+
+    def _remove(self, state: RequestState) -> None:
+        del self.request_states[state.request_id]
+        for child in state.parent.child_request_ids if state.parent else ():
+            del self.child_requests[child]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)
@@ -95,31 +137,36 @@ class OutputProcessor:
         stopped = []
         errors = {}
         for out in core_outputs.outputs:
-            state = self.request_states.get(out.request_id)
-            if state is None or out.request_id in errors:
+            # A fanned-out child's tokens are sample `index` of its parent.
+            state, index = self.child_requests.get(out.request_id) or (
+                self.request_states.get(out.request_id), out.index)
+            if state is None or state.request_id in errors:
                 continue
-            sample = state.samples.get(out.index)
+            sample = state.samples.get(index)
             if sample is not None and sample.finish_reason is not None:
                 continue        # stopped here, and the core (another process) ran on a step
-            touched[out.request_id] = state
+            touched[state.request_id] = state
             try:
-                if self._update(state, out, core_outputs.timestamp):
+                if self._update(state, out, index, core_outputs.timestamp):
                     stopped.append((out.request_id, out.index))
             except Exception as e:                   # noqa: BLE001 (this request alone)
-                errors[out.request_id] = state.error = f"output processing failed: {e!r}"
+                errors[state.request_id] = state.error = f"output processing failed: {e!r}"
         outputs = [request_output(state) for state in touched.values()]
-        for out in outputs:
-            if out.finished:
-                del self.request_states[out.request_id]
-        return OutputProcessorOutput(outputs, stopped, errors)
+        to_abort = {}
+        for state in [state for state in touched.values() if state.finished]:
+            self._remove(state)
+            if state.error is not None:   # what of it still runs in the core goes too
+                to_abort.update(dict.fromkeys(state.core_request_ids, state.error))
+        return OutputProcessorOutput(outputs, stopped, errors, to_abort)
     # --8<-- [end:process_outputs]
 
-    def _update(self, state: RequestState, out: EngineCoreOutput, now: float) -> bool:
-        """Grow one sample by its new tokens; True when a stop string ended it."""
-        sample = state.samples.get(out.index)
+    def _update(self, state: RequestState, out: EngineCoreOutput, index: int,
+                now: float) -> bool:
+        """Grow sample `index` by its new tokens; True when a stop string ended it."""
+        sample = state.samples.get(index)
         if sample is None:
-            sample = state.samples[out.index] = SampleState(
-                out.index, list(state.prompt_token_ids), IncrementalDetokenizer(
+            sample = state.samples[index] = SampleState(
+                index, list(state.prompt_token_ids), IncrementalDetokenizer(
                     self.tokenizer, state.params.skip_special_tokens,
                     start=len(state.prompt_token_ids)))
         state.first_scheduled_time = state.first_scheduled_time or out.first_scheduled_time

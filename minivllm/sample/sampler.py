@@ -7,7 +7,8 @@ with its own torch.Generator. Drawing is the "exponential race": argmax(p / E) w
 picks token i with probability p_i, exactly like multinomial, but without a host sync on GPUs.
 
 Each sample draws from its own torch.Generator, kept here by (request, sample index) (seeded
-with the request's seed + the sample's index, or from the OS), so its tokens do not depend on
+with the request's seed + the sample's index, or from the OS; the front end seeds child i of a
+fanned-out n > 1 request seed + i, so its sample 0 draws what sample i of a forked one did), so its tokens do not depend on
 what else shares the batch: a seeded request is reproducible in any company. The ModelRunner
 calls `free` for the sequences the scheduler reports finished.
 

@@ -15,8 +15,8 @@
     3. forward        the model once, and logits only for the last token of each sample that
                       samples this step (a prefill chunk short of its prompt's end samples
                       nothing); k + 1 rows for a sample verifying k draft tokens
-    4. sample         the Sampler draws each row (and, for a request with n > 1 samples whose
-                      prompt is now computed, the other samples' first tokens from the same
+    4. sample         the Sampler draws each row (and, for a V0-style request with n > 1
+                      samples whose prompt is now computed, the other samples' first tokens from the same
                       row); the rejection sampler keeps the accepted drafts
     5. draft          speculative decoding: the drafter (`self.drafter`,
                       minivllm/spec_decode/decoder.py) proposes the next step's drafts of
