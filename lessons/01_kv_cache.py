@@ -354,7 +354,7 @@ def _(
     _on_gpu = llm.engine.device.type == "cuda"
     peaks = measure_peaks(llm.engine.device, llm.engine.dtype,
                           **(dict(n=8192, copy_mib=2048) if _on_gpu else {}))
-    cost = StepCost.of(llm.engine.model_config, llm.engine.dtype)
+    cost = StepCost.of(llm.engine.model_config.hf_config, llm.engine.dtype)
     PREFILL_TOKENS = 512 if _on_gpu else 128
     _ids = llm.tokenizer.encode("A prompt is computed in one step, all of its tokens at "
                                 "once, against one read of the weights. " * 40)

@@ -18,9 +18,9 @@ def _():
     from kernels.flash_attention import (default_tiles, flash_attention,
                                          flash_attention_reference)
     from kernels.paged_batch import random_paged_batch
-    from minivllm.config import ModelConfig
+    from minivllm.config import HfConfig
     from minivllm.models.loader import load_hf_config, resolve_model_path
-    return (ModelConfig, default_tiles, flash_attention, flash_attention_reference,
+    return (HfConfig, default_tiles, flash_attention, flash_attention_reference,
             load_hf_config, math, mo, plt, random_paged_batch, resolve_model_path, time,
             torch)
 
@@ -45,10 +45,10 @@ def _(mo):
 
 
 @app.cell
-def _(ModelConfig, load_hf_config, mo, resolve_model_path, torch):
+def _(HfConfig, load_hf_config, mo, resolve_model_path, torch):
     on_gpu = torch.cuda.is_available()
     device = torch.cuda.get_device_name() if on_gpu else "CPU (Triton interpreter)"
-    cfg = ModelConfig.from_hf_dict(load_hf_config(resolve_model_path(None)))
+    cfg = HfConfig.from_hf_dict(load_hf_config(resolve_model_path(None)))
     H, HKV, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     dtype = torch.bfloat16 if on_gpu else torch.float32
     mo.md(f"**running on:** {device} · **attention shapes of:** SmolLM2-135M-Instruct "

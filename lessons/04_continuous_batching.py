@@ -596,7 +596,7 @@ def _(continuous_run, grid, mo, static_run, step_ratio, sweep):
     * `minivllm/engine/core.py`: `EngineCore.step`, one scheduling decision and one forward pass per
       call; `minivllm/engine/llm_engine.py`: `LLMEngine.step` turns the core's outputs into a
       `RequestOutput` for every request that moved.
-    * `minivllm/config.py`: `max_num_seqs` (the slots) and `scheduling`.
+    * `minivllm/config/scheduler.py`: `max_num_seqs` (the slots) and `scheduling`.
     * Next: lesson 10 (chunked prefill) looks at what a newcomer's prompt costs the requests
       already decoding; lesson 11 at what happens when their memory runs out.
     """)

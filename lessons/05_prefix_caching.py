@@ -674,7 +674,7 @@ def _(conv_computed_cached, conv_computed_uncached, conv_ttft_ratio, conv_work_r
     * `minivllm/core/scheduler.py`: `_run` calls `cache_computed_blocks` as it schedules a sequence;
       `EngineCore.stats()` (`minivllm/engine/core.py`) reports `prefix_cache_queried_tokens` and
       `prefix_cache_hit_tokens`.
-    * `minivllm/config.py`: `enable_prefix_caching` (on by default, as in vLLM).
+    * `minivllm/config/cache.py`: `enable_prefix_caching` (on by default, as in vLLM).
     * `minivllm bench prefix`: the same two workloads at a larger size, with and without
       caching, side by side.
 

@@ -630,7 +630,7 @@ def _(
     * `minivllm/core/scheduler.py`: drafts fit into the token budget and get lookahead slots
       (`BlockManager.append_slots`); `minivllm/core/block_manager.py`: `free_lookahead_slots`.
     * `minivllm/worker/model_runner.py`: a sequence with k drafts returns k + 1 logits rows.
-    * `minivllm/config.py`: `SpeculativeConfig` (vLLM's `speculative_config` dict).
+    * `minivllm/config/speculative.py`: `SpeculativeConfig` (vLLM's `speculative_config` dict).
     * `minivllm/benchmarks/spec.py`: `minivllm bench spec`, batch 1 against batch 8.
     """)
     return (findings,)

@@ -81,7 +81,7 @@ def _(llm):
 
     # The course's one cost model (minivllm/benchmarks/roofline.py, introduced in lesson 01): this
     # device's peaks, measured, and a step's FLOPs and bytes from the model's shapes.
-    _cost = _roofline.StepCost.of(llm.engine.model_config, llm.engine.dtype)
+    _cost = _roofline.StepCost.of(llm.engine.model_config.hf_config, llm.engine.dtype)
     step_cost = _cost.step          # (new_tokens, context_lens, sampled) -> (FLOPs, bytes)
     _big = dict(n=8192, copy_mib=2048) if llm.engine.device.type == "cuda" else {}
     _peaks = _roofline.measure_peaks(llm.engine.device, llm.engine.dtype, **_big)
@@ -277,7 +277,7 @@ def _(
                 for rid in _ids]
 
     print("serving with chunked prefill (64-token budget) ...", flush=True)
-    _budget = llm.engine.config.max_num_batched_tokens
+    _budget = llm.engine.vllm_config.scheduler_config.max_num_batched_tokens
     llm.reconfigure(max_num_batched_tokens=SLO_STEP_TOKENS)
     chunked_run = serve(llm, requests)
     llm.reconfigure(max_num_batched_tokens=_budget)
@@ -376,8 +376,9 @@ def _(kv_bytes_per_token, llm, prompt_tokens, reference_config, split_bytes, spl
       torch):
     LINKS = {"NVLink 4 (H100)": 450e9, "PCIe 5 x16": 63e9, "InfiniBand NDR 400G": 50e9,
              "100 GbE": 12.5e9}
-    MODELS = {"SmolLM2-135M (fp32, this run)": (kv_bytes_per_token(llm.engine.model_config,
-                                                                   llm.engine.dtype), 0.135e9),
+    _shape = llm.engine.model_config.hf_config
+    MODELS = {"SmolLM2-135M (fp32, this run)": (kv_bytes_per_token(_shape, llm.engine.dtype),
+                                                0.135e9),
               "Llama-3-8B (bf16)": (kv_bytes_per_token(reference_config("Llama-3-8B"),
                                                        torch.bfloat16), 8e9),
               "Llama-3-70B (bf16)": (kv_bytes_per_token(reference_config("Llama-3-70B"),
@@ -554,7 +555,7 @@ def _(
         assert colocated["tokens"] == split["tokens"]
 
     def test_connector_sends_exactly_the_prompt_kv():
-        per_token = kv_bytes_per_token(llm.engine.model_config, llm.engine.dtype)
+        per_token = kv_bytes_per_token(llm.engine.model_config.hf_config, llm.engine.dtype)
         assert split_bytes == (prompt_tokens - split_cached) * per_token > 0
         # The warm-up left request 0's full prompt block in the consumer's prefix cache: the
         # producer did not send it again.
@@ -630,7 +631,7 @@ def _(
       streamed back, re-prefill when the consumer refuses a request or dies), `launch` and
       `serve_decode` (the consumer's loop).
     * `minivllm/engine/llm_engine.py`: `LLMEngine.add_prefilled_request`, the consumer's way in.
-    * `minivllm/config.py`: `KVTransferConfig`, vLLM's `kv_transfer_config`.
+    * `minivllm/config/kv_transfer.py`: `KVTransferConfig`, vLLM's `kv_transfer_config`.
     * `minivllm/benchmarks/disagg.py`: `minivllm bench disagg`, the same comparison with more load.
     """)
     return (findings,)

@@ -57,7 +57,7 @@ def _(mo):
 def _(LLM, mo, torch):
     KV_BUDGET = 256 << 20           # the same KV memory for every engine in this lesson
     llm = LLM(max_model_len=512, kv_cache_memory=KV_BUDGET)
-    cfg = llm.engine.model_config
+    cfg = llm.engine.model_config.hf_config
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     kv_dtype = llm.engine.dtype
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "

@@ -42,7 +42,7 @@ def _(mo):
 @app.cell
 def _(LLM, mo, torch):
     # One loaded model, two settings. Without chunking a prompt must fit one step whole, so
-    # the budget must cover max_model_len (EngineConfig checks this). With chunking, the
+    # the budget must cover max_model_len (SchedulerConfig checks this). With chunking, the
     # budget is a per-step cap on tokens: BUDGET here, and other values in the widget below.
     # Each run below calls llm.reconfigure(...) with its setting: a fresh KV pool over the
     # same weights. Prefix caching is off: the same prompts are served several times in this
@@ -432,7 +432,7 @@ def _(StepCost, llm, measure_peaks, mo, ms_per_token, sweep):
     _on_gpu = llm.engine.device.type == "cuda"
     peaks = measure_peaks(llm.engine.device, llm.engine.dtype,
                           **(dict(n=8192, copy_mib=2048) if _on_gpu else {}))
-    _cost = StepCost.of(llm.engine.model_config, llm.engine.dtype)
+    _cost = StepCost.of(llm.engine.model_config.hf_config, llm.engine.dtype)
     # The knee in tokens per step: where the step's FLOPs per byte reach the ridge.
     def _intensity(n):
         flops, moved = _cost.step([n], [n], 1)
@@ -616,8 +616,8 @@ def _(BUDGET, knee_tokens, mo, predicted_chunks, sweep, with_chunks, without):
       numbers that make a partly prefilled prompt an ordinary state.
     * `minivllm/worker/model_runner.py`: `ModelRunner.run` samples only for sequences whose new
       tokens reach their end, so a middle chunk samples nothing.
-    * `minivllm/config.py`: `enable_chunked_prefill`, `max_num_batched_tokens`, and the check
-      that without chunking the budget covers `max_model_len`.
+    * `minivllm/config/scheduler.py`: `enable_chunked_prefill`, `max_num_batched_tokens`, and
+      the check that without chunking the budget covers `max_model_len`.
     """)
     return (findings,)
 

@@ -49,7 +49,8 @@ def _(LLM, kv_bytes_per_token, mo, torch):
     BLOCK_SIZE, SWAP_BLOCKS = 16, 96
     llm = LLM(max_model_len=256, block_size=BLOCK_SIZE, num_kv_blocks=128, max_num_seqs=16,
               enable_prefix_caching=False)
-    block_bytes = kv_bytes_per_token(llm.engine.model_config, llm.engine.dtype) * BLOCK_SIZE
+    _shape = llm.engine.model_config.hf_config
+    block_bytes = kv_bytes_per_token(_shape, llm.engine.dtype) * BLOCK_SIZE
     llm.reconfigure(swap_space=SWAP_BLOCKS * block_bytes)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
@@ -553,7 +554,7 @@ def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sw
     * `minivllm/core/block_manager.py`: `can_append_slots`, `swap_out`, `swap_in`, `free`.
     * `minivllm/worker/model_runner.py`: `ModelRunner.swap_out` / `swap_in`, the block copies
       between the device pool and the host pool.
-    * `minivllm/config.py`: `num_kv_blocks`, `preemption_mode`, `swap_space`.
+    * `minivllm/config/`: `num_kv_blocks` and `swap_space` (cache.py), `preemption_mode` (scheduler.py).
     """)
     return (findings,)
 

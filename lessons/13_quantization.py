@@ -237,12 +237,12 @@ def _(
             "ppl": perplexity(llm.engine, ppl_ids),
             "agree": [first_divergence(_a, _b) for _a, _b in zip(_tokens, reference)],
             "weight_MB": model_weight_bytes(llm.engine.runner.model) / 1e6,
-            "kv_tokens": llm.engine.stats().num_blocks_total * llm.engine.config.block_size,
+            "kv_tokens": llm.engine.stats().num_blocks_total * llm.engine.vllm_config.cache_config.block_size,
             "b1_tok_s": decode_tokens_per_s(llm, 1, max_tokens=GEN_TOKENS),
             "tokens": _tokens}
     table_seconds = time.perf_counter() - _t0
     use("fp32")
-    assert llm.engine.config.kv_cache_memory == KV_MEMORY
+    assert llm.engine.vllm_config.cache_config.kv_cache_memory == KV_MEMORY
     return AGREE_PROMPTS, FORMATS, GEN_TOKENS, PPL_TOKENS, refusals, table, table_seconds, use
 
 
@@ -294,7 +294,7 @@ def _(KV_MEMORY, Request, SamplingParams, llm, serve):
         llm.reconfigure(kv_cache_dtype=_kv, kv_cache_memory=POOL)
         _res = serve(llm, _requests)
         capacity[_kv] = {
-            "pool_tokens": _res.steps[0].stats.num_blocks_total * llm.engine.config.block_size,
+            "pool_tokens": _res.steps[0].stats.num_blocks_total * llm.engine.vllm_config.cache_config.block_size,
             "peak_running": max(s.stats.num_running for s in _res.steps),
             "steps": len(_res.steps), "preemptions": _res.steps[-1].stats.num_preemptions,
             "tokens": [o.outputs[0].token_ids for o in _res.outputs]}
@@ -384,7 +384,7 @@ def _(mo):
 def _(KV_MEMORY, llm):
     # The truth, from the engine itself (the header's pool is 64 MiB, int8 in the table).
     llm.reconfigure(kv_cache_dtype="int8")
-    exercise_truth = llm.engine.stats().num_blocks_total * llm.engine.config.block_size
+    exercise_truth = llm.engine.stats().num_blocks_total * llm.engine.vllm_config.cache_config.block_size
     llm.reconfigure(kv_cache_dtype="auto")
 
     def check_kv_tokens(value):

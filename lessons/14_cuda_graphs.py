@@ -171,7 +171,7 @@ def _(BATCHES, SamplingParams, llm, profiled, time):
 
 @app.cell
 def _(breakdown, compile_s, compiled, llm, mo, same_tokens):
-    _layers = llm.engine.model_config.num_hidden_layers
+    _layers = llm.engine.model_config.hf_config.num_hidden_layers
     _rows = "\n    ".join(
         f"| {_b} | {breakdown[_b]['ops']} | {_c['ops']} | "
         f"{(breakdown[_b]['ops'] - _c['ops']) / _layers:.0f} | "
@@ -226,7 +226,7 @@ def _(mo):
 
 @app.cell
 def _(BATCHES, llm, mo):
-    batch_pick = mo.ui.slider(1, llm.engine.config.max_num_seqs, value=BATCHES[1],
+    batch_pick = mo.ui.slider(1, llm.engine.vllm_config.scheduler_config.max_num_seqs, value=BATCHES[1],
                               label="decode batch size", show_value=True)
     mo.md(f"""
     ### Try it: slide the batch
@@ -250,7 +250,7 @@ def _(batch_pick, breakdown, capture_sizes, compiled, llm, mo, plt, profiled):
         llm.reconfigure(compilation_config=3)
         _comp = profiled(_n, steps=2)
         llm.reconfigure(compilation_config=0)
-    _sizes = capture_sizes(llm.engine.config.max_num_seqs)
+    _sizes = capture_sizes(llm.engine.vllm_config.scheduler_config.max_num_seqs)
     _bucket = next(s for s in _sizes if s >= _n)
     _fig, _ax = plt.subplots(figsize=(5.5, 2.6))
     for _i, (_name, _r) in enumerate((("eager", _eager), ("compiled", _comp))):
@@ -329,7 +329,7 @@ def _(BATCHES, check_buckets, compiled_ops, llm, ops_per_step, same_tokens):
     def test_compile_fuses_ops_at_every_batch():
         # Counted by the profiler: the fused elementwise ops save at least 10 ops per layer,
         # and one graph with a dynamic token count serves every batch size above 1.
-        _layers = llm.engine.model_config.num_hidden_layers
+        _layers = llm.engine.model_config.hf_config.num_hidden_layers
         for _b in BATCHES:
             assert compiled_ops[_b] <= ops_per_step[_b] - 10 * _layers
         assert len({compiled_ops[_b] for _b in BATCHES if _b > 1}) == 1

@@ -45,7 +45,7 @@ def _(mo):
 @app.cell
 def _(LLM, mo, torch):
     llm = LLM(max_model_len=256, num_kv_blocks=64)
-    cfg = llm.engine.model_config
+    cfg = llm.engine.model_config.hf_config
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
           f"({cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
@@ -209,7 +209,7 @@ def _(LLM, SamplingParams, TP, llm, mo, time):
     ("{PROMPTS[0]}" → "{_text}"). Rank 0 made **{all_reduce_per_step:.0f} all-reduces per
     step**, handing them **{all_reduce_bytes:,} bytes** for the {tokens_computed} tokens the
     steps computed: {all_reduce_bytes // tokens_computed:,} bytes per token, one hidden
-    vector ({llm_tp.engine.model_config.hidden_size} x {dtype_bytes} bytes) per all-reduce.
+    vector ({llm_tp.engine.model_config.hf_config.hidden_size} x {dtype_bytes} bytes) per all-reduce.
     The traffic follows the tokens of a step, not the weights: a prefill step of 40 tokens
     moves 40 times what a one-token decode step moves. Wall time: {tpn_s:.2f} s at tp={TP}
     against {tp1_s:.2f} s in one process

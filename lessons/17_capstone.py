@@ -84,7 +84,7 @@ def _(llm, lognormal_requests, mo, poisson_arrivals):
 @app.cell
 def _(ITL_SLO_TOKENS, TTFT_SLO, llm, np, serve, workload):
     def measure(config):
-        """Serve the workload with `config` (EngineConfig fields); per request its TTFT and
+        """Serve the workload with `config` (EngineArgs fields, as LLM takes them); per request its TTFT and
         worst ITL in steps (serve records the step of each token: ServeResult.ttft_steps,
         token_steps), the largest step it waited through, and whether it met the SLO."""
         res = serve(llm.reconfigure(**config), workload)
@@ -194,7 +194,7 @@ def _(mo):
     mo.md(r"""
     ## Exercise: meet the SLO
 
-    Edit `my_config` (any EngineConfig fields; the four that matter here are already
+    Edit `my_config` (any EngineArgs fields, as LLM takes them; the four that matter here are already
     there) so that at least 90% of the requests meet the SLO. The checker serves the
     workload with it and says which part of the SLO failed, and for how many requests.
     """)
@@ -617,7 +617,7 @@ def _(disagree, mo, pairs, ranking_here, solved, start):
 
     ## Where the code lives
 
-    * `minivllm/config.py`: the four knobs and their checks; `minivllm/core/scheduler.py`: how
+    * `minivllm/config/`: the four knobs and their checks; `minivllm/core/scheduler.py`: how
       they shape each step; `minivllm/benchmarks/workloads.py`: `serve`, arrivals by step or time,
       and the steps of each request's tokens (`ttft_steps`, `token_steps`).
     * `minivllm/benchmarks/ablation.py`: the ladder's rungs (`RUNGS`, each with the row it is

@@ -124,7 +124,7 @@ def _(cpu, held_out, llm, np, real_latencies, run_both, same_schedule):
 @app.cell
 def _(StepTimer, cpu, held_out, llm, mo, np, plt, real_t, step_features, timing):
     # Each real step's measured seconds against the fit's prediction for its shape.
-    _timer = StepTimer(llm.engine.model_config, cpu)
+    _timer = StepTimer(llm.engine.model_config.hf_config, cpu)
     _lens = {f"req-{i}": len(r.prompt) for i, r in enumerate(held_out("seconds", 8.0))}
     _rows = step_features(real_t.steps, _lens, _timer)
     _pred = np.array([_timer.time_of(*row, 0) for row in _rows])

@@ -37,10 +37,10 @@ SUBPACKAGES = {("distributed", "kv_transfer"), ("engine", "disagg"),   # counted
 
 # Issue 38 set 3,400 for the core; V1's layers (the engine core and its client, the executor,
 # the worker, the scheduler's messages) brought it past that, and the layers read better whole
-# than packed: the ceiling follows, and the gap is reported in the issue's note. 3,600 held
-# the core (3,525); the process client's hooks, the KV connector's scheduler and worker sides
-# and the runner's drafter took it to 3,640. The config split (part 6) is where to win it back.
-CORE_CODE = 3700
+# than packed: the ceiling follows, and the gap is reported in the issue's note. The config
+# split (part 6) moved the configuration into a package of its own, as vLLM's vllm/config/ is
+# (counted apart below): the core went from 3,695 to ~3,490, EngineArgs included.
+CORE_CODE = 3600
 ADD_ON_CODE = 450
 ENTRYPOINTS_CODE = 900
 FILE_LINES = 400
@@ -50,6 +50,9 @@ BUDGETS = {
     "minivllm (core)": ("code", CORE_CODE, FILE_LINES),
     **{f"minivllm/{name}": ("code", ADD_ON_CODE, FILE_LINES) for name in ADD_ONS},
     "minivllm/entrypoints": ("code", ENTRYPOINTS_CODE, FILE_LINES),
+    # VllmConfig and its parts (vLLM's vllm/config/): read beside the core, part by part, as a
+    # component needs them; an add-on's ceiling.
+    "minivllm/config": ("code", ADD_ON_CODE, FILE_LINES),
     # `minivllm bench X` and the workloads: tools around the engine, measured and shown only.
     "minivllm/benchmarks": ("code", None, FILE_LINES),
     # One kernel per file, each with its launcher, torch reference and comments on every

@@ -46,11 +46,11 @@ def smol_llm(smol_path):
 def reconfigured(llm, **settings):
     """`llm` with other engine settings inside the block (same weights, a fresh KV pool),
     and as it was afterwards, whatever the block left in flight."""
-    from dataclasses import fields
+    from dataclasses import asdict
 
-    from minivllm.config import EngineConfig
+    from minivllm.engine.arg_utils import LOAD_TIME_ARGS
     engine = llm.engine
-    before = {f.name: getattr(engine.config, f.name) for f in fields(EngineConfig)}
+    before = {k: v for k, v in asdict(engine.engine_args).items() if k not in LOAD_TIME_ARGS}
     llm.reconfigure(**settings)
     try:
         yield llm
@@ -65,12 +65,20 @@ def smol(smol_llm):
     """smol(**settings) -> the session's SmolLM2 LLM, reconfigured as a fresh
     LLM(**settings) would be: the same weights, a fresh KV pool, prefix cache and counters.
     Put back as it was afterwards. (Loading the weights again would cost seconds a test.)"""
-    from dataclasses import fields
+    from dataclasses import asdict
 
-    from minivllm.config import EngineConfig
-    fresh = {f.name: f.default for f in fields(EngineConfig)} | {"max_model_len": None}
+    from minivllm.engine.arg_utils import LOAD_TIME_ARGS, EngineArgs
+    fresh = {k: v for k, v in asdict(EngineArgs()).items() if k not in LOAD_TIME_ARGS}
     with reconfigured(smol_llm):
         yield lambda **settings: smol_llm.reconfigure(**{**fresh, **settings})
+
+
+def engine_config(**settings):
+    """The VllmConfig LLM(**settings) would run, for SmolLM2's shape, with no checkpoint read
+    (each part checked as the engine checks it)."""
+    from minivllm.engine.arg_utils import EngineArgs
+    from minivllm.simulator import model_config
+    return EngineArgs(**settings).create_engine_config(model_config("SmolLM2-135M"))
 
 
 WEIGHT_LOADS = []

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import HfConfig
+
+from conftest import engine_config
 
 
 def test_generate_shapes_and_order(smol_llm):
@@ -91,15 +93,15 @@ def test_bad_model_and_engine_arguments(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither a .gguf file"):
         LLM("./not/a/model/anywhere")
     with pytest.raises(ValueError, match="unsupported architecture"):
-        ModelConfig.from_hf_dict({"architectures": ["GPT2LMHeadModel"]})
+        HfConfig.from_hf_dict({"architectures": ["GPT2LMHeadModel"]})
     with pytest.raises(ValueError, match="block_size must be a positive integer, got 0"):
-        EngineConfig(block_size=0)
+        engine_config(block_size=0)
     with pytest.raises(ValueError, match="unknown dtype"):
         LLM(dtype="float8")
     with pytest.raises(ValueError, match="num_kv_blocks must be a positive integer, got 0"):
-        EngineConfig(num_kv_blocks=0)
+        engine_config(num_kv_blocks=0)
     with pytest.raises(ValueError, match="kv_cache_memory must be a positive integer"):
-        EngineConfig(kv_cache_memory=-1)
+        engine_config(kv_cache_memory=-1)
 
 
 def test_pool_size_settings(tiny_checkpoint):
@@ -108,7 +110,7 @@ def test_pool_size_settings(tiny_checkpoint):
     from minivllm.core.kv_cache import kv_bytes_per_token
     path, _ = tiny_checkpoint("llama")
     per_token = kv_bytes_per_token(LLM(str(path), max_model_len=64, num_kv_blocks=1)
-                                   .engine.model_config, torch.float32)
+                                   .engine.model_config.hf_config, torch.float32)
     cases = [(dict(num_kv_blocks=5), "paged", 5),
              (dict(num_kv_blocks=3), "contiguous", 3),
              (dict(kv_cache_memory=7 * 16 * per_token), "paged", 7),

@@ -4,7 +4,7 @@ import torch
 
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.kv_cache import ContiguousAllocator, kv_bytes_per_token
-from minivllm.config import ModelConfig
+from minivllm.config import HfConfig
 from minivllm.sampling_params import SamplingParams
 from minivllm.core.sequence import Sequence, SequenceGroup
 
@@ -72,12 +72,12 @@ def test_contiguous_allocator_reserves_a_slab_per_sequence():
 
 
 def test_kv_bytes_per_token():
-    smol = ModelConfig.from_hf_dict({
+    smol = HfConfig.from_hf_dict({
         "architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_size": 576,
         "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
         "num_key_value_heads": 3})
     assert kv_bytes_per_token(smol, torch.float32) == 2 * 30 * 3 * 64 * 4 == 46080
-    llama3_8b = ModelConfig.from_hf_dict({
+    llama3_8b = HfConfig.from_hf_dict({
         "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 4096,
         "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
         "num_key_value_heads": 8})

@@ -9,7 +9,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.worker.compilation import capture_sizes
 
-from conftest import PROMPTS, gpu
+from conftest import PROMPTS, engine_config, gpu
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
@@ -74,14 +74,13 @@ def test_compiled_graph_holds_every_op_but_attention(tiny_checkpoint):
     assert graphs
     ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     attention = [op for op in ops if "unified_attention" in op]
-    assert len(attention) == llm.engine.model_config.num_hidden_layers
+    assert len(attention) == llm.engine.model_config.hf_config.num_hidden_layers
     assert len(ops) > 10 * len(attention)     # norms, projections, rotary, MLP: all in it
 
 
 def test_lora_with_compilation_is_refused():
-    from minivllm.config import EngineConfig
     with pytest.raises(ValueError, match="^enable_lora with compilation_config is not"):
-        EngineConfig(enable_lora=True, compilation_config=3)
+        engine_config(enable_lora=True, compilation_config=3)
 
 
 @gpu
@@ -115,14 +114,13 @@ def test_lora_with_cuda_graphs_is_refused():
     """A decode graph replays the base path it was captured with (LoRA's per-token slots are
     Python state a replay never reads), so LoRA under graphs would be ignored after the first
     token: refused with config.INCOMPATIBLE's message, on CUDA only, unless enforce_eager."""
-    from minivllm.config import EngineConfig
     from minivllm.worker.compilation import use_cuda_graphs
     cuda = torch.device("cuda")          # a device object only: nothing runs on it
     with pytest.raises(ValueError, match="enable_lora with CUDA graphs is not supported.*"
                                          "enforce_eager=True"):
-        use_cuda_graphs(EngineConfig(enable_lora=True), cuda, None, "triton")
-    assert use_cuda_graphs(EngineConfig(enable_lora=True, enforce_eager=True), cuda, None,
+        use_cuda_graphs(engine_config(enable_lora=True), cuda, None, "triton")
+    assert use_cuda_graphs(engine_config(enable_lora=True, enforce_eager=True), cuda, None,
                            "triton") is False
-    assert use_cuda_graphs(EngineConfig(enable_lora=True), torch.device("cpu"), None,
+    assert use_cuda_graphs(engine_config(enable_lora=True), torch.device("cpu"), None,
                            "triton") is False
-    assert use_cuda_graphs(EngineConfig(), cuda, None, "triton") is True
+    assert use_cuda_graphs(engine_config(), cuda, None, "triton") is True

@@ -12,11 +12,10 @@ import sys
 
 import pytest
 
-from conftest import gpu
+from conftest import engine_config, gpu
 from minivllm import LLM, SamplingParams
 from minivllm.entrypoints.cli import make_engine
 from minivllm.entrypoints.openai.cli_args import make_arg_parser
-from minivllm.config import EngineConfig
 from minivllm.engine.disagg.disagg_llm import DisaggLLM, free_port, launch
 from minivllm.core.kv_cache import kv_bytes_per_token
 
@@ -71,7 +70,7 @@ def test_disaggregated_greedy_equals_colocated_and_sends_the_uncached_prompt_kv(
     # less the tokens the consumer's prefix cache held when the prompt arrived: the two pairs
     # came after the first six had finished there, so only their last 3 and 5 tokens moved.
     # (Within the first six, a prompt may or may not find its predecessors' blocks cached.)
-    per_token = kv_bytes_per_token(smol_llm.engine.model_config, smol_llm.engine.dtype)
+    per_token = kv_bytes_per_token(smol_llm.engine.model_config.hf_config, smol_llm.engine.dtype)
     assert sent["bytes_sent"] == report["bytes_received"] == (
         sum(map(len, prompts)) - sent["cached_tokens_not_sent"]) * per_token
     assert sent["bytes_sent"] - first_bytes == (3 + 5) * per_token
@@ -142,9 +141,9 @@ def test_bad_kv_transfer_config_is_refused_at_construction():
                          ({"kv_role": "kv_producer", "kv_connector": "Nixl"}, "unknown"),
                          ({"kv_role": "kv_producer", "bogus": 1}, "unknown key")]:
         with pytest.raises(ValueError, match=message):
-            EngineConfig(kv_transfer_config=bad)
+            engine_config(kv_transfer_config=bad)
     with pytest.raises(ValueError, match="paged"):
-        EngineConfig(kv_layout="contiguous", kv_transfer_config={"kv_role": "kv_producer"})
+        engine_config(kv_layout="contiguous", kv_transfer_config={"kv_role": "kv_producer"})
     # `minivllm serve --kv-transfer-config`: the HTTP front is the producer's; checked before
     # any model loads.
     parser = make_arg_parser(argparse.ArgumentParser())

@@ -62,7 +62,7 @@ def test_pair_behind_the_openai_server_streams_what_one_engine_generates(smol_ll
     assert sum(len(p) for p in pieces) > 2 * len(prompts)     # streamed, not sent whole
     assert sampled == seeded and sampled[1] != sampled[2]
     n = len(smol_llm.tokenizer.encode(LONG, add_special_tokens=False))
-    per_token = kv_bytes_per_token(smol_llm.engine.model_config, smol_llm.engine.dtype)
+    per_token = kv_bytes_per_token(smol_llm.engine.model_config.hf_config, smol_llm.engine.dtype)
     assert n > 32 and resent == (n - (n - 1) // 16 * 16) * per_token   # full blocks: cached
     assert [c.text for c in sorted(multi, key=lambda c: c.index)] == parallel
     stats = pair.stats()

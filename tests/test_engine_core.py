@@ -68,7 +68,7 @@ def test_the_runner_computes_from_the_messages_alone(smol_llm):
         preemptions = llm.engine.stats().num_preemptions
         engine = llm.engine
         wrapped = MessagesOnly(engine.model_executor)
-        core = EngineCore(engine.config, wrapped, engine.eos_token_ids)
+        core = EngineCore(engine.vllm_config, wrapped, engine.eos_token_ids)
         got = _run_core(core, [EngineCoreRequest(f"core-{i}", llm.tokenizer.encode(p), sp)
                                for i, (p, sp) in enumerate(zip(PROMPTS, params))])
     assert got == want

@@ -231,7 +231,7 @@ def test_bench_guided_report(smol, capsys):
     hit after the first compile) and a guided run whose every step had its mask applied."""
     from minivllm.benchmarks import guided as bench_guided
     llm = smol(max_num_seqs=4, max_model_len=256)
-    bench_guided.bench_compile(llm.tokenizer, llm.engine.model_config.vocab_size,
+    bench_guided.bench_compile(llm.tokenizer, llm.engine.model_config.hf_config.vocab_size,
                                llm.engine.eos_token_ids)
     rows = re.findall(r"^(.+?)\s+([\d.]+)\s+([\d.]+)$", capsys.readouterr().out, re.MULTILINE)
     assert [r[0].strip() for r in rows] == list(bench_guided.CONSTRAINTS)

@@ -13,7 +13,7 @@ backend all agree on one definition of attention.
 import pytest
 import torch
 
-from conftest import PROMPTS
+from conftest import PROMPTS, engine_config
 from kernels.flash_attention import default_tiles, flash_attention, flash_attention_reference
 from kernels.paged_attention import (DecodeScratch, decode_tiles, paged_decode_attention,
                                      paged_decode_reference)
@@ -23,7 +23,6 @@ from minivllm import LLM, SamplingParams
 from minivllm.attention.layer import resolve_attention_backend
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_attention import paged_attention
-from minivllm.config import EngineConfig
 from minivllm.models.loader import default_gguf_path
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -253,7 +252,7 @@ def test_paged_decode_with_gpu_tiles_and_engine_scratch(dtype):
 # ------------------------------------------------------------------------------- the engine
 def test_attention_backend_is_validated_and_resolved():
     with pytest.raises(ValueError, match="attention_backend"):
-        EngineConfig(attention_backend="flash")
+        engine_config(attention_backend="flash")
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_attention_backend("auto", cpu, torch.float32) == "torch"
     assert resolve_attention_backend("auto", cuda, torch.bfloat16) == "triton"

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import HfConfig
 from minivllm.models import LlamaForCausalLM
 from minivllm.models.llama import projection_layers
 from minivllm.distributed.layers import RowParallelLinear, parallelize, weight_bytes
 from minivllm.distributed.parallel_state import check_tensor_parallel, kv_head_range
 
-from conftest import PROMPTS
+from conftest import PROMPTS, engine_config
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 SMALL = dict(max_model_len=256, num_kv_blocks=64)     # a 64-block pool, not 1 GiB per rank
@@ -50,18 +50,18 @@ def test_tp_size_that_does_not_split_the_heads_is_refused(smol_path):
     {"speculative_config": {"num_speculative_tokens": 2}},
     {"kv_transfer_config": {"kv_role": "kv_producer"}}])
 def test_options_tp_does_not_combine_with_are_refused_by_the_config(option):
-    """One table (config.INCOMPATIBLE), checked when the EngineConfig is built: before any
+    """One table (config.INCOMPATIBLE), checked when the VllmConfig is built: before any
     process starts, and at every reconfigure."""
     name = next(iter(option))
     with pytest.raises(ValueError, match=f"^{name} with tensor_parallel_size > 1 is not supported"):
-        EngineConfig(tensor_parallel_size=2, **option)
-    EngineConfig(tensor_parallel_size=1, **option)     # each is fine on its own
+        engine_config(tensor_parallel_size=2, **option)
+    engine_config(tensor_parallel_size=1, **option)     # each is fine on its own
 
 
 def test_layers_split_on_llama_3_70b_shapes():
     """The split itself, on the meta device (no memory): Llama-3-70B's 64 query and 8 KV
     heads over 8 ranks, and 16 ranks, where each KV head is held by the 2 ranks reading it."""
-    config = ModelConfig("LlamaForCausalLM", vocab_size=128256, hidden_size=8192,
+    config = HfConfig("LlamaForCausalLM", vocab_size=128256, hidden_size=8192,
                          intermediate_size=28672, num_hidden_layers=2, num_attention_heads=64,
                          num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
                          rms_norm_eps=1e-5, rope_theta=5e5)
@@ -86,7 +86,7 @@ def test_layers_split_on_llama_3_70b_shapes():
 
 def test_projection_layers_are_the_seven_linears_of_every_decoder_layer():
     """The one walk that TP sharding, quantization and LoRA share (models/llama.py)."""
-    config = ModelConfig("LlamaForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=64,
+    config = HfConfig("LlamaForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-5,
                          rope_theta=1e4)

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from conftest import PROMPTS, reconfigured
+from conftest import PROMPTS, engine_config, reconfigured
 from kernels.flash_attention import flash_attention
 from kernels.paged_attention import paged_decode_attention
 from kernels.paged_batch import random_paged_batch
@@ -21,7 +21,6 @@ from kernels.write_kv import test_write_kv_quantized as check_write_kv_quantized
 from minivllm import SamplingParams
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_attention import paged_attention
-from minivllm.config import EngineConfig
 from minivllm.quantization.weight_only import (QuantLinear, dequantize_int4, dequantize_int8, quantize_int4,
                             quantize_int8)
 
@@ -179,20 +178,20 @@ def test_quantized_weights_are_smaller_and_switch_back(smol_llm):
 # ------------------------------------------------------------------------------- refusals
 def test_bad_values_are_refused_with_clear_errors(smol_llm, monkeypatch):
     with pytest.raises(ValueError, match="quantization must be None or one of"):
-        EngineConfig(quantization="int3")
+        engine_config(quantization="int3")
     with pytest.raises(ValueError, match="quantize_lm_head must be True or False"):
-        EngineConfig(quantization="int8", quantize_lm_head="int8")
+        engine_config(quantization="int8", quantize_lm_head="int8")
     with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto', 'fp8' or 'int8'"):
-        EngineConfig(kv_cache_dtype="fp4")
+        engine_config(kv_cache_dtype="fp4")
     with pytest.raises(ValueError, match="group size 128 does not divide .* 576"):
         smol_llm.reconfigure(quantization="int4-g128")
-    assert smol_llm.engine.config.quantization is None           # the engine is as it was
+    assert smol_llm.engine.model_config.quantization is None           # the engine is as it was
     assert "QuantLinear" not in repr(smol_llm.engine.runner.model)
     with pytest.raises(ValueError, match="enable_lora with quantization is not supported"):
         smol_llm.reconfigure(enable_lora=True, quantization="int8")    # config.INCOMPATIBLE
     monkeypatch.delattr(torch, "float8_e4m3fn")
     with pytest.raises(ValueError, match="needs torch.float8_e4m3fn"):
-        EngineConfig(kv_cache_dtype="fp8")
+        engine_config(kv_cache_dtype="fp8")
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])

@@ -6,13 +6,13 @@ import json
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from minivllm.config import ModelConfig
+from minivllm.config import HfConfig
 from minivllm.benchmarks.roofline import StepCost, measure_peaks
 
 
 def test_step_flops_match_torch_flop_counter(tiny_checkpoint):
     path, model = tiny_checkpoint("llama")
-    cost = StepCost.of(ModelConfig.from_hf_dict(json.loads((path / "config.json").read_text())))
+    cost = StepCost.of(HfConfig.from_hf_dict(json.loads((path / "config.json").read_text())))
     # One token: attention over a context of one, so causal and full attention cost the same
     # and the counter (which counts SDPA's full square) must agree with the model exactly.
     with torch.no_grad(), FlopCounterMode(display=False) as counter:

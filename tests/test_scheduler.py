@@ -17,12 +17,13 @@ import weakref
 import pytest
 
 from minivllm import LoRARequest
-from minivllm.config import EngineConfig
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
 from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.sampling_params import SamplingParams
+
+from conftest import engine_config
 
 TOKEN_IDS = itertools.count()
 CORES: weakref.WeakKeyDictionary[Scheduler, EngineCore] = weakref.WeakKeyDictionary()
@@ -61,8 +62,9 @@ def make_scheduler(*, num_cpu_blocks: int = 0, **config_overrides) -> Scheduler:
     that one from swap_space; here it is a count)."""
     settings = {"max_model_len": 64, "max_num_seqs": 8, "max_num_batched_tokens": 64,
                 "block_size": 4, "num_kv_blocks": 16, "enable_prefix_caching": False}
-    config = EngineConfig(**(settings | config_overrides))
-    core = EngineCore(config, FakeExecutor(config.num_kv_blocks, num_cpu_blocks), set())
+    config = engine_config(**(settings | config_overrides))
+    core = EngineCore(config, FakeExecutor(config.cache_config.num_kv_blocks, num_cpu_blocks),
+                      set())
     CORES[core.scheduler] = core
     return core.scheduler
 

@@ -14,11 +14,12 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.core.block_manager import cdiv
-from minivllm.config import EngineConfig
 from minivllm.spec_decode.draft_model import first_layers_checkpoint
 from minivllm.sample.rejection_sampler import greedy_accept, rejection_sample
 from minivllm.spec_decode.ngram_proposer import NgramProposer
 from minivllm.workloads import Request, serve
+
+from conftest import engine_config
 
 
 def ngram(k: int, **kw) -> dict:
@@ -150,12 +151,12 @@ def test_rejection_sampling_draws_from_the_target_distribution(proposer):
 def test_bad_speculative_configs_are_refused(bad, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[").replace("]", r"\]")):
-        EngineConfig(speculative_config=bad)
+        engine_config(speculative_config=bad)
 
 
 def test_speculation_needs_paged_kv():
     with pytest.raises(ValueError, match="needs kv_layout='paged'"):
-        EngineConfig(speculative_config=ngram(2), kv_layout="contiguous")
+        engine_config(speculative_config=ngram(2), kv_layout="contiguous")
 
 
 # ------------------------------------------------------------------ the packaged model
@@ -264,7 +265,7 @@ def test_draft_model_keeps_greedy_output_and_frees_its_pool(smol, smol_path):
         stats = run.steps[-1].stats
         assert stats.spec_decode_num_draft_tokens > 0       # (few accepted: see its docstring)
         drafter = llm.engine.runner.drafter.proposer
-        assert drafter.runner.config.num_hidden_layers == 10
+        assert drafter.runner.hf_config.num_hidden_layers == 10
         assert not drafter.shadows
         assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
         assert pool_is_full(llm.engine)
@@ -304,8 +305,11 @@ def tiny_llm(tiny_checkpoint):
 @pytest.fixture
 def tiny(tiny_llm):
     """tiny(**settings): the tiny model's LLM, reconfigured as a fresh LLM(**settings)."""
-    from dataclasses import fields
-    defaults = {f.name: f.default for f in fields(EngineConfig)} | {"max_model_len": 256}
+    from dataclasses import asdict
+
+    from minivllm.engine.arg_utils import LOAD_TIME_ARGS, EngineArgs
+    defaults = {k: v for k, v in asdict(EngineArgs()).items() if k not in LOAD_TIME_ARGS}
+    defaults["max_model_len"] = 256
     return lambda **settings: tiny_llm.reconfigure(**{**defaults, **settings})
 
 

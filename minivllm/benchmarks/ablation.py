@@ -84,13 +84,13 @@ def ablation_ladder(llm, requests, *, max_model_len: int = 512, slabs: int = 8,
     from minivllm.core.kv_cache import kv_bytes_per_token
     from minivllm.benchmarks.workloads import serve
     engine = llm.engine
-    kv_bytes = slabs * max_model_len * kv_bytes_per_token(engine.model_config, engine.dtype)
+    kv_bytes = slabs * max_model_len * kv_bytes_per_token(engine.model_config.hf_config, engine.dtype)
     base = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_layout="paged",
                 kv_cache_memory=kv_bytes, num_kv_blocks=None, scheduling="continuous",
                 enable_chunked_prefill=True, max_num_batched_tokens=budget,
                 enable_prefix_caching=True)
     rows = {}
-    before = {k: getattr(engine.config, k) for k in base}
+    before = {k: getattr(engine.engine_args, k) for k in base}
     for name in RUNGS:
         settings = base | rung_settings(name)
         if not settings["enable_chunked_prefill"]:
@@ -143,14 +143,14 @@ def part_two_pairs(llm, max_model_len: int = 256, max_num_seqs: int = 8) -> dict
                 max_num_batched_tokens=128, enable_prefix_caching=True, kv_cache_dtype="auto",
                 preemption_mode="recompute", speculative_config=None,
                 kv_cache_memory=None, num_kv_blocks=64)
-    before = {k: getattr(engine.config, k) for k in base}
+    before = {k: getattr(engine.engine_args, k) for k in base}
     rows, served = {}, {}
     for name, (requests, extra) in part_two_workloads(llm.tokenizer).items():
         technique, count, off, on = PAIRS[name]
         pool = dict(extra)
         if "kv_cache_tokens" in pool:        # a pool in bytes: what fp32 needs for N tokens
             pool = {"num_kv_blocks": None, "kv_cache_memory": pool.pop("kv_cache_tokens")
-                    * kv_bytes_per_token(engine.model_config, engine.dtype)}
+                    * kv_bytes_per_token(engine.model_config.hf_config, engine.dtype)}
         row = {"technique": technique, "count": count}
         for side, settings in (("off", off), ("on", on)):
             config = base | pool | settings

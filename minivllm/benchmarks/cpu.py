@@ -274,14 +274,14 @@ def run_format(llm, label: str, args, read_bw: float, model_weight_bytes) -> lis
     """One format's rows: batched throughput (and transformers' for a float format), then
     batch-1 decode beside its roofline and its profile; with --compile, a compiled row too."""
     dt = llm.engine.dtype
-    quantized = llm.engine.config.quantization is not None
+    quantized = llm.engine.model_config.quantization is not None
     requests = held_out_requests(llm.tokenizer, args.num_prompts)
     for r in requests if args.max_tokens else []:
         r.params.max_tokens = min(r.params.max_tokens, args.max_tokens)
     n_out = sum(r.params.max_tokens for r in requests)
     n_all = n_out + sum(len(r.prompt) for r in requests)
     peaks = measure_peaks("cpu", dt)
-    cost = StepCost.of(llm.engine.model_config, dt)
+    cost = StepCost.of(llm.engine.model_config.hf_config, dt)
     # Warm up on the whole workload: the CPU matmul libraries set up per new shape (every
     # batch size), and a run measured right after a short warm-up paid for that: in a
     # first version the run measured first was 10-30% slower than the same code after it.

@@ -1,7 +1,7 @@
 """One cost model for the course: this device's roofline, and what an engine step costs on it.
 
     peaks = measure_peaks("cpu", torch.float32)        # a large matmul and a large copy
-    cost = StepCost.of(llm.engine.model_config, torch.float32)
+    cost = StepCost.of(llm.engine.model_config.hf_config, torch.float32)
     flops, moved = cost.step([512], [512], sampled=1)  # one 512-token prefill
     flops, moved = cost.step([1] * 8, [40] * 8, sampled=8)   # 8 sequences decoding
     peaks.bound(flops, moved)                          # the fastest that step could run, s
@@ -88,7 +88,7 @@ class StepCost:
 
     @classmethod
     def of(cls, mc, dtype=torch.float32) -> "StepCost":
-        """From a ModelConfig (hidden_size, intermediate_size, layers, heads, head_dim)."""
+        """From a HfConfig (hidden_size, intermediate_size, layers, heads, head_dim)."""
         elem = torch.empty((), dtype=dtype).element_size()
         h = mc.hidden_size
         i = mc.intermediate_size

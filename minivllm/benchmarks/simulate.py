@@ -90,9 +90,9 @@ def capacity(make_requests, slo: SLO, target: float = 0.9, lo: float = 0.5,
 
 # ------------------------------------------------ checked against the real engine
 def engine_settings(llm) -> dict:
-    """The EngineConfig fields the scheduler reads, and the pool size, of a real engine: what
-    `simulate` needs to schedule exactly as it does."""
-    c = llm.engine.config
+    """The settings (EngineArgs fields) the scheduler reads, and the pool size, of a real
+    engine: what `simulate` needs to schedule exactly as it does."""
+    c = llm.engine.engine_args
     keep = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
             "enable_chunked_prefill", "enable_prefix_caching", "preemption_mode", "scheduling",
             "swap_space")
@@ -103,7 +103,7 @@ def engine_settings(llm) -> dict:
 def run_both(llm, requests, profile) -> tuple[ServeResult, SimResult]:
     """The same requests served by the real engine and by the simulator set up like it."""
     real = serve(llm, requests)
-    sim = simulate([dataclasses.replace(r) for r in requests], model=llm.engine.model_config,
+    sim = simulate([dataclasses.replace(r) for r in requests], model=llm.engine.model_config.hf_config,
                    profile=profile, **engine_settings(llm))
     return real, sim
 

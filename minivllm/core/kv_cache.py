@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.config import ModelConfig
+from minivllm.config import HfConfig
 from minivllm.core.sequence import Sequence
 
 # Published shapes of well-known models (their config.json files): facts, no downloads needed.
@@ -42,17 +42,17 @@ REFERENCE_MODELS = {
 }
 
 
-def reference_config(name: str) -> ModelConfig:
-    """A ModelConfig with the attention shape of a well-known model (for KV-cache arithmetic)."""
+def reference_config(name: str) -> HfConfig:
+    """An HfConfig with the attention shape of a well-known model (for KV-cache arithmetic)."""
     layers, heads, kv_heads, head_dim, hidden = REFERENCE_MODELS[name]
-    return ModelConfig(architecture="LlamaForCausalLM", vocab_size=0, hidden_size=hidden,
+    return HfConfig(architecture="LlamaForCausalLM", vocab_size=0, hidden_size=hidden,
                        intermediate_size=0, num_hidden_layers=layers, num_attention_heads=heads,
                        num_key_value_heads=kv_heads, head_dim=head_dim,
                        max_position_embeddings=0, rms_norm_eps=0.0, rope_theta=0.0)
 
 
 # --8<-- [start:bytes_per_token]
-def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float16,
+def kv_bytes_per_token(config: HfConfig, dtype: torch.dtype = torch.float16,
                        kv_cache_dtype: str = "auto") -> int:
     """Bytes of K and V that one token occupies across all layers. A quantized cache ("fp8",
     "int8") stores a byte per element plus one fp32 scale per token and KV head."""
@@ -61,7 +61,7 @@ def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float16,
 # --8<-- [end:bytes_per_token]
 
 
-def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int,
+def allocate_kv_cache(config: HfConfig, num_blocks: int, block_size: int,
                       dtype: torch.dtype, device: torch.device,
                       kv_cache_dtype: str = "auto") -> torch.Tensor:
     """The KV pool: [layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim].

@@ -17,16 +17,15 @@ budget and a lookahead slot. Drafts get only what the budget leaves once every l
 sequence has its one token, and only free blocks: speculation never preempts.
 
 When a running sequence needs a block and none is free, the newest running sequence is
-preempted (newest first, as in vLLM, so the oldest requests keep making progress), by one of
-two policies:
+preempted (as in vLLM, so the oldest requests keep making progress), by one of two policies:
 
     recompute  free its blocks and put it back at the front of `waiting`; its KV is computed
                again from its tokens (prompt + output so far) when there is room
     swap       copy its blocks to a pool in host memory and park it in `swapped`; it comes back
                with a copy the other way, before any new request is admitted
 
-`scheduling="static"` turns continuous batching off: a batch is admitted only when the
-previous one has completely finished (the baseline of lesson 04).
+`scheduling="static"` turns continuous batching off: a batch is admitted only when the last
+one has finished (lesson 04's baseline). The settings are SchedulerConfig's (config/).
 
 After the forward pass, `update_from_output` is the one place where a step's results change
 the sequences: computed tokens advance, the samples of a V0-style n > 1 request are forked
@@ -38,10 +37,10 @@ needs and nothing it could mutate. Stop *strings* need text, so the front end fi
 (engine/output_processor.py) and finishes the sample through EngineCore, which calls
 `finish_requests` here, as vLLM V1 does.
 
-Left out, compared with vLLM: priority scheduling, V1's single token-level schedule (vLLM V1
-treats prefill and decode alike as "tokens to compute"; minivllm keeps the V0-style split
-into running / swapped / waiting, which is easier to watch), async scheduling that overlaps
-the next schedule with the current forward pass, and V1's token-level budget for drafts.
+Left out, compared with vLLM: priority scheduling, V1's single token-level schedule (V1 treats
+prefill and decode alike as "tokens to compute"; minivllm keeps V0's running / swapped /
+waiting, easier to watch), async scheduling that overlaps the next schedule with the current
+forward pass, and V1's token-level budget for drafts.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from minivllm.config import EngineConfig
+from minivllm.config import LoRAConfig, SchedulerConfig
 from minivllm.core.scheduler_output import (CachedRequestData, NewRequestData,  # noqa: F401
                                              SchedulerOutput)
 from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -66,17 +65,16 @@ class SpecDecodingStats:
     num_draft_tokens: int = 0       # draft tokens verified
     num_accepted_tokens: int = 0    # ... and accepted
     num_accepted_this_step: int = 0
-    # [i]: verifications whose draft i (0-based) was accepted, so i + 1 leading drafts were
-    # (vLLM's); and verifications that judged draft i: it was proposed and drafts 0..i-1 were
-    # accepted. alpha_i = accepted[i] / judged[i] (a short proposal is no rejection).
+    # [i]: verifications that accepted draft i (0-based; so i + 1 leading drafts, as vLLM's) and
+    # that judged it (proposed, 0..i-1 accepted); alpha_i = accepted[i] / judged[i].
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     num_judged_tokens_per_pos: list[int] = field(default_factory=list)
 
 
 def check_stop(seq: Sequence, eos_token_ids: set[int], max_model_len: int
                ) -> SequenceStatus | None:
-    """After appending a token: a stop token ends seq, so do max_tokens and max_model_len.
-    (Stop strings need the text: engine/output_processor.py checks them.)"""
+    """After appending a token: a stop token ends seq, so do max_tokens and max_model_len
+    (stop strings need the text: engine/output_processor.py checks them)."""
     params = seq.group.params
     token = seq.token_ids[-1]
     if token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids):
@@ -88,13 +86,15 @@ def check_stop(seq: Sequence, eos_token_ids: set[int], max_model_len: int
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager, cpu_block_manager=None,
-                 eos_token_ids: set[int] = frozenset(), seq_ids=None, kv_connector=None):
+    def __init__(self, scheduler_config: SchedulerConfig, block_manager, cpu_block_manager=None,
+                 eos_token_ids: set[int] = frozenset(), seq_ids=None, kv_connector=None,
+                 lora_config: LoRAConfig | None = None):
         """eos_token_ids: the model's end-of-sequence tokens (stop unless ignore_eos).
         seq_ids: the engine's id counter, so that forked samples get ids unique in it.
-        kv_connector: the KV connector's scheduler side (prefill/decode disaggregation), or
-        None."""
-        self.config = config
+        kv_connector: the KV connector's scheduler side (disaggregation), or None.
+        lora_config: its max_loras is how many adapters one step may mix (None: no LoRA)."""
+        self.scheduler_config = scheduler_config
+        self.lora_config = lora_config
         self.block_manager = block_manager
         self.cpu_block_manager = cpu_block_manager       # the swap pool, if swapping is on
         self.eos_token_ids = set(eos_token_ids)
@@ -152,8 +152,8 @@ class Scheduler:
 
     # --8<-- [start:schedule]
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
+        out, config = SchedulerOutput(), self.scheduler_config
+        budget = config.max_num_batched_tokens
         bm = self.block_manager
 
         # 1. Running sequences, oldest first: decodes and unfinished prefills.
@@ -177,7 +177,7 @@ class Scheduler:
                 i += 1
 
         # 2. Swapped-out sequences come back first, oldest first, when their blocks fit.
-        while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.swapped and budget > 0 and len(self.running) < config.max_num_seqs:
             seq = self.swapped[0]
             if not bm.can_swap_in(seq) or out.preempted or not self._lora_fits(seq):
                 break
@@ -191,13 +191,13 @@ class Scheduler:
 
         # 3. Waiting sequences, first come first served, while budget, cap and blocks allow
         #    (static batching: only into an empty batch; never while some are swapped out).
-        admit = not self.swapped and not (self.config.scheduling == "static" and self.running)
+        admit = not self.swapped and not (config.scheduling == "static" and self.running)
         while admit and self.waiting and budget > 0:
             seq = self.waiting[0]
             # A request with n samples is admitted with room for all n (forked after prefill).
             if not self._has_seq_slots(seq):
                 break
-            if not self.config.enable_chunked_prefill and seq.num_uncomputed_tokens > budget:
+            if not config.enable_chunked_prefill and seq.num_uncomputed_tokens > budget:
                 break
             if not bm.can_allocate(seq) or not self._lora_fits(seq):
                 break
@@ -269,7 +269,7 @@ class Scheduler:
         num_before = len(seq)
         for token_id, logprobs in draws:
             seq.append_token(token_id, logprobs)
-            status = check_stop(seq, self.eos_token_ids, self.config.max_model_len)
+            status = check_stop(seq, self.eos_token_ids, self.scheduler_config.max_model_len)
             if status is not None:
                 self.finish(seq, status)
                 break
@@ -324,14 +324,14 @@ class Scheduler:
         """Room under max_num_seqs for seq and its samples to come, counting the samples that
         running requests will still fork (the GPU's decode buffers hold max_num_seqs rows)."""
         reserved = sum(1 + s.group.num_unforked for s in self.running)
-        return reserved + 1 + seq.group.num_unforked <= self.config.max_num_seqs
+        return reserved + 1 + seq.group.num_unforked <= self.scheduler_config.max_num_seqs
 
     def _lora_fits(self, seq: Sequence) -> bool:
         """At most max_loras distinct adapters run at once: each needs a slot in the model."""
         if not seq.lora_int_id:              # the base model needs no slot
             return True
         active = {s.lora_int_id for s in self.running} - {0}
-        return seq.lora_int_id in active or len(active) < self.config.max_loras
+        return seq.lora_int_id in active or len(active) < self.lora_config.max_loras
 
     def _fork(self, parent: Sequence, children: list[Sequence]) -> None:
         """Parallel sampling: `children` join running, sharing every block of `parent`."""
@@ -344,7 +344,7 @@ class Scheduler:
         bm = self.block_manager
         cpu = self.cpu_block_manager
         seq.spec_token_ids.clear()                   # drafts are proposed again when it runs
-        if self.config.preemption_mode == "swap" and bm.can_swap_out(seq, cpu):
+        if self.scheduler_config.preemption_mode == "swap" and bm.can_swap_out(seq, cpu):
             # Swap: keep the KV, in host memory.
             pairs = bm.swap_out(seq, cpu)
             out.blocks_to_swap_out += pairs

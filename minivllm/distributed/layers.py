@@ -22,7 +22,7 @@ tp / kv_heads ranks whose query heads read it.
 
 Left out, compared with vLLM: fused QKV / gate-up weights (QKVParallelLinear,
 MergedColumnParallelLinear), vocab padding to a multiple of 64, sequence parallelism, and
-quantized or LoRA variants of these layers (EngineConfig refuses those options with tp > 1).
+quantized or LoRA variants of these layers (VllmConfig refuses those options with tp > 1).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.attention.layer import Attention
-from minivllm.config import ModelConfig
+from minivllm.config import HfConfig
 from minivllm.distributed.parallel_state import TensorParallelGroup, kv_head_range
 from minivllm.models.llama import projection_layers
 
@@ -102,7 +102,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 PARALLEL_LAYERS = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)
 
 
-def parallelize(model: nn.Module, config: ModelConfig, group: TensorParallelGroup) -> ModelConfig:
+def parallelize(model: nn.Module, config: HfConfig, group: TensorParallelGroup) -> HfConfig:
     """Swap model's layers (on the meta device, before any weight exists) for this rank's
     shards. Returns the config of this rank's attention: its query and KV head counts."""
     r = group.rank

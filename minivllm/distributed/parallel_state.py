@@ -19,7 +19,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from minivllm.config import ModelConfig
+from minivllm.config import HfConfig
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)   # a hung peer fails the step after this
 
@@ -64,9 +64,9 @@ class TensorParallelGroup:
         return int(t.item())
 
 
-def check_tensor_parallel(config: ModelConfig, tp: int) -> None:
+def check_tensor_parallel(config: HfConfig, tp: int) -> None:
     """Refuse a tp size the model's shapes do not allow, naming the sizes that work. (Which
-    engine options combine with tp > 1 is EngineConfig's table; this needs the model.)"""
+    engine options combine with tp > 1 is VllmConfig's table; this needs the model.)"""
     nh = config.num_attention_heads
     nkv = config.num_key_value_heads
     inter = config.intermediate_size
@@ -79,7 +79,7 @@ def check_tensor_parallel(config: ModelConfig, tp: int) -> None:
             f"{[n for n in range(1, nh + 1) if ok(n)]}")
 
 
-def kv_head_range(config: ModelConfig, rank: int, tp: int) -> range:
+def kv_head_range(config: HfConfig, rank: int, tp: int) -> range:
     """The KV heads rank `rank` holds: its share, or the one its query heads read (kv < tp)."""
     nkv = config.num_key_value_heads
     first = rank * nkv // tp

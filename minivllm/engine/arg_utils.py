@@ -1,19 +1,127 @@
-"""The engine's command-line flags (vLLM twin: vllm/engine/arg_utils.py, EngineArgs.add_cli_args).
+"""The engine's settings as flat keyword arguments and command-line flags (vLLM twin:
+vllm/engine/arg_utils.py).
 
-One place for the flags that configure an LLMEngine, with vLLM's names, so `minivllm serve`,
-`minivllm disagg` and `minivllm bench serve --compare-offline` parse the same engine from the
-same command line:
+    EngineArgs(**kwargs)                 every setting LLM(...) takes, flat, with vLLM's names
+      .create_engine_config()            -> VllmConfig, its parts each checked (config/)
+    add_cli_args(parser)                 the flags, group "engine (vLLM's flag names)"
+    engine_kwargs(args)                  the parsed flags as EngineArgs' keyword arguments
 
-    add_cli_args(parser)   adds the group "engine (vLLM's flag names)"
-    engine_kwargs(args)    the parsed flags as LLMEngine's keyword arguments
-
-Leaves out vLLM's EngineArgs dataclass (a dict of keyword arguments is what LLMEngine takes)
-and the ~150 flags minivllm has no mechanism for; a flag here is a knob the engine has.
+`minivllm serve`, `minivllm disagg` and `minivllm bench serve --compare-offline` parse the same
+engine from the same command line; LLMEngine.reconfigure replaces fields of its EngineArgs and
+builds a new VllmConfig through the same checks. Leaves out the ~150 flags minivllm has no
+mechanism for; a flag here is a knob the engine has.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
+
+from minivllm.config import (CacheConfig, CompilationConfig, HfConfig, KVTransferConfig,
+                             LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                             SpeculativeConfig, VllmConfig, resolve_device, resolve_dtype)
+from minivllm.config.utils import check_bools
+
+# Fixed when the weights load: reconfigure takes every other field.
+LOAD_TIME_ARGS = ("model", "dtype", "device")
+
+
+@dataclass
+class EngineArgs:
+    """Every engine setting, flat, as LLM(**kwargs) takes them. The comments say which part of
+    the VllmConfig each lands in; the parts hold the documentation."""
+
+    model: str | None = None              # ModelConfig: a checkpoint, .gguf, or hub id; None:
+    dtype: str = "auto"                   # the packaged SmolLM2. dtype, device: resolved
+    device: str = "auto"                  # there ("auto": fp32 on CPU, bf16 on CUDA)
+    max_model_len: int | None = None      # ModelConfig and SchedulerConfig
+    quantization: str | None = None       # ModelConfig: the weights' format
+    quantize_lm_head: bool = True
+    enforce_eager: bool = False
+    attention_backend: str = "auto"
+    max_num_seqs: int = 64                # SchedulerConfig
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"
+    scheduling: str = "continuous"
+    block_size: int = 16                  # CacheConfig
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    swap_space: int = 1 << 30
+    kv_cache_dtype: str = "auto"          # CacheConfig.cache_dtype
+    kv_layout: str = "paged"
+    tensor_parallel_size: int = 1         # ParallelConfig
+    distributed_executor_backend: str | None = None
+    enable_lora: bool = False             # LoRAConfig, or None without enable_lora
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    speculative_config: dict | SpeculativeConfig | None = None    # vLLM's dicts, parsed
+    kv_transfer_config: dict | KVTransferConfig | None = None
+    compilation_config: int | dict | CompilationConfig = 0        # a level, or {"level": n}
+
+    @classmethod
+    def check_names(cls, names, fixed: tuple[str, ...] = ()) -> None:
+        """TypeError naming the settings that are not fields (or are `fixed`)."""
+        settings = [f.name for f in dataclasses.fields(cls) if f.name not in fixed]
+        unknown = sorted(set(names) - set(settings))
+        if unknown:
+            raise TypeError(f"unknown engine setting(s) {unknown}; the settings are "
+                            f"{sorted(settings)}"
+                            + (f" ({', '.join(fixed)} need a new engine)" if fixed else ""))
+
+    def create_engine_config(self, hf_config: HfConfig | None = None) -> VllmConfig:
+        """The VllmConfig these settings make, each part checked. hf_config: the model's
+        shape when the caller has it (reconfigure, the simulator); else read from the
+        checkpoint `model` names."""
+        model = self.model
+        if hf_config is None:
+            from minivllm.models.loader import load_hf_config, resolve_model_path
+            path = resolve_model_path(self.model)
+            model, hf_config = str(path), HfConfig.from_hf_dict(load_hf_config(path))
+        device = resolve_device(self.device)
+        model_config = ModelConfig(
+            hf_config=hf_config, model=model, dtype=resolve_dtype(self.dtype, device),
+            device=device, max_model_len=self.max_model_len, quantization=self.quantization,
+            quantize_lm_head=self.quantize_lm_head, enforce_eager=self.enforce_eager,
+            attention_backend=self.attention_backend)
+        check_bools(self, "enable_lora")
+        lora_config = (LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
+                                  max_cpu_loras=self.max_cpu_loras) if self.enable_lora else None)
+        return VllmConfig(
+            model_config=model_config,
+            cache_config=CacheConfig(
+                block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
+                kv_cache_memory=self.kv_cache_memory,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                enable_prefix_caching=self.enable_prefix_caching, swap_space=self.swap_space,
+                cache_dtype=self.kv_cache_dtype, kv_layout=self.kv_layout),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                max_model_len=model_config.max_model_len,
+                enable_chunked_prefill=self.enable_chunked_prefill,
+                preemption_mode=self.preemption_mode, scheduling=self.scheduling),
+            parallel_config=ParallelConfig(
+                tensor_parallel_size=self.tensor_parallel_size,
+                distributed_executor_backend=self.distributed_executor_backend),
+            lora_config=lora_config,
+            speculative_config=_parse("speculative_config", self.speculative_config,
+                                      SpeculativeConfig),
+            compilation_config=CompilationConfig.from_value(self.compilation_config),
+            kv_transfer_config=_parse("kv_transfer_config", self.kv_transfer_config,
+                                      KVTransferConfig))
+
+
+def _parse(name: str, value, cls):
+    """vLLM's dict-valued settings: a dict parsed into cls, a cls as it is, or None."""
+    if isinstance(value, dict):
+        return cls.from_dict(value)
+    if not isinstance(value, (cls, type(None))):
+        raise ValueError(f"{name} must be a dict or None, got {value!r}")
+    return value
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -43,7 +151,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    """LLMEngine's keyword arguments from the flags `add_cli_args` added (vLLM's
+    """EngineArgs' keyword arguments from the flags `add_cli_args` added (vLLM's
     EngineArgs.from_cli_args; the one rename: --num-gpu-blocks-override is num_kv_blocks)."""
     return dict(dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                 max_num_seqs=args.max_num_seqs,

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from minivllm.config import EngineConfig
+from minivllm.config import VllmConfig
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.kv_cache import ContiguousAllocator
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
@@ -71,7 +71,7 @@ class EngineCoreRequest:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, model_executor, eos_token_ids: set[int],
+    def __init__(self, vllm_config: VllmConfig, model_executor, eos_token_ids: set[int],
                  clock: Callable[[], float] = time.perf_counter, exact_stats: bool = True):
         """model_executor: executes a SchedulerOutput, frees finished samples' state, and says
         how big its KV pools are (num_blocks, num_cpu_blocks). clock: the time steps are
@@ -86,48 +86,50 @@ class EngineCore:
         self._traces: list[list[StepRecord]] = []
         self.schedule_callbacks: list[Callable[[], None]] = []
         self.structured_output = None        # guided decoding's manager (from_model sets it)
-        self.init_state(config)
+        self.init_state(vllm_config)
 
     @classmethod
-    def from_model(cls, model_path, model_config, config: EngineConfig, device, dtype,
-                   tokenizer) -> EngineCore:
+    def from_model(cls, vllm_config: VllmConfig, tokenizer) -> EngineCore:
         """The core of a real engine: the executor's workers load the weights (tensor
         parallelism: a worker per rank), the sampler knows the end-of-sequence tokens and
         guided decoding's matchers (the tokenizer is read for those alone)."""
         from minivllm.executor import executor_class
         from minivllm.sample.sampler import Sampler
         from minivllm.structured_output.manager import StructuredOutputManager
-        eos_token_ids = set(model_config.eos_token_id)
+        model_config = vllm_config.model_config
+        eos_token_ids = set(model_config.hf_config.eos_token_id)
         if tokenizer.eos_token_id is not None:
             eos_token_ids.add(tokenizer.eos_token_id)
         structured_output = StructuredOutputManager(   # logits processors' engine state
-            tokenizer, model_config.vocab_size, eos_token_ids)
-        sampler = Sampler(device, eos_token_ids, structured_output)
-        executor = executor_class(config)(model_config, config, model_path, device, dtype,
-                                          sampler=sampler)
-        core = cls(config, executor, eos_token_ids)
+            tokenizer, model_config.hf_config.vocab_size, eos_token_ids)
+        sampler = Sampler(model_config.device, eos_token_ids, structured_output)
+        executor = executor_class(vllm_config.parallel_config)(vllm_config, sampler=sampler)
+        core = cls(vllm_config, executor, eos_token_ids)
         core.structured_output = structured_output
         return core
 
-    def init_state(self, config: EngineConfig) -> None:
-        """A fresh scheduler and block managers for `config`, over the executor's pools (sized
-        for config already, drafter included: LLMEngine.reconfigure rebuilds them first)."""
-        self.config = config
+    def init_state(self, vllm_config: VllmConfig) -> None:
+        """A fresh scheduler and block managers for `vllm_config`, over the executor's pools
+        (sized for it already, drafter included: LLMEngine.reconfigure rebuilds them first)."""
+        self.vllm_config = vllm_config
+        cache_config = vllm_config.cache_config
         executor = self.model_executor
-        if config.kv_layout == "paged":
-            self.block_manager = BlockManager(executor.num_blocks, config.block_size,
-                                              config.enable_prefix_caching)
+        if cache_config.kv_layout == "paged":
+            self.block_manager = BlockManager(executor.num_blocks, cache_config.block_size,
+                                              cache_config.enable_prefix_caching)
         else:
-            self.block_manager = ContiguousAllocator(executor.num_blocks, config.max_model_len)
-        self.cpu_block_manager = (BlockManager(executor.num_cpu_blocks, config.block_size)
+            self.block_manager = ContiguousAllocator(executor.num_blocks,
+                                                     vllm_config.model_config.max_model_len)
+        self.cpu_block_manager = (BlockManager(executor.num_cpu_blocks, cache_config.block_size)
                                   if executor.num_cpu_blocks else None)
         kv_connector = None                  # the KV connector's scheduler side
-        if config.kv_transfer_config is not None:
+        if vllm_config.kv_transfer_config is not None:
             from minivllm.distributed.kv_transfer.kv_connector import KVConnectorScheduler
-            kv_connector = KVConnectorScheduler(config.kv_transfer_config.kv_role,
+            kv_connector = KVConnectorScheduler(vllm_config.kv_transfer_config.kv_role,
                                                 self.block_manager.num_cached_tokens)
-        self.scheduler = Scheduler(config, self.block_manager, self.cpu_block_manager,
-                                   self.eos_token_ids, self.seq_ids, kv_connector)
+        self.scheduler = Scheduler(vllm_config.scheduler_config, self.block_manager,
+                                   self.cpu_block_manager, self.eos_token_ids, self.seq_ids,
+                                   kv_connector, vllm_config.lora_config)
         self.num_steps = 0
         self.last_scheduler_output: SchedulerOutput | None = None
 
@@ -239,7 +241,7 @@ class EngineCore:
             num_preemptions=sched.num_preemptions,
             prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
             prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0,
-            **(self._spec_decode_stats() if self.config.speculative_config else {}))
+            **(self._spec_decode_stats() if self.vllm_config.speculative_config else {}))
 
     def _spec_decode_stats(self) -> dict[str, int]:
         s = self.scheduler.spec_decoding_stats

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from minivllm.config import EngineConfig
+from minivllm.config import VllmConfig
 from minivllm.core.sequence import SequenceStatus
 from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.engine.stats import EngineStats
@@ -84,8 +84,8 @@ class InprocClient:
         return self.engine_core.model_executor.driver_worker.model_runner
 
     @property
-    def config(self) -> EngineConfig:
-        return self.engine_core.config
+    def vllm_config(self) -> VllmConfig:
+        return self.engine_core.vllm_config
 
     @property
     def info(self) -> EngineCoreInfo:
@@ -99,11 +99,11 @@ class InprocClient:
         """The core's stats now (fresh or not: the core is here)."""
         return self.engine_core.stats()
 
-    def reconfigure(self, config: EngineConfig) -> EngineCoreInfo:
+    def reconfigure(self, config: VllmConfig) -> EngineCoreInfo:
         """A fresh KV pool, block manager and scheduler for `config` over the same weights; the
         old ones back if the new ones cannot be built."""
         core = self.engine_core
-        old = core.config
+        old = core.vllm_config
         try:
             core.model_executor.initialize_cache(config)
             core.init_state(config)

@@ -14,7 +14,7 @@ One request's path, as in vLLM V1:
                                        a parent, its children's samples gathered in it)
     abort_request(id)                  the core finishes it (a parent: every child) and
                                        returns its blocks
-    reconfigure(...)                   new EngineConfig values over the same weights
+    reconfigure(...)                   new settings (EngineArgs' fields) over the same weights
     trace()                            the core's StepRecords: what ran, how long, the engine after
 
 LLM (minivllm/llm.py) is the offline front end on top: add everything, step until done. The
@@ -51,10 +51,12 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from minivllm.config import EngineConfig, ModelConfig, resolve_device, resolve_dtype
+from minivllm.config import ModelConfig, VllmConfig
+from minivllm.engine.arg_utils import LOAD_TIME_ARGS, EngineArgs
 from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.engine.core_client import InprocClient
 from minivllm.engine.multiproc.client import SyncMPClient
@@ -62,7 +64,7 @@ from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.engine.processor import encode_prompt, validate_request
 from minivllm.engine.stats import EngineStats
-from minivllm.models.loader import load_hf_config, load_tokenizer, resolve_model_path
+from minivllm.models.loader import load_tokenizer
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.manager import StructuredOutputManager
@@ -80,51 +82,33 @@ class LLMEngine:
     def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
                  device: str = "auto", multiprocess_mode: bool | None = None,
                  **engine_kwargs):
-        """multiprocess_mode: run the EngineCore in a process of its own (None: as
-        MINIVLLM_ENABLE_MULTIPROCESSING says, off unless set)."""
+        """engine_kwargs: EngineArgs' fields (vLLM's names). multiprocess_mode: run the
+        EngineCore in a process of its own (None: as MINIVLLM_ENABLE_MULTIPROCESSING says, off
+        unless set)."""
         t0 = time.perf_counter()
-        self.model_path = resolve_model_path(model)
-        self.model_config = ModelConfig.from_hf_dict(load_hf_config(self.model_path))
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
-        config = self._make_config(None, engine_kwargs)
-        self.tokenizer = load_tokenizer(self.model_path)
+        EngineArgs.check_names(engine_kwargs, fixed=LOAD_TIME_ARGS)
+        args = EngineArgs(model=model, dtype=dtype, device=device, **engine_kwargs)
+        config = args.create_engine_config()
+        # Kept for reconfigure, the checkpoint found: later configs need not look for it.
+        self.engine_args = dataclasses.replace(args, model=config.model_config.model)
+        self.tokenizer = load_tokenizer(Path(config.model_config.model))
         self.multiprocess_mode = (multiprocessing_enabled() if multiprocess_mode is None
                                   else bool(multiprocess_mode))
         if self.multiprocess_mode:
             if config.kv_transfer_config is not None:
                 raise ValueError("kv_transfer_config needs the engine core in this process: "
                                  "use multiprocess_mode=False")
-            self.engine_core = SyncMPClient(self.model_path, config, self.device, self.dtype)
+            self.engine_core = SyncMPClient(config)
             self.structured_output = StructuredOutputManager(   # the front end's, to check
-                self.tokenizer, self.model_config.vocab_size,  # and compile; the core loads
-                self.engine_core.info.eos_token_ids)            # what it compiled
+                self.tokenizer, config.model_config.hf_config.vocab_size,   # and compile; the
+                self.engine_core.info.eos_token_ids)            # core loads what it compiled
         else:
-            core = EngineCore.from_model(self.model_path, self.model_config, config,
-                                         self.device, self.dtype, self.tokenizer)
+            core = EngineCore.from_model(config, self.tokenizer)
             self.engine_core = InprocClient(core)
             self.structured_output = core.structured_output    # the Processor checks with it
         self.eos_token_ids = self.engine_core.info.eos_token_ids
         self.output_processor = OutputProcessor(self.tokenizer)
         self.load_time = time.perf_counter() - t0
-
-    def _make_config(self, base: EngineConfig | None, changes: dict) -> EngineConfig:
-        """base (or the defaults) with `changes`, validated by EngineConfig like a fresh
-        config, and against the model: max_model_len (None: the model's own limit) must be
-        within max_position_embeddings."""
-        names = {f.name for f in dataclasses.fields(EngineConfig)}
-        unknown = sorted(set(changes) - names)
-        if unknown:
-            raise TypeError(f"unknown engine setting(s) {unknown}; the settings are "
-                            f"{sorted(names)} (model, dtype and device need a new engine)")
-        changes, limit = dict(changes), self.model_config.max_position_embeddings
-        if changes.get("max_model_len", base.max_model_len if base else None) is None:
-            changes["max_model_len"] = limit
-        length = changes.get("max_model_len")
-        if isinstance(length, int) and length > limit:
-            raise ValueError(f"max_model_len={length} exceeds the model's "
-                             f"max_position_embeddings ({limit})")
-        return EngineConfig(**changes) if base is None else dataclasses.replace(base, **changes)
 
     # The core's parts, for lessons and tests that look inside (vLLM: the in-process client's
     # llm_engine.engine_core.engine_core.scheduler, ...).
@@ -147,8 +131,25 @@ class LLMEngine:
         return self.core.model_executor.driver_worker.model_runner
 
     @property
-    def config(self) -> EngineConfig:
-        return self.engine_core.config
+    def vllm_config(self) -> VllmConfig:
+        """The configuration the core runs now (engine_args made it; reconfigure replaces it)."""
+        return self.engine_core.vllm_config
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.vllm_config.model_config
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.vllm_config.model_config.model)
+
+    @property
+    def device(self) -> torch.device:
+        return self.vllm_config.model_config.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.vllm_config.model_config.dtype
 
     @property
     def scheduler(self):
@@ -181,9 +182,10 @@ class LLMEngine:
         """New engine settings over the weights already loaded: a fresh KV pool, block
         manager and scheduler (so a fresh prefix cache and fresh counters too).
 
-        `changes` are EngineConfig fields (max_num_batched_tokens, max_num_seqs, block_size,
-        num_kv_blocks, kv_cache_memory, enable_prefix_caching, preemption_mode, scheduling,
-        kv_layout, ...); anything not named keeps its current value. Refused while requests
+        `changes` are EngineArgs fields but model, dtype and device (max_num_batched_tokens,
+        max_num_seqs, block_size, num_kv_blocks, kv_cache_memory, enable_prefix_caching,
+        preemption_mode, scheduling, kv_layout, ...); anything not named keeps its current
+        value, and the new VllmConfig is checked as a fresh engine's is. Refused while requests
         are in flight: their blocks live in the pool being replaced.
         """
         in_flight = list(self.output_processor.request_states)
@@ -191,8 +193,11 @@ class LLMEngine:
             raise RuntimeError(
                 f"cannot reconfigure with {len(in_flight)} request(s) in flight "
                 f"({', '.join(in_flight[:5])}); let them finish or abort them first")
-        config = self._make_config(self.config, changes)
+        EngineArgs.check_names(changes, fixed=LOAD_TIME_ARGS)
+        args = dataclasses.replace(self.engine_args, **changes)
+        config = args.create_engine_config(self.model_config.hf_config)
         self.engine_core.reconfigure(config)    # the old settings back if the new fail
+        self.engine_args = args
         return self
     # --8<-- [end:reconfigure]
 
@@ -201,7 +206,7 @@ class LLMEngine:
                   else "CPU")
         info = self.engine_core.info
         core = f", core in process {self.engine_core.pid}" if self.multiprocess_mode else ""
-        return (f"LLMEngine(model={self.model_config.architecture} from {self.model_path.name}, "
+        return (f"LLMEngine(model={self.model_config.hf_config.architecture} from {self.model_path.name}, "
                 f"device={device}, dtype={str(self.dtype).removeprefix('torch.')}, "
                 f"kv={info.kv_layout} {info.num_blocks}x{info.block_size}, "
                 f"attention={info.attention_backend}{core})")
@@ -234,8 +239,8 @@ class LLMEngine:
             bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)]
             if bad:
                 raise ValueError(f"prompt token ids must be integers, got {bad[0]!r}")
-        config = self.config
-        validate_request(token_ids, params, config, self.model_config, self.engine_core.info)
+        config = self.vllm_config
+        validate_request(token_ids, params, config, self.engine_core.info)
         grammar = self.structured_output.check(params, bool(config.speculative_config), grammar)
         if lora_request is not None:         # checked and read now: a bad adapter fails alone
             self.engine_core.add_lora(lora_request)
@@ -262,8 +267,8 @@ class LLMEngine:
         or the batch has no room for it now."""
         if self.output_processor.in_use(request_id):
             raise ValueError(f"request_id {request_id!r} is already in use")
-        validate_request(prompt_token_ids + [first_token], params, self.config,
-                         self.model_config, self.engine_core.info)
+        validate_request(prompt_token_ids + [first_token], params, self.vllm_config,
+                         self.engine_core.info)
         request = EngineCoreRequest(request_id, list(prompt_token_ids), params,
                                     kv_transfer_params=kv_transfer_params)
         first = self.core.add_prefilled_request(request, (first_token, first_logprobs))

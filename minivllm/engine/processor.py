@@ -9,23 +9,24 @@ turning the request into the engine core's wire format.
 from __future__ import annotations
 
 from minivllm.core.block_manager import cdiv
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import VllmConfig
 from minivllm.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
-def validate_request(token_ids: list[int], params: SamplingParams, config: EngineConfig,
-                     model_config: ModelConfig, block_manager) -> None:
-    max_len = config.max_model_len
-    vocab = model_config.vocab_size
+def validate_request(token_ids: list[int], params: SamplingParams, vllm_config: VllmConfig,
+                     block_manager) -> None:
+    max_len = vllm_config.model_config.max_model_len
+    vocab = vllm_config.model_config.hf_config.vocab_size
+    max_num_seqs = vllm_config.scheduler_config.max_num_seqs
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     if not token_ids:
         raise ValueError("the prompt is empty: give at least one token")
-    if params.n > 1 and config.kv_layout != "paged":
+    if params.n > 1 and vllm_config.cache_config.kv_layout != "paged":
         raise ValueError("parallel sampling (n > 1) shares the prompt's KV blocks, which "
                          "needs kv_layout='paged'; the contiguous baseline cannot share")
-    if params.n > config.max_num_seqs:
-        raise ValueError(f"n={params.n} samples exceed max_num_seqs ({config.max_num_seqs})")
+    if params.n > max_num_seqs:
+        raise ValueError(f"n={params.n} samples exceed max_num_seqs ({max_num_seqs})")
     if len(token_ids) >= max_len:
         raise ValueError(f"the prompt has {len(token_ids)} tokens, but max_model_len is "
                          f"{max_len}: prompt + at least one new token must fit")

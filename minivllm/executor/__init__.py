@@ -12,13 +12,10 @@ the scheduler lives in the core only, and every rank's worker is the same code.
 """
 
 
-def executor_class(config):
+def executor_class(parallel_config):
     """"uni" (one process) unless tensor parallelism asks for "mp" (a process a rank); the
-    EngineConfig refused "uni" with tensor_parallel_size > 1 (vLLM: Executor.get_class)."""
-    backend = config.distributed_executor_backend
-    if backend is None:
-        backend = "mp" if config.tensor_parallel_size > 1 else "uni"
-    if backend == "uni":
+    ParallelConfig refused "uni" with tensor_parallel_size > 1 (vLLM: Executor.get_class)."""
+    if parallel_config.executor_backend == "uni":
         from minivllm.executor.uniproc_executor import UniProcExecutor
         return UniProcExecutor
     from minivllm.executor.multiproc_executor import MultiprocExecutor

@@ -1,7 +1,7 @@
 """Executor: the engine core's handle on the devices (vLLM twin: vllm/v1/executor/abstract.py).
 
 The core calls `execute_model(scheduler_output)` once a step and gets the driver's (rank 0's)
-ModelRunnerOutput; `initialize_cache(config)` sets a configuration on every worker (the
+ModelRunnerOutput; `initialize_cache(vllm_config)` sets a configuration on every worker (the
 engine's start and LLMEngine.reconfigure); `free(seq_ids)` drops finished samples' state on
 every worker. Each is one `collective_rpc`: the same Worker method on every rank, the driver's
 answer returned. `executor_class` (minivllm/executor/__init__.py) picks the executor from
@@ -13,7 +13,7 @@ asynchronous (non-blocking) execute_model.
 
 from __future__ import annotations
 
-from minivllm.config import EngineConfig
+from minivllm.config import VllmConfig
 
 
 class Executor:
@@ -31,9 +31,9 @@ class Executor:
     def num_cpu_blocks(self) -> int:
         return self.driver_worker.model_runner.num_cpu_blocks
 
-    def initialize_cache(self, config: EngineConfig) -> None:
-        """Set `config` on every worker's loaded weights: format, state, pool, compilation."""
-        self.collective_rpc("initialize_cache", config)
+    def initialize_cache(self, vllm_config: VllmConfig) -> None:
+        """Set vllm_config on every worker's loaded weights: format, state, pool, compilation."""
+        self.collective_rpc("initialize_cache", vllm_config)
         self.collective_rpc("compile_or_warm_up_model")
 
     def execute_model(self, scheduler_output):

@@ -32,7 +32,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import VllmConfig
 from minivllm.distributed.layers import weight_bytes
 from minivllm.distributed.parallel_state import TensorParallelGroup, check_tensor_parallel
 from minivllm.executor.abstract import Executor
@@ -41,12 +41,12 @@ from minivllm.worker.worker import Worker
 START_TIMEOUT = 600.0      # seconds for workers to start and load their shard
 
 
-def _worker_main(rank, size, port, backend, model_config, engine_config, path, device_type,
-                 dtype, num_threads, commands, results):
+def _worker_main(rank, size, port, backend, vllm_config, num_threads, commands, results):
     """Rank 1..N-1: load this rank's shard, then run what the driver sends until told to stop."""
     try:
         parent = os.getppid()
         torch.set_num_threads(num_threads)
+        device_type = vllm_config.model_config.device.type
         device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -55,7 +55,7 @@ def _worker_main(rank, size, port, backend, model_config, engine_config, path, d
         results.put(("started", rank, None))
         group = TensorParallelGroup(rank, size, store, backend)
         with torch.inference_mode():
-            worker = Worker(model_config, engine_config, path, device, dtype, tp=group)
+            worker = Worker(vllm_config, device=device, tp=group)
             worker.load_model()
             results.put(("ready", rank, weight_bytes(worker.model_runner.model)))
             while True:
@@ -86,10 +86,10 @@ def _stop_workers(procs, commands) -> None:
 class MultiprocExecutor(Executor):
     """Ranks 1..N-1 in processes of their own; rank 0's Worker here, as the driver."""
 
-    def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
-                 device: torch.device, dtype: torch.dtype, sampler=None):
-        n = engine_config.tensor_parallel_size
-        check_tensor_parallel(model_config, n)
+    def __init__(self, vllm_config: VllmConfig, sampler=None):
+        n = vllm_config.parallel_config.tensor_parallel_size
+        device = vllm_config.model_config.device
+        check_tensor_parallel(vllm_config.model_config.hf_config, n)
         if device.type == "cuda" and torch.cuda.device_count() < n:
             raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs; torch sees "
                              f"{torch.cuda.device_count()}")
@@ -113,20 +113,19 @@ class MultiprocExecutor(Executor):
             self.commands.append(ctx.Queue())
             self.workers.append(ctx.Process(
                 target=_worker_main, name=f"minivllm-tp-rank{rank}", daemon=True,
-                args=(rank, n, self.store.port, self.backend, model_config, engine_config, path,
-                      device.type, dtype, threads, self.commands[-1], self.results)))
+                args=(rank, n, self.store.port, self.backend, vllm_config, threads,
+                      self.commands[-1], self.results)))
             self.workers[-1].start()
         # Dropping the executor (with its engine) stops the workers.
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self.commands)
         try:
             self._wait_for("started")
             group = TensorParallelGroup(0, n, self.store, self.backend)
-            self.driver_worker = Worker(model_config, engine_config, path, device, dtype,
-                                        tp=group, sampler=sampler)
+            self.driver_worker = Worker(vllm_config, tp=group, sampler=sampler)
             self.driver_worker.load_model()
             self.rank_weight_bytes = ([weight_bytes(self.driver_worker.model_runner.model)]
                                       + self._wait_for("ready"))
-            self.initialize_cache(engine_config)
+            self.initialize_cache(vllm_config)
         except RuntimeError as e:          # say which worker failed, and why, if one did
             self._explain(e, "tensor-parallel start failed")
         except BaseException:

@@ -22,7 +22,7 @@ LoRARequest is in request.py, LoRALinear in layers.py.
 
 Left out, compared with vLLM: LoRA on the embeddings and LM head (extra vocabulary), PEFT's
 per-module rank/alpha patterns, DoRA, fused qkv / gate-up shapes, tensor-parallel sharding of
-A and B (EngineConfig refuses enable_lora with tp > 1), and adapters fetched from the hub
+A and B (VllmConfig refuses enable_lora with tp > 1), and adapters fetched from the hub
 (local dirs only).
 """
 
@@ -106,17 +106,17 @@ def load_adapter(req: LoRARequest, shapes: dict[str, tuple[int, int]], num_layer
 class LoRAManager:
     """Wraps the model's projections and keeps adapters in host memory and in slots."""
 
-    def __init__(self, model: nn.Module, engine_config, device: torch.device):
-        self.max_loras = engine_config.max_loras
-        self.max_rank = engine_config.max_lora_rank
-        self.max_cpu_loras = engine_config.max_cpu_loras or self.max_loras
+    def __init__(self, model: nn.Module, lora_config, device: torch.device):
+        self.max_loras = lora_config.max_loras
+        self.max_rank = lora_config.max_lora_rank
+        self.max_cpu_loras = lora_config.max_cpu_loras or self.max_loras
         from kernels import lora as ops          # Triton imported here, not at engine import
         self.model = model
         self.batch = LoRABatch(ops, use_kernels=device.type == "cuda")
         self.layers: dict[tuple[int, str], LoRALinear] = {}
         self.shapes: dict[str, tuple[int, int]] = {}
         for p in projection_layers(model):
-            if type(p.linear) is not nn.Linear:     # EngineConfig refuses the other swaps
+            if type(p.linear) is not nn.Linear:     # VllmConfig refuses the other swaps
                 raise ValueError(f"enable_lora wraps nn.Linear layers; {p.path} is a "
                                  f"{type(p.linear).__name__}")
             wrapped = LoRALinear(p.linear, self.batch, self.max_loras, self.max_rank)

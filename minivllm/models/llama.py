@@ -35,7 +35,7 @@ from torch import nn
 
 from minivllm.attention.layer import Attention
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.config import ModelConfig
+from minivllm.config import HfConfig
 from minivllm.forward_context import set_forward_context
 
 
@@ -50,7 +50,7 @@ class RMSNorm(nn.Module):
         return self.weight * (y * (y.pow(2).mean(-1, keepdim=True) + self.eps).rsqrt()).to(x.dtype)
 
 
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+def rope_inv_freq(config: HfConfig) -> torch.Tensor:
     """Rotation frequency of each pair of dimensions, with Llama 3's long-context rescaling."""
     d = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
@@ -79,7 +79,7 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for every position, computed once; rotate q and k by their positions."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: HfConfig):
         super().__init__()
         self.config = config
         self.cos = self.sin = None          # (P, D) tables, made by build()
@@ -118,7 +118,7 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: HfConfig):
         super().__init__()
         h, nh, nkv, hd = (config.hidden_size, config.num_attention_heads,
                           config.num_key_value_heads, config.head_dim)
@@ -154,7 +154,7 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: HfConfig):
         super().__init__()
         h = config.hidden_size
         i = config.intermediate_size
@@ -172,7 +172,7 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: HfConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = LlamaAttention(config)
@@ -185,7 +185,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: HfConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config)
@@ -203,7 +203,7 @@ class LlamaModel(nn.Module):
 
 # --8<-- [start:causal_lm]
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: HfConfig):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)

@@ -3,8 +3,8 @@
     __init__.py      a format's name -> (method, group size), what the layers need to know
     weight_only.py   int8 per channel and int4 in groups: QuantLinear, quantize_model
 
-The names `quantization=` takes are config.py's QUANTIZATION_METHODS, which EngineConfig checks
-without importing this package (its layers import the model, and the model imports config.py).
+The names `quantization=` takes are config/model.py's QUANTIZATION_METHODS, which ModelConfig
+checks without importing this package (its layers import the model, which imports config/).
 vLLM keeps its QUANTIZATION_METHODS here and its config imports them: a cycle minivllm avoids.
 """
 

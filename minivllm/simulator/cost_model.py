@@ -41,17 +41,17 @@ import numpy as np
 import torch
 
 from minivllm.benchmarks.roofline import StepCost
-from minivllm.config import ModelConfig
+from minivllm.config import HfConfig
 
 DATA = Path(__file__).parent / "data"
 # Named model shapes: the shape fields of each model's published config.json, in data/models/.
 MODEL_SHAPES = sorted(p.stem for p in (DATA / "models").glob("*.json"))
 
 
-def model_config(model) -> ModelConfig:
-    """A ModelConfig from a name in MODEL_SHAPES, a config.json path, a config dict, or a
-    ModelConfig (returned as it is)."""
-    if isinstance(model, ModelConfig):
+def model_config(model) -> HfConfig:
+    """An HfConfig from a name in MODEL_SHAPES, a config.json path, a config dict, or a
+    HfConfig (returned as it is)."""
+    if isinstance(model, HfConfig):
         return model
     if isinstance(model, str) and model in MODEL_SHAPES:
         model = DATA / "models" / f"{model}.json"
@@ -63,7 +63,7 @@ def model_config(model) -> ModelConfig:
             raise ValueError(f"unknown model {str(model)!r}: give one of "
                              f"{sorted(MODEL_SHAPES)} or a Hugging Face config.json")
         model = json.loads(path.read_text())
-    return ModelConfig.from_hf_dict(model)
+    return HfConfig.from_hf_dict(model)
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def get_profile(profile) -> HardwareProfile:
 class StepTimer:
     """Seconds per step for one model on one profile, tensor_parallel_size devices."""
 
-    def __init__(self, mc: ModelConfig, profile: HardwareProfile, tensor_parallel_size: int = 1):
+    def __init__(self, mc: HfConfig, profile: HardwareProfile, tensor_parallel_size: int = 1):
         tp = tensor_parallel_size
         if mc.num_attention_heads % tp:
             raise ValueError(f"tensor_parallel_size={tp} must divide the model's "

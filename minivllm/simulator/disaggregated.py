@@ -41,7 +41,7 @@ def simulate_disaggregated(requests: list[Request], num_prefill: int = 1, num_de
                            kv_link_bandwidth: float | None = None, tag: str = "req-",
                            **engine_kwargs) -> SimResult:
     """Serve `requests` on num_prefill prefill engines and num_decode decode engines, each
-    tensor_parallel_size devices with the same EngineConfig (engine_kwargs, as `simulate`).
+    tensor_parallel_size devices with the same settings (engine_kwargs, as `simulate`).
     kv_link_bandwidth (bytes/s per device) defaults to the profile's link_bandwidth."""
     wall0 = time.perf_counter()
     mc, timer, config, num_blocks, label = deployment(model, profile, tensor_parallel_size,
@@ -78,7 +78,7 @@ def _serve(requests, engines, mc, timer, link, tag, times) -> None:
         while pending and requests[pending[0]].arrival_time <= t:
             i = pending.popleft()
             e = min(prefill, key=load)
-            e.add_request(core_request(e, mc, f"{tag}{i}", prompt_of(requests[i], i),
+            e.add_request(core_request(e, f"{tag}{i}", prompt_of(requests[i], i),
                                        dataclasses.replace(requests[i].params, max_tokens=1)))
             e.model_executor.clock = max(e.model_executor.clock, t)
             times.arrival[i] = requests[i].arrival_time
@@ -102,7 +102,7 @@ def _serve(requests, engines, mc, timer, link, tag, times) -> None:
                         times.token(i, e.model_executor.clock)
                         continue
                     prompt = prompt_of(requests[i], i)
-                    handoff = core_request(decode[0], mc, out.request_id, prompt,
+                    handoff = core_request(decode[0], out.request_id, prompt,
                                            requests[i].params)
                     lands = (e.model_executor.clock + timer.kv_token_bytes * len(prompt) / link
                              + timer.profile.link_latency)

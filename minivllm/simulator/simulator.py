@@ -34,8 +34,9 @@ import numpy as np
 from tqdm import tqdm
 
 from minivllm.benchmarks.workloads import Request, synthetic_requests  # noqa: F401 (API)
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import HfConfig, VllmConfig
 from minivllm.core.scheduler import SchedulerOutput
+from minivllm.engine.arg_utils import LOAD_TIME_ARGS, EngineArgs
 from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.engine.processor import validate_request
 from minivllm.engine.stats import StepRecord
@@ -112,23 +113,23 @@ class SimResult:
         return sum(s[-1].stats.num_preemptions for s in self.engine_steps.values() if s)
 
 
-def engine_core(timer: StepTimer, config: EngineConfig, num_blocks: int) -> EngineCore:
+def engine_core(timer: StepTimer, config: VllmConfig, num_blocks: int) -> EngineCore:
     """One simulated engine: the engine's own EngineCore over a SimulatedExecutor, on the
     executor's virtual clock (vLLM twin: EngineCore with no model behind its executor). Its
     stats count cached tokens per sequence, cheap enough to take every simulated step."""
     num_cpu_blocks = 0
-    if config.preemption_mode == "swap":
-        block_bytes = timer.kv_token_bytes * config.block_size
-        num_cpu_blocks = max(1, int(config.swap_space // block_bytes))
+    if config.scheduler_config.preemption_mode == "swap":
+        block_bytes = timer.kv_token_bytes * config.cache_config.block_size
+        num_cpu_blocks = max(1, int(config.cache_config.swap_space // block_bytes))
     executor = SimulatedExecutor(timer, num_blocks, num_cpu_blocks)
     return EngineCore(config, executor, eos_token_ids={2}, clock=lambda: executor.clock,
                       exact_stats=False)
 
 
-def core_request(core: EngineCore, mc: ModelConfig, request_id: str, prompt: list[int],
+def core_request(core: EngineCore, request_id: str, prompt: list[int],
                  params: SamplingParams) -> EngineCoreRequest:
     """The request for `core`, checked as the engine's processor checks it."""
-    validate_request(prompt, params, core.config, mc, core.block_manager)
+    validate_request(prompt, params, core.vllm_config, core.block_manager)
     return EngineCoreRequest(request_id, prompt, params)
 
 
@@ -166,16 +167,17 @@ class RequestTimes:
 
 
 def deployment(model, profile, tensor_parallel_size: int, engine_kwargs: dict
-               ) -> tuple[ModelConfig, StepTimer, EngineConfig, int, str]:
-    """The model's shapes, its StepTimer, the EngineConfig, the KV pool's blocks (what
+               ) -> tuple[HfConfig, StepTimer, VllmConfig, int, str]:
+    """The model's shapes, its StepTimer, the VllmConfig, the KV pool's blocks (what
     gpu_memory_utilization of one device holds beside its share of the weights, unless
     num_kv_blocks is given) and a label naming model, deployment and profile."""
     mc = model_config(model)
     timer = StepTimer(mc, get_profile(profile), tensor_parallel_size)
-    engine_kwargs.setdefault("max_model_len", mc.max_position_embeddings)
-    config = EngineConfig(**engine_kwargs)
-    num_blocks = config.num_kv_blocks or timer.kv_pool_blocks(config.block_size,
-                                                              config.gpu_memory_utilization)
+    EngineArgs.check_names(engine_kwargs, fixed=LOAD_TIME_ARGS)
+    config = EngineArgs(**engine_kwargs).create_engine_config(mc)
+    cache = config.cache_config
+    num_blocks = cache.num_kv_blocks or timer.kv_pool_blocks(cache.block_size,
+                                                             cache.gpu_memory_utilization)
     name = model if isinstance(model, str) else f"{mc.architecture} {mc.num_hidden_layers}L"
     label = f"{name} on {tensor_parallel_size} x {timer.profile.label}"
     return mc, timer, config, num_blocks, label
@@ -192,7 +194,7 @@ def prompt_of(r: Request, i: int) -> list[int]:
 def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
              tensor_parallel_size: int = 1, progress: bool = False, tag: str = "req-",
              **engine_kwargs) -> SimResult:
-    """Serve `requests` on a simulated deployment; engine_kwargs are EngineConfig fields
+    """Serve `requests` on a simulated deployment; engine_kwargs are EngineArgs fields
     (max_num_seqs, max_num_batched_tokens, block_size, num_kv_blocks, enable_chunked_prefill,
     enable_prefix_caching, preemption_mode, ...). A request joins when its arrival_step and
     arrival_time have come, as in workloads.serve."""
@@ -218,7 +220,7 @@ def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
                                and requests[pending[0]].arrival_time <= executor.clock):
                 i = pending.popleft()
                 index[f"{tag}{i}"] = i
-                core.add_request(core_request(core, mc, f"{tag}{i}", prompt_of(requests[i], i),
+                core.add_request(core_request(core, f"{tag}{i}", prompt_of(requests[i], i),
                                               requests[i].params))
                 times.arrival[i] = requests[i].arrival_time or executor.clock
             for out in core.step().outputs:                # schedule, "execute", update

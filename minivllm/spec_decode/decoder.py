@@ -44,33 +44,38 @@ from __future__ import annotations
 
 import dataclasses
 
-from minivllm.config import EngineConfig, SpeculativeConfig
+from minivllm.config import SpeculativeConfig, VllmConfig
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.spec_decode.ngram_proposer import NgramProposer
 
 
-def make_drafter(engine_config: EngineConfig, runner, worker_class) -> SpeculativeDecoder | None:
+def make_drafter(vllm_config: VllmConfig, runner, worker_class) -> SpeculativeDecoder | None:
     """The drafter of `runner` (the target's ModelRunner, its pool allocated) for
-    engine_config; None without speculative_config. A draft model gets a Worker of its own
+    vllm_config; None without speculative_config. A draft model gets a Worker of its own
     (worker_class, passed in) on the target's device, its pool as many blocks as the target's,
     so that it always fits what it must hold."""
-    spec = engine_config.speculative_config
+    spec = vllm_config.speculative_config
     if spec is None:
         return None
     if spec.method == "draft_model":
         from minivllm.spec_decode.draft_model import DraftModelProposer, draft_model_config
-        path, config = draft_model_config(spec.model, runner.config.vocab_size)
+        path, hf_config = draft_model_config(spec.model, runner.hf_config.vocab_size)
+        vc = vllm_config
         draft_config = dataclasses.replace(
-            engine_config, speculative_config=None, preemption_mode="recompute",
-            enable_prefix_caching=False, num_kv_blocks=runner.num_blocks,
-            quantization=spec.quantization)
-        worker = worker_class(config, draft_config, path, runner.device, runner.dtype)
+            vc, speculative_config=None,
+            model_config=dataclasses.replace(vc.model_config, hf_config=hf_config,
+                                             model=str(path), quantization=spec.quantization),
+            cache_config=dataclasses.replace(vc.cache_config, enable_prefix_caching=False,
+                                             num_kv_blocks=runner.num_blocks),
+            scheduler_config=dataclasses.replace(vc.scheduler_config,
+                                                 preemption_mode="recompute"))
+        worker = worker_class(draft_config, device=runner.device)
         worker.load_model()
         worker.initialize_cache(draft_config)
         proposer = DraftModelProposer(worker.model_runner)
     else:
         proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
-    return SpeculativeDecoder(spec, engine_config.max_model_len, proposer)
+    return SpeculativeDecoder(spec, vllm_config.model_config.max_model_len, proposer)
 
 
 class SpeculativeDecoder:

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from minivllm.core.block_manager import BlockManager
-from minivllm.config import ModelConfig
+from minivllm.config import HfConfig
 from minivllm.models.loader import load_hf_config, resolve_model_path
 from minivllm.sampling_params import SamplingParams
 from minivllm.core.sequence import Sequence, SequenceGroup
@@ -88,11 +88,11 @@ def first_layers_checkpoint(model: str | None, num_layers: int) -> Path:
     return dst
 
 
-def draft_model_config(model: str, vocab_size: int) -> tuple[Path, ModelConfig]:
+def draft_model_config(model: str, vocab_size: int) -> tuple[Path, HfConfig]:
     """The draft checkpoint's path and config; refused unless it shares the target's
     vocabulary (of vocab_size tokens)."""
     path = resolve_model_path(model)
-    config = ModelConfig.from_hf_dict(load_hf_config(path))
+    config = HfConfig.from_hf_dict(load_hf_config(path))
     if config.vocab_size != vocab_size:
         raise ValueError(f"speculative_config: the draft model at {path} has a vocabulary "
                          f"of {config.vocab_size} tokens, the target {vocab_size}: "

@@ -36,14 +36,14 @@ from minivllm.attention.metadata import AttentionMetadata
 from minivllm.config import CUDA_GRAPHS, incompatibility
 
 
-def use_cuda_graphs(config, device: torch.device, tp, attention_backend: str) -> bool:
+def use_cuda_graphs(vllm_config, device: torch.device, tp, attention_backend: str) -> bool:
     """Whether decode steps replay CUDA graphs (CUDA, Triton attention, tp=1, not
     enforce_eager); with LoRA on, the INCOMPATIBLE row's error instead: the graphs would
     replay the base path only (LoRA's slots are Python state a replay never reads)."""
-    if device.type != "cuda" or config.enforce_eager or tp is not None \
+    if device.type != "cuda" or vllm_config.model_config.enforce_eager or tp is not None \
             or attention_backend != "triton":
         return False
-    if config.enable_lora:
+    if vllm_config.lora_config is not None:
         raise ValueError(incompatibility(CUDA_GRAPHS, "enable_lora"))
     return True
 

@@ -45,12 +45,13 @@ Left out, compared with vLLM: persistent input buffers, async scheduling, multi-
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
 from minivllm.attention.layer import resolve_attention_backend
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import ModelConfig, VllmConfig
 from minivllm.core.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.layers import parallelize
@@ -68,46 +69,46 @@ from minivllm.worker.input_batch import CachedRequestState
 logger = logging.getLogger("minivllm")
 
 class ModelRunner:
-    def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
-                 device: torch.device, dtype: torch.dtype, tp=None,
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, tp=None,
                  sampler: Sampler | None = None):
         """Build the model and load its weights (this rank's shard under tensor parallelism);
         the Worker then configures it and gives it a pool. sampler: the engine's (it knows the
         EOS tokens and the structured-output manager); a runner that never samples (a
         tensor-parallel rank but the first, the draft model) needs none."""
-        self.config = model_config
-        self.device = device
-        self.dtype = dtype
+        model_config = vllm_config.model_config
+        self.hf_config = model_config.hf_config      # the checkpoint's shape
+        self.device = device                         # this rank's
+        self.dtype = dtype = model_config.dtype
         # Tensor parallelism: tp is this rank's TensorParallelGroup (None: one process). The
         # KV pool holds this rank's KV heads only, so it is sized from kv_config.
         self.tp = tp
         self.tp_size = tp.size if tp else 1
         self.is_driver = tp is None or tp.rank == 0    # the rank whose samples count
-        self.kv_config = model_config
+        self.kv_config = self.hf_config
         # Before the model is built: building it may import Triton (through torch), and on a CPU
         # Triton must see TRITON_INTERPRET=1 before that (see minivllm/platforms.py).
-        resolve_attention_backend(engine_config.attention_backend, device, dtype)
+        resolve_attention_backend(model_config.attention_backend, device, dtype)
         with torch.device("meta"):          # no time wasted on random init of real weights
-            model = LlamaForCausalLM(model_config)
+            model = LlamaForCausalLM(self.hf_config)
             if tp is not None:
-                self.kv_config = parallelize(model, model_config, tp)
+                self.kv_config = parallelize(model, self.hf_config, tp)
         model = model.to_empty(device=device).to(dtype)
-        if model_config.tie_word_embeddings:  # to_empty breaks the tie: restore it
+        if self.hf_config.tie_word_embeddings:  # to_empty breaks the tie: restore it
             model.lm_head.weight = model.model.embed_tokens.weight
-        load_weights(model, path)
-        self.path = path                    # read again to leave a quantized format
+        self.path = Path(model_config.model)   # read again to leave a quantized format
+        load_weights(model, self.path)
         self.model = model.eval()
         self.sampler = sampler if sampler is not None else Sampler(device)
         self.quantization, self.lora_manager = (None, True), None   # (format, lm head)
         self.kv_cache = self.cpu_kv_cache = self.decode_scratch = self.cuda_graphs = None
 
-    def set_weight_format(self, engine_config: EngineConfig) -> None:
+    def set_weight_format(self, model_config: ModelConfig) -> None:
         """Quantize the weights as asked, or go back to float (reading the checkpoint again
         when the float weights were dropped). LoRA's wrappers come off first."""
         if self.lora_manager:                # plain nn.Linear back first: LoRA is rebuilt later
             self.lora_manager.unwrap()
             self.lora_manager = None
-        asked = engine_config.quantization, engine_config.quantize_lm_head   # weights' format
+        asked = model_config.quantization, model_config.quantize_lm_head   # weights' format
         if asked != self.quantization:
             if unquantize_model(self.model):   # the float weights were dropped: read them again
                 load_weights(self.model, self.path)
@@ -115,10 +116,12 @@ class ModelRunner:
             quantize_model(self.model, *asked)   # (minivllm/quantization/weight_only.py)
             self.quantization = asked
 
-    def configure(self, engine_config: EngineConfig) -> None:
+    def configure(self, vllm_config: VllmConfig) -> None:
         """The state one configuration owns, but the pool: no sample's state outlives it; the
         attention backend, LoRA's slots, the Triton decode scratch and the RoPE tables."""
-        self.engine_config = engine_config
+        self.vllm_config = vllm_config
+        max_model_len = vllm_config.model_config.max_model_len
+        cache_config = vllm_config.cache_config
         self.sampler.reset()                 # no sample's generator outlives its pool
         self.requests: dict[int, CachedRequestState] = {}    # seq id -> the runner's state
         self.drafter = None        # speculative decoding's, set with the pool (Worker)
@@ -126,32 +129,30 @@ class ModelRunner:
         self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.attention_backend = resolve_attention_backend(engine_config.attention_backend,
-                                                           self.device, self.dtype)
+        self.attention_backend = resolve_attention_backend(
+            vllm_config.model_config.attention_backend, self.device, self.dtype)
         # LoRA slots (minivllm/lora/models.py), before KV sizing
-        self.lora_manager = (LoRAManager(self.model, engine_config, self.device)
-                             if engine_config.enable_lora else None)
+        self.lora_manager = (LoRAManager(self.model, vllm_config.lora_config, self.device)
+                             if vllm_config.lora_config else None)
         # The Triton decode kernel's partial results: one fixed buffer for the engine's largest
         # decode batch (max_num_seqs sequences of max_model_len tokens), before the KV pool
         # takes what memory is left.
         if self.attention_backend == "triton":
             from minivllm.attention.triton_attention import DecodeScratch
             self.decode_scratch = DecodeScratch.allocate(
-                engine_config.max_num_seqs, self.kv_config.num_attention_heads,
-                self.kv_config.head_dim, engine_config.max_model_len, self.device)
-        self.model.model.rotary_emb.build(engine_config.max_model_len, self.device, self.dtype)
+                vllm_config.scheduler_config.max_num_seqs, self.kv_config.num_attention_heads,
+                self.kv_config.head_dim, max_model_len, self.device)
+        self.model.model.rotary_emb.build(max_model_len, self.device, self.dtype)
         # "paged": blocks of block_size tokens; "contiguous": one slab of max_model_len tokens
         # per sequence (lesson 01's baseline), addressed the same way.
-        self.kv_layout = engine_config.kv_layout
-        self.block_size = (engine_config.block_size if self.kv_layout == "paged"
-                           else engine_config.max_model_len)
-        self.kv_cache_dtype = engine_config.kv_cache_dtype
+        self.kv_layout = cache_config.kv_layout
+        self.block_size = cache_config.block_size if self.kv_layout == "paged" else max_model_len
+        self.kv_cache_dtype = cache_config.cache_dtype
         self.block_bytes = (kv_bytes_per_token(self.kv_config, self.dtype, self.kv_cache_dtype)
                             * self.block_size)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the KV pool of num_blocks blocks, and the swap pool in host memory."""
-        ec = self.engine_config
         self.num_blocks = num_blocks
         self.kv_cache = allocate_kv_cache(self.kv_config, num_blocks, self.block_size,
                                           self.dtype, self.device, self.kv_cache_dtype)
@@ -161,8 +162,8 @@ class ModelRunner:
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**20, self.kv_layout)
         # The swap pool: same layout, in host memory (pinned, so copies can be asynchronous).
         self.num_cpu_blocks = 0
-        if ec.preemption_mode == "swap":
-            self.num_cpu_blocks = ec.swap_space // self.block_bytes
+        if self.vllm_config.scheduler_config.preemption_mode == "swap":
+            self.num_cpu_blocks = self.vllm_config.cache_config.swap_space // self.block_bytes
             self.cpu_kv_cache = allocate_kv_cache(self.kv_config, self.num_cpu_blocks,
                                                   self.block_size, self.dtype, torch.device("cpu"),
                                                   self.kv_cache_dtype)
@@ -172,10 +173,11 @@ class ModelRunner:
     def compile_or_warm_up_model(self) -> None:
         """Fewer launches per step (minivllm/worker/compilation.py): torch.compile, then decode
         graphs over this pool (a graph records the pool's addresses: a new pool recaptures)."""
-        ec = self.engine_config
-        self.compiled = set_compilation(self.model, ec.compilation_config)
-        if use_cuda_graphs(ec, self.device, self.tp, self.attention_backend):
-            self.cuda_graphs = CUDAGraphRunner(self.model, ec.max_num_seqs, ec.max_model_len,
+        vc = self.vllm_config
+        self.compiled = set_compilation(self.model, vc.compilation_config.level)
+        if use_cuda_graphs(vc, self.device, self.tp, self.attention_backend):
+            self.cuda_graphs = CUDAGraphRunner(self.model, vc.scheduler_config.max_num_seqs,
+                                               vc.model_config.max_model_len,
                                                self.block_size, self.decode_scratch, self.device)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:

@@ -5,7 +5,7 @@ vllm/v1/worker/gpu_worker.py).
                                  shard under tensor parallelism)
     determine_num_blocks()       how many KV blocks this device holds (the rules below); the
                                  executor gives every rank the smallest count
-    initialize_cache(config, n)  the weights' format, the configuration's state, a pool of n
+    initialize_cache(vc, n)      the weights' format, the configuration's state, a pool of n
                                  blocks, and speculative decoding's drafter
     compile_or_warm_up_model()   torch.compile, CUDA graphs over that pool
     execute_model(so)            one step (ModelRunner.execute_model), and with a
@@ -26,7 +26,7 @@ import logging
 
 import torch
 
-from minivllm.config import EngineConfig, ModelConfig
+from minivllm.config import VllmConfig
 from minivllm.core.kv_cache import allocate_kv_cache
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.outputs import ModelRunnerOutput
@@ -39,56 +39,52 @@ DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the p
 
 
 class Worker:
-    def __init__(self, model_config: ModelConfig, engine_config: EngineConfig, path,
-                 device: torch.device, dtype: torch.dtype, tp=None, sampler=None):
-        self.model_config = model_config
-        self.engine_config = engine_config
-        self.path = path
-        self.device = device
-        self.dtype = dtype
+    def __init__(self, vllm_config: VllmConfig, device: torch.device | None = None, tp=None,
+                 sampler=None):
+        """device: this rank's (None: the model config's)."""
+        self.vllm_config = vllm_config
+        self.device = device if device is not None else vllm_config.model_config.device
         self.tp = tp                         # this rank's TensorParallelGroup, or None
         self.sampler = sampler
         self.model_runner: ModelRunner | None = None
         self.kv_connector = None             # the KV connector's worker side, if any
 
     def load_model(self) -> None:
-        self.model_runner = ModelRunner(self.model_config, self.engine_config, self.path,
-                                        self.device, self.dtype, tp=self.tp,
+        self.model_runner = ModelRunner(self.vllm_config, self.device, tp=self.tp,
                                         sampler=self.sampler)
 
-    def initialize_cache(self, engine_config: EngineConfig,
-                         num_blocks: int | None = None) -> int:
-        """Set engine_config on the loaded weights and give the runner its pool: num_blocks
+    def initialize_cache(self, vllm_config: VllmConfig, num_blocks: int | None = None) -> int:
+        """Set vllm_config on the loaded weights and give the runner its pool: num_blocks
         blocks, or as many as determine_num_blocks finds. Returns the blocks allocated."""
         runner = self.model_runner
-        if engine_config.tensor_parallel_size != runner.tp_size:
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        if tp != runner.tp_size:
             raise ValueError(f"tensor_parallel_size is fixed when the engine starts (here "
-                             f"{runner.tp_size}), got {engine_config.tensor_parallel_size}: "
-                             "start a new LLM for another size")
-        self.engine_config = engine_config
-        runner.set_weight_format(engine_config)
-        runner.configure(engine_config)
+                             f"{runner.tp_size}), got {tp}: start a new LLM for another size")
+        self.vllm_config = vllm_config
+        runner.set_weight_format(vllm_config.model_config)
+        runner.configure(vllm_config)
         if num_blocks is None:
             num_blocks = self.determine_num_blocks()
         runner.initialize_kv_cache(num_blocks)
-        if engine_config.kv_transfer_config is not None and self.kv_connector is None:
+        if vllm_config.kv_transfer_config is not None and self.kv_connector is None:
             from minivllm.distributed.kv_transfer.kv_connector import KVConnectorWorker
-            self.kv_connector = KVConnectorWorker(engine_config, self.model_config, runner)
+            self.kv_connector = KVConnectorWorker(vllm_config, runner)
         # Speculative decoding's drafter, on the rank that samples (a draft model runs in a
         # Worker of its own: the class is passed, spec_decode/ imports nothing of worker/).
-        runner.drafter = make_drafter(engine_config, runner, Worker) if runner.is_driver else None
+        runner.drafter = make_drafter(vllm_config, runner, Worker) if runner.is_driver else None
         return num_blocks
 
     def determine_num_blocks(self) -> int:
         """How many blocks this device's pool holds (the rules in the module docstring);
         under tensor parallelism, the smallest count of any rank."""
-        ec = self.engine_config
+        cache_config = self.vllm_config.cache_config
         runner = self.model_runner
-        if ec.num_kv_blocks is not None:
-            num_blocks = ec.num_kv_blocks
+        if cache_config.num_kv_blocks is not None:
+            num_blocks = cache_config.num_kv_blocks
         else:
-            if ec.kv_cache_memory is not None:
-                budget = ec.kv_cache_memory
+            if cache_config.kv_cache_memory is not None:
+                budget = cache_config.kv_cache_memory
             elif self.device.type == "cuda":
                 budget = self._profile_kv_budget()
             else:
@@ -104,11 +100,11 @@ class Worker:
     def _profile_kv_budget(self) -> int:
         """CUDA: what is left for KV after weights and the peak activations of the largest
         step (a prefill of max_num_batched_tokens), within gpu_memory_utilization."""
-        ec = self.engine_config
+        scheduler_config = self.vllm_config.scheduler_config
         runner = self.model_runner
-        n = min(ec.max_num_batched_tokens, ec.max_model_len)
+        n = min(scheduler_config.max_num_batched_tokens, scheduler_config.max_model_len)
         scratch = allocate_kv_cache(runner.kv_config, -(-n // runner.block_size),
-                                    runner.block_size, self.dtype, self.device,
+                                    runner.block_size, runner.dtype, self.device,
                                     runner.kv_cache_dtype)
         runner.bind_kv_cache(scratch)
         torch.cuda.synchronize(self.device)
@@ -121,7 +117,8 @@ class Worker:
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         used_by_others = total - free
-        budget = int(total * ec.gpu_memory_utilization - used_by_others - activations)
+        utilization = self.vllm_config.cache_config.gpu_memory_utilization
+        budget = int(total * utilization - used_by_others - activations)
         logger.info("profiled a %d-token step: %.0f MiB of activations; %.0f MiB left for KV",
                     n, activations / 2**20, budget / 2**20)
         return budget

@@ -130,11 +130,11 @@ class KVConnectorWorker:
     (kv_pipe.py), which meets the other role, or refuses it: the two must share the model,
     its weights (a checksum of the first embedding rows), dtype and block_size."""
 
-    def __init__(self, engine_config, model_config, runner):
-        info = {"model": dataclasses.asdict(model_config),
+    def __init__(self, vllm_config, runner):
+        info = {"model": dataclasses.asdict(vllm_config.model_config.hf_config),
                 "weights": runner.model.model.embed_tokens.weight[:64].double().sum().item(),
-                "dtype": str(runner.dtype), "block_size": engine_config.block_size}
-        self.pipe = TorchDistributedPipe(engine_config.kv_transfer_config, info,
+                "dtype": str(runner.dtype), "block_size": vllm_config.cache_config.block_size}
+        self.pipe = TorchDistributedPipe(vllm_config.kv_transfer_config, info,
                                          runner.device, runner.dtype)
 
     def start_load_kv(self, meta: KVConnectorMetadata, kv_cache: torch.Tensor,

@@ -1,7 +1,7 @@
 """SyncMPClient: the front end's end of an EngineCore in its own process (vLLM twin: MPClient and
 SyncMPClient in vllm/v1/engine/core_client.py).
 
-    client = SyncMPClient(model_path, config, device, dtype)   # starts core_proc.py, waits for
+    client = SyncMPClient(vllm_config)   # starts core_proc.py, waits for
                                                                # "ready" (weights load there)
     client.add_request(request)        -> "add" over the input socket, returns at once
     client.get_output()                <- the next EngineCoreOutputs the core sent
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from minivllm.config import EngineConfig
+from minivllm.config import VllmConfig
 from minivllm.engine.core import EngineCoreRequest
 from minivllm.engine.core_client import EngineCoreInfo, EngineDeadError
 from minivllm.engine.stats import EngineStats, StepRecord
@@ -152,11 +152,10 @@ def _read_messages(core: CoreProcess, client_ref: weakref.ref) -> None:
 
 
 class SyncMPClient:
-    def __init__(self, model_path, config: EngineConfig, device, dtype,
-                 ready_timeout: float = READY_TIMEOUT_S):
+    def __init__(self, vllm_config: VllmConfig, ready_timeout: float = READY_TIMEOUT_S):
         """Start the core's process and wait until it has built its EngineCore. It gets plain
-        arguments (a path, a config, names), never a torch model."""
-        self.config = config
+        arguments (the config, which names the checkpoint), never a torch model."""
+        self.vllm_config = vllm_config
         self.schedule_callbacks: list[Callable[[], None]] = []
         self._call_ids = itertools.count()
         ipc_dir = tempfile.mkdtemp(prefix="minivllm-")      # mode 0700: this user's alone
@@ -172,8 +171,7 @@ class SyncMPClient:
         self._finalizer = weakref.finalize(self, self.process.close)   # and at interpreter exit
         try:
             self.process.send("start", dict(
-                model_path=str(model_path), config=config, device=str(device), dtype=dtype,
-                log_level=logging.getLogger("minivllm").getEffectiveLevel()))
+                vllm_config=vllm_config, log_level=logging.getLogger("minivllm").getEffectiveLevel()))
             self.info, self.process.stats = self._wait_ready(ready_timeout)
         except BaseException:
             self._finalizer()
@@ -268,9 +266,9 @@ class SyncMPClient:
         fresh=True, its answer now: a round trip, after every message sent before."""
         return self.call_utility("stats") if fresh else self.process.stats
 
-    def reconfigure(self, config: EngineConfig) -> EngineCoreInfo:
-        self.info = self.call_utility("reconfigure", config)
-        self.config = config
+    def reconfigure(self, vllm_config: VllmConfig) -> EngineCoreInfo:
+        self.info = self.call_utility("reconfigure", vllm_config)
+        self.vllm_config = vllm_config
         return self.info
 
     def add_lora(self, lora_request) -> None:

@@ -5,8 +5,8 @@ EngineCoreProc and run_engine_core in vllm/v1/engine/core.py).
 
     1. sockets   a PULL bound at IPC_DIR/input (the front end's messages), a PUSH connected to
                  IPC_DIR/output (this core's); ipc:// files in a 0700 folder: this user's alone
-    2. start     the first message holds plain arguments (model path, EngineConfig, device,
-                 dtype): EngineCore.from_model loads the weights here, and nothing of torch
+    2. start     the first message holds plain arguments (the VllmConfig, which names the
+                 checkpoint): EngineCore.from_model loads the weights here, and no tensor
                  crosses. "ready" answers with EngineCoreInfo and the first stats, or "failed"
                  with the traceback (and the process exits 1)
     3. loop      apply every message waiting; if there is work, step and send the step's
@@ -169,19 +169,14 @@ class EngineCoreProc:
         return steps
 
 
-def build_core(model_path: str, config, device: str, dtype, log_level: int) -> EngineCore:
+def build_core(vllm_config, log_level: int) -> EngineCore:
     """The EngineCore LLMEngine would build in process, from plain arguments."""
     from pathlib import Path
 
-    import torch
-
-    from minivllm.config import ModelConfig
-    from minivllm.models.loader import load_hf_config, load_tokenizer
+    from minivllm.models.loader import load_tokenizer
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s (core): %(message)s")
-    model_path = Path(model_path)
-    model_config = ModelConfig.from_hf_dict(load_hf_config(model_path))
-    return EngineCore.from_model(model_path, model_config, config, torch.device(device), dtype,
-                                 load_tokenizer(model_path))
+    return EngineCore.from_model(vllm_config,
+                                 load_tokenizer(Path(vllm_config.model_config.model)))
 
 
 def main(ipc_dir: str, parent_pid: int) -> int:

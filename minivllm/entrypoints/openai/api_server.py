@@ -252,7 +252,7 @@ def build_app(aengine: AsyncLLMEngine, served_model_name: str, api_key: str | No
     async def models():
         return {"object": "list", "data": [{
             "id": served_model_name, "object": "model", "created": now(), "owned_by": "minivllm",
-            "max_model_len": aengine.engine.config.max_model_len}]}
+            "max_model_len": aengine.engine.model_config.max_model_len}]}
 
     add_routes(app)
     return app
@@ -267,7 +267,7 @@ class DisaggFront:
 
     def __init__(self, llm):
         self.llm = llm
-        self.config = llm.producer.config
+        self.model_config = llm.producer.model_config
         self.tokenizer = llm.tokenizer
 
     def __getattr__(self, name):          # add_request, step, abort_request, close, ...

@@ -107,7 +107,7 @@ def tokenize(app: FastAPI, prompts: list[str | list[int]], prompt_field: str
     """Each prompt's token ids (run on a worker thread: a long text takes seconds, which the
     event loop must not spend). A text that cannot fit max_model_len however it tokenizes is
     refused before the tokenizer sees it: a 2 MB prompt cost 570 MB and 3.6 s to learn that."""
-    max_len = app.state.aengine.engine.config.max_model_len
+    max_len = app.state.aengine.engine.model_config.max_model_len
     limit = max_len * app.state.max_token_chars
     ids = []
     for p in prompts:
@@ -134,7 +134,7 @@ async def start_requests(app: FastAPI, request: Request, request_id: str,
     prompt lengths and the SamplingParams. All or nothing: on an error, or if the client
     leaves meanwhile, nothing stays queued."""
     aengine = app.state.aengine
-    max_len = aengine.engine.config.max_model_len
+    max_len = aengine.engine.model_config.max_model_len
     t0 = time.perf_counter()
     if not prompts:
         raise OpenAIError(400, f"{prompt_field} is empty: give at least one prompt",
@@ -260,7 +260,7 @@ async def final_outputs(app: FastAPI, request: Request, request_id: str, streams
 
 def add_routes(app: FastAPI) -> None:
     decode = app.state.decode_token
-    max_len = app.state.aengine.engine.config.max_model_len
+    max_len = app.state.aengine.engine.model_config.max_model_len
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):

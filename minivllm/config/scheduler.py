@@ -1,0 +1,32 @@
+"""What the scheduler may put in one step, and how it admits and preempts (vLLM twin:
+vllm/config/scheduler.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minivllm.config.utils import check_bools, check_choice, check_positive_ints
+
+PREEMPTION_MODES = ("recompute", "swap")
+SCHEDULING = ("continuous", "static")
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64                # sequences in one batch, at most
+    max_num_batched_tokens: int = 2048    # tokens in one forward pass, at most (the token budget)
+    max_model_len: int = 2048             # the model config's, repeated here as vLLM does
+    enable_chunked_prefill: bool = True   # split long prompts to fit the token budget
+    preemption_mode: str = "recompute"    # or "swap": park a preempted sequence's KV on host
+    scheduling: str = "continuous"        # or "static": a new batch only when one finishes
+
+    def __post_init__(self):
+        check_positive_ints(self, "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+        check_bools(self, "enable_chunked_prefill")
+        check_choice(self, "preemption_mode", PREEMPTION_MODES)
+        check_choice(self, "scheduling", SCHEDULING)
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill a whole prompt must fit one step: "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_model_len ({self.max_model_len})")
