@@ -6,6 +6,7 @@
 The packages, in the order one request's data passes through them (each names its vLLM twin):
 
     llm.py, entrypoints/   the front ends: LLM.generate, the `minivllm` CLI, the OpenAI server
+    config/                VllmConfig and its parts; EngineArgs (engine/) makes one from kwargs
     engine/                LLMEngine.step: schedule -> execute_model -> update -> outputs
     core/                  Scheduler (schedule, update_from_output), BlockManager, prefix cache
     worker/                ModelRunner: flat batch -> model -> sampled tokens; CUDA graphs
@@ -29,6 +30,7 @@ import typing
 MODULE_ATTRS = {
     "LLM": "minivllm.llm:LLM",
     "LLMEngine": "minivllm.engine.llm_engine:LLMEngine",
+    "EngineArgs": "minivllm.engine.arg_utils:EngineArgs",
     "SamplingParams": "minivllm.sampling_params:SamplingParams",
     "RequestOutput": "minivllm.outputs:RequestOutput",
     "CompletionOutput": "minivllm.outputs:CompletionOutput",
@@ -36,6 +38,7 @@ MODULE_ATTRS = {
 }
 
 if typing.TYPE_CHECKING:                 # what a type checker and an editor see
+    from minivllm.engine.arg_utils import EngineArgs
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.llm import LLM
     from minivllm.lora.request import LoRARequest

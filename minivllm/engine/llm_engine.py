@@ -110,6 +110,12 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.load_time = time.perf_counter() - t0
 
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, multiprocess_mode: bool | None = None
+                         ) -> LLMEngine:
+        """vLLM's constructor from an EngineArgs (LLMEngine(**kwargs) is the same engine)."""
+        return cls(**dataclasses.asdict(engine_args), multiprocess_mode=multiprocess_mode)
+
     # The core's parts, for lessons and tests that look inside (vLLM: the in-process client's
     # llm_engine.engine_core.engine_core.scheduler, ...).
     @property
