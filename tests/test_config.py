@@ -69,3 +69,13 @@ def test_importing_the_config_imports_no_torch():
     code = ("import sys, minivllm.config, minivllm.engine.arg_utils; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_an_engine_from_engine_args_is_the_engine_from_kwargs(tiny_checkpoint):
+    from minivllm import LLMEngine
+    path, _ = tiny_checkpoint("llama")
+    args = EngineArgs(model=str(path), max_model_len=64, num_kv_blocks=6, block_size=8)
+    engine = LLMEngine.from_engine_args(args)
+    assert engine.engine_args == args                       # the checkpoint already a path
+    assert engine.vllm_config == args.create_engine_config()
+    assert engine.block_manager.num_blocks == 6 and engine.block_manager.block_size == 8
