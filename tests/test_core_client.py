@@ -111,7 +111,8 @@ def test_utility_calls(inproc, mp):
     assert len({s.request_id for step in steps for s in step.scheduled}) == 2
     mp.reconfigure(max_num_seqs=4, num_kv_blocks=8)
     try:
-        assert engine.vllm_config.scheduler_config.max_num_seqs == 4 and engine.stats().num_blocks_total == 8
+        assert engine.vllm_config.scheduler_config.max_num_seqs == 4
+        assert engine.stats().num_blocks_total == 8
         with pytest.raises(ValueError, match="pool has only 8 blocks"):
             engine.add_request("big", ids, SamplingParams(max_tokens=2000, ignore_eos=True))
         with pytest.raises(AttributeError, match="not one of the engine core's utility"):

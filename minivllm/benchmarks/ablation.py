@@ -84,7 +84,8 @@ def ablation_ladder(llm, requests, *, max_model_len: int = 512, slabs: int = 8,
     from minivllm.core.kv_cache import kv_bytes_per_token
     from minivllm.benchmarks.workloads import serve
     engine = llm.engine
-    kv_bytes = slabs * max_model_len * kv_bytes_per_token(engine.model_config.hf_config, engine.dtype)
+    kv_bytes = (slabs * max_model_len
+                * kv_bytes_per_token(engine.model_config.hf_config, engine.dtype))
     base = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_layout="paged",
                 kv_cache_memory=kv_bytes, num_kv_blocks=None, scheduling="continuous",
                 enable_chunked_prefill=True, max_num_batched_tokens=budget,

@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> None:
     llm = LLM(args.model, dtype=args.dtype, max_model_len=512,
               max_num_seqs=max(args.batch_sizes))
     print(f"{llm!r}\nthreads={torch.get_num_threads()}")
-    bench_compile(llm.tokenizer, llm.engine.model_config.hf_config.vocab_size, llm.engine.eos_token_ids)
+    bench_compile(llm.tokenizer, llm.engine.model_config.hf_config.vocab_size,
+                  llm.engine.eos_token_ids)
     prompt = llm.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Describe a person as JSON with name, age and city."}],
         tokenize=False, add_generation_prompt=True)

@@ -98,7 +98,8 @@ def measure(llm, settings: dict, ids: list[int], reference: list[list[int]] | No
                        "kv_cache_memory": 256 << 20, **settings})
     row = {"ppl": perplexity(llm.engine, ids),
            "weights": model_weight_bytes(llm.engine.runner.model),
-           "kv_tokens": llm.engine.stats().num_blocks_total * llm.engine.vllm_config.cache_config.block_size}
+           "kv_tokens": (llm.engine.stats().num_blocks_total
+                         * llm.engine.vllm_config.cache_config.block_size)}
     tokens = greedy_tokens(llm, AGREEMENT_PROMPTS, max_tokens)
     row["agree"] = [first_divergence(t, r) for t, r in zip(tokens, reference or tokens)]
     row["tokens"] = tokens

@@ -103,8 +103,9 @@ def engine_settings(llm) -> dict:
 def run_both(llm, requests, profile) -> tuple[ServeResult, SimResult]:
     """The same requests served by the real engine and by the simulator set up like it."""
     real = serve(llm, requests)
-    sim = simulate([dataclasses.replace(r) for r in requests], model=llm.engine.model_config.hf_config,
-                   profile=profile, **engine_settings(llm))
+    sim = simulate([dataclasses.replace(r) for r in requests],
+                   model=llm.engine.model_config.hf_config, profile=profile,
+                   **engine_settings(llm))
     return real, sim
 
 

@@ -29,6 +29,7 @@ from minivllm.config.vllm import (CUDA_GRAPHS, INCOMPATIBLE, PER_REQUEST, VllmCo
                                   check_compatibility, incompatibility)
 
 __all__ = ["CUDA_GRAPHS", "INCOMPATIBLE", "INT4_GROUP_SIZES", "PER_REQUEST",
-           "QUANTIZATION_METHODS", "CacheConfig", "CompilationConfig", "HfConfig", "KVTransferConfig", "LoRAConfig", "ModelConfig",
-           "ParallelConfig", "SchedulerConfig", "SpeculativeConfig", "VllmConfig",
-           "check_compatibility", "incompatibility", "resolve_device", "resolve_dtype"]
+           "QUANTIZATION_METHODS", "CacheConfig", "CompilationConfig", "HfConfig",
+           "KVTransferConfig", "LoRAConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig",
+           "SpeculativeConfig", "VllmConfig", "check_compatibility", "incompatibility",
+           "resolve_device", "resolve_dtype"]

@@ -212,7 +212,8 @@ class LLMEngine:
                   else "CPU")
         info = self.engine_core.info
         core = f", core in process {self.engine_core.pid}" if self.multiprocess_mode else ""
-        return (f"LLMEngine(model={self.model_config.hf_config.architecture} from {self.model_path.name}, "
+        architecture = self.model_config.hf_config.architecture
+        return (f"LLMEngine(model={architecture} from {self.model_path.name}, "
                 f"device={device}, dtype={str(self.dtype).removeprefix('torch.')}, "
                 f"kv={info.kv_layout} {info.num_blocks}x{info.block_size}, "
                 f"attention={info.attention_backend}{core})")

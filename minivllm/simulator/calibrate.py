@@ -81,7 +81,7 @@ def calibrate(llm, save: bool = True, progress: bool = False) -> HardwareProfile
     base = HardwareProfile("this CPU", kind="measured fit", source="", dtype=str(
         llm.engine.dtype).removeprefix("torch."), peak_flops=peaks.flops, bandwidth=peaks.bandwidth,
         memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), overlap=False)
-    timer = StepTimer(llm.engine.model_config.hf_config, base)     # a 1-device profile, nothing fitted
+    timer = StepTimer(llm.engine.model_config.hf_config, base)   # 1-device profile, nothing fitted
     rows, seconds = [], []
     serve(llm, lognormal_requests(llm.tokenizer, 2, output=(1.0, 0.1, 2, 4), seed=100))  # warm-up
     workloads = calibration_workloads(llm.tokenizer)

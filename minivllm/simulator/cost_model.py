@@ -49,7 +49,7 @@ MODEL_SHAPES = sorted(p.stem for p in (DATA / "models").glob("*.json"))
 
 
 def model_config(model) -> HfConfig:
-    """An HfConfig from a name in MODEL_SHAPES, a config.json path, a config dict, or a
+    """An HfConfig from a name in MODEL_SHAPES, a config.json path, a config dict, or an
     HfConfig (returned as it is)."""
     if isinstance(model, HfConfig):
         return model

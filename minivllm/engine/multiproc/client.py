@@ -171,7 +171,8 @@ class SyncMPClient:
         self._finalizer = weakref.finalize(self, self.process.close)   # and at interpreter exit
         try:
             self.process.send("start", dict(
-                vllm_config=vllm_config, log_level=logging.getLogger("minivllm").getEffectiveLevel()))
+                vllm_config=vllm_config,
+                log_level=logging.getLogger("minivllm").getEffectiveLevel()))
             self.info, self.process.stats = self._wait_ready(ready_timeout)
         except BaseException:
             self._finalizer()
