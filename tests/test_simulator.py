@@ -227,12 +227,19 @@ PREDICTION_BOUND = 0.20
 def test_simulated_seconds_within_ten_percent(calibrated):
     """Total time and per-request p50 / p90 E2E latency, predicted vs measured, within
     PREDICTION_BOUND (the errors are printed). The real run is done twice; the spread between
-    the two is the noise printed beside. When the two real runs' totals differ by more than 10%
-    (a machine shared with other jobs), the claim cannot be judged and the test skips."""
-    from minivllm.benchmarks.simulate import real_latencies, run_both
+    the two is the noise printed beside. The profile is fitted twice too. When the two real
+    runs' totals, or the two fits' predicted totals, differ by more than 10% (a machine shared
+    with other jobs), the claim cannot be judged and the test skips."""
+    from minivllm.benchmarks.simulate import engine_settings, real_latencies, run_both
+    from minivllm.simulator.calibrate import calibrate
     llm, profile = calibrated
     runs = [run_both(llm, held_out(llm, "seconds", 8.0), profile) for _ in range(2)]
     sim = runs[0][1]
+    # The fit is a measurement too: a burst of load while it ran skews every prediction
+    # (stop 47's CI: +31% total from one such fit). A second fit judges the first.
+    again = simulate(held_out(llm, "seconds", 8.0), model=llm.engine.model_config.hf_config,
+                     profile=calibrate(llm, save=False), **engine_settings(llm))
+    fit_noise = abs(sim.elapsed - again.elapsed) / (sim.elapsed + again.elapsed)
 
     def numbers(total, e2e):
         return {"total": total, "p50": np.percentile(e2e, 50), "p90": np.percentile(e2e, 90)}
@@ -249,7 +256,10 @@ def test_simulated_seconds_within_ten_percent(calibrated):
                      f"{noise:.1%}")
     print("\n".join(lines))
     noise_total = abs(real[0]["total"] - real[1]["total"]) / (real[0]["total"] + real[1]["total"])
-    if 2 * noise_total > 0.10:     # the engine does not repeat itself within 10% right now
-        pytest.skip("machine too loaded to judge a 10% prediction: " + "; ".join(lines))
+    print(f"a second fit predicts total {again.elapsed:.3f} s: fit-to-fit noise "
+          f"{2 * fit_noise:.1%}")
+    if 2 * max(noise_total, fit_noise) > 0.10:  # engine or fit not repeating within 10% now
+        pytest.skip(f"machine too loaded to judge a 10% prediction (fits: {sim.elapsed:.3f} / "
+                    f"{again.elapsed:.3f} s): " + "; ".join(lines))
     bad = {k: e for k, e in errors.items() if abs(e) >= PREDICTION_BOUND}
     assert not bad, f"prediction off by {PREDICTION_BOUND:.0%} or more:\n" + "\n".join(lines)
