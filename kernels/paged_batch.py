@@ -29,7 +29,7 @@ class PagedBatch:
 def random_paged_batch(q_lens: list[int], ctx_lens: list[int], num_heads: int, num_kv_heads: int,
                        head_dim: int, block_size: int = 16, dtype=torch.float32, device="cpu",
                        seed: int = 0, spare_blocks: int = 3) -> PagedBatch:
-    """Sequence i brings q_lens[i] new tokens on top of ctx_lens[i] cached ones.
+    """Request i brings q_lens[i] new tokens on top of ctx_lens[i] cached ones.
 
     Unused slots of the pool hold 100, not zero, so reading past a sequence's end
     shows up as a wrong answer instead of hiding behind zeros.

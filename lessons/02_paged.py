@@ -91,7 +91,7 @@ def _(mo):
 
     | operating system | minivllm / vLLM |
     |---|---|
-    | process | a `Sequence` (one sample of one request) |
+    | process | a `Request`: the core's unit (one sample of a V0 `n > 1` request) |
     | virtual page | a *logical block*: `block_size` consecutive tokens of the sequence |
     | page table | the sequence's `block_table`: logical block `i` -> physical block id |
     | physical page frame | a block of the KV pool, `block_size` tokens of K and V in every layer |
@@ -335,18 +335,18 @@ def _(EngineCoreRequest, PAGED, SamplingParams, collections, llm):
             return _cache[key]
         engine = llm.reconfigure(**PAGED).engine
         rid = f"parallel-n{n}-p{prompt_len}"
-        # V0's path: the request goes to the core whole, n samples in one group (LLMEngine's
-        # add_request would fan it out into n requests, V1's way, below).
+        # V0's path: the request goes to the core whole and forks n samples inside it
+        # (LLMEngine's add_request would fan it out into n requests, V1's way, below).
         engine.engine_core.add_request(EngineCoreRequest(
             rid, prompt_ids[:prompt_len],
             SamplingParams(n=n, temperature=0.8, seed=0, max_tokens=max_tokens, ignore_eos=True)))
-        group = engine.requests[rid]       # its samples: one until the prompt is done, then n
+        first = engine.requests[rid]       # .samples: itself until the prompt is done, then n
         snapshots = []
         with engine.trace() as steps:      # StepRecord.num_blocks_copied: copy-on-write
             while engine.has_unfinished_requests():
                 engine.step()
                 tables = [(s.seq_id, s.num_computed_tokens, list(s.block_table))
-                          for s in group.seqs if s.block_table]
+                          for s in first.samples if s.block_table]
                 if not tables:             # the last step finished every sample
                     break
                 # How many block tables point at each block: its reference count, since this
@@ -362,7 +362,7 @@ def _(EngineCoreRequest, PAGED, SamplingParams, collections, llm):
                 })
         texts = [" ".join(llm.tokenizer.decode(s.output_token_ids,
                                                skip_special_tokens=True).split())
-                 for s in group.seqs]
+                 for s in first.samples]
         _cache[key] = result = {"n": n, "prompt_len": prompt_len, "snapshots": snapshots,
                                 "texts": texts}
         return result
@@ -623,7 +623,7 @@ def _(EngineCoreRequest, PAGED, SamplingParams, cdiv, llm, prompt_ids):
         for _ in range(generated + 1):     # step 1 prefills; each later step caches 1 token
             engine.step()
         held = [s.num_computed_tokens for rid, _, _ in requests
-                for s in engine.requests[rid].seqs]
+                for s in engine.requests[rid].samples]
         used = engine.stats().num_blocks_used
         for rid, _, _ in requests:
             engine.abort_request(rid)
@@ -730,7 +730,7 @@ def _(
 
     * `minivllm/core/block_manager.py`: `BlockManager` (`allocate`, `append_slots` with
       copy-on-write, `fork`, `free`, `ref_counts`) and `cdiv`.
-    * `minivllm/core/sequence.py`: `Sequence.block_table` and `num_computed_tokens`.
+    * `minivllm/core/request.py`: `Request.block_table` and `num_computed_tokens`.
     * `minivllm/attention/torch_attention.py`: `paged_attention` gathers each sequence's K/V through its
       block table; `write_kv_cache` scatters new K/V into slots.
     * `minivllm/worker/model_runner.py`: `copy_blocks` performs the copies `append_slots` asks for.

@@ -14,9 +14,9 @@ def _():
 
     from minivllm import LLM, SamplingParams
     from minivllm.core.block_manager import BlockManager
-    from minivllm.core.sequence import SequenceGroup
+    from minivllm.core.request import Request
 
-    return (BlockManager, LLM, LogNorm, SamplingParams, SequenceGroup, mo, np, plt, torch)
+    return (BlockManager, LLM, LogNorm, SamplingParams, Request, mo, np, plt, torch)
 
 
 @app.cell
@@ -187,7 +187,7 @@ def _(mo):
     Here it is in the real cache. With prefix caching **off** (each request computes
     everything itself) we send two prompts: blocks 0-3 (tokens 0-63) the same system text,
     block 4 different words, blocks 5-6 the same words again at the same positions. While
-    both decode, we read their block tables (`engine.requests[id].seqs[0].block_table`) and
+    both decode, we read their block tables (`engine.requests[id].block_table`) and
     compare their blocks in `engine.runner.kv_cache`
     (`[layers, 2, num_blocks, block_size, kv_heads, head_dim]`), block by block and layer by
     layer.
@@ -213,7 +213,7 @@ def _(BLOCK_SIZE, LogNorm, SYSTEM_AGENT, SamplingParams, chat, llm, np, plt, tor
     for _rid, _ids in kv_prompts.items():
         _engine.add_request(_rid, _ids, SamplingParams(temperature=0, max_tokens=8,
                                                        ignore_eos=True))
-    _seqs = {_rid: _engine.requests[_rid].seqs[0] for _rid in kv_prompts}
+    _seqs = {_rid: _engine.requests[_rid] for _rid in kv_prompts}
     while not all(_s.num_output_tokens for _s in _seqs.values()):   # both sampled a token
         _engine.step()
     _ta, _tb = _seqs["kv-a"].block_table, _seqs["kv-b"].block_table
@@ -458,7 +458,7 @@ def _(mo):
 
 
 @app.cell
-def _(BlockManager, SamplingParams, SequenceGroup, docs_prefix, llm):
+def _(BlockManager, SamplingParams, Request, docs_prefix, llm):
     PROMPT_LEN = 160
     _other = list(reversed(docs_prefix))               # different tokens for the tail
     _stamps = [llm.tokenizer.encode(f"Now: 09:41:{_s:02d}, 14 March 2025. ")
@@ -479,12 +479,12 @@ def _(BlockManager, SamplingParams, SequenceGroup, docs_prefix, llm):
         b's tokens its prefix cache supplies."""
         bm = BlockManager(2 * (max(len(a), len(b)) // block_size + 1), block_size,
                           enable_prefix_caching=True)
-        first = SequenceGroup("a", None, a, SamplingParams(), 0).seqs[0]
+        first = Request("a", a, SamplingParams(), 0)
         bm.allocate(first)
         first.num_computed_tokens = len(a)    # as the engine records after the model ran
         bm.cache_computed_blocks(first)
         bm.free(first)
-        second = SequenceGroup("b", None, b, SamplingParams(), 1).seqs[0]
+        second = Request("b", b, SamplingParams(), 1)
         bm.allocate(second)
         return second.num_computed_tokens
 

@@ -27,8 +27,8 @@ def _():
     from minivllm.attention.torch_attention import paged_attention
     from minivllm.core.block_manager import BlockManager
     from minivllm.core.kv_cache import kv_bytes_per_token, reference_config
-    from minivllm.core.sequence import SequenceGroup
-    return (AttentionMetadata, BlockManager, LLM, Path, SamplingParams, SequenceGroup,
+    from minivllm.core.request import Request
+    return (AttentionMetadata, BlockManager, LLM, Path, SamplingParams, Request,
             dataclasses, json, kv_bytes_per_token, load_file, mo, paged_attention,
             paged_decode_attention, plt, random_paged_batch, reference_config, save_file,
             shutil, tempfile, time, torch)
@@ -149,14 +149,14 @@ def _(mo):
 
 
 @app.cell
-def _(BlockManager, SamplingParams, SequenceGroup):
+def _(BlockManager, Request, SamplingParams):
     def pool_capacity(kv_budget, bytes_per_token, block_size=16, seq_len=1024):
         """Sequences of seq_len tokens a block pool of kv_budget bytes admits, found by asking
         the engine's BlockManager until it says no."""
         bm = BlockManager(kv_budget // (bytes_per_token * block_size), block_size)
         n = 0
         while True:
-            seq = SequenceGroup(f"r{n}", None, [0] * seq_len, SamplingParams(), n).seqs[0]
+            seq = Request(f"r{n}", [0] * seq_len, SamplingParams(), n)
             if not bm.can_allocate(seq):
                 return n, bm.num_blocks
             bm.allocate(seq)

@@ -612,7 +612,7 @@ def _(BUDGET, knee_tokens, mo, predicted_chunks, sweep, with_chunks, without):
     * `minivllm/core/scheduler.py`: `Scheduler._run` (a sequence gets `min(uncomputed tokens,
       budget left)`), and in `Scheduler.schedule` the admission check that, with chunking
       off, refuses a prompt larger than the budget left.
-    * `minivllm/core/sequence.py`: `num_computed_tokens` and `num_uncomputed_tokens`, the two
+    * `minivllm/core/request.py`: `num_computed_tokens` and `num_uncomputed_tokens`, the two
       numbers that make a partly prefilled prompt an ordinary state.
     * `minivllm/worker/model_runner.py`: `ModelRunner.run` samples only for sequences whose new
       tokens reach their end, so a middle chunk samples nothing.

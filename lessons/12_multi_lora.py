@@ -420,7 +420,7 @@ def _(
     * `kernels/lora.py`: the BGMV and SGMV shrink/expand kernels and their torch reference.
     * `minivllm/core/scheduler.py`: `Scheduler._lora_fits`, at most `max_loras` adapters running.
     * `minivllm/engine/llm_engine.py`: `add_request(..., lora_request)` checks the adapter and puts its
-      id into the prefix-cache key (`Sequence.extra_keys`).
+      id into the prefix-cache key (`Request.extra_keys`).
     * `scripts/lora_adapters.py`: how the four adapters were trained with PEFT.
     """)
     return (findings,)

@@ -516,7 +516,7 @@ def _(best_rate, cache_ttft, chunk_rows, computed, engine_tokens, goodput, itl_p
     * `minivllm/benchmarks/simulate.py`: the `minivllm simulate` command, its table and plots,
       `capacity` (the binary search over the rate) and `run_both` (real against simulated).
     * Everything the simulator schedules with is `minivllm/core/`: `Scheduler`,
-      `BlockManager`, `Sequence`, untouched.
+      `BlockManager`, `Request`, untouched.
     """)
     return (findings,)
 

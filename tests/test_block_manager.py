@@ -6,11 +6,11 @@ from minivllm.core.block_manager import BlockManager
 from minivllm.core.kv_cache import ContiguousAllocator, kv_bytes_per_token
 from minivllm.config import HfConfig
 from minivllm.sampling_params import SamplingParams
-from minivllm.core.sequence import Sequence, SequenceGroup
+from minivllm.core.request import Request
 
 
-def seq(n_tokens: int, seq_id: int = 0) -> Sequence:
-    return SequenceGroup("r", None, list(range(n_tokens)), SamplingParams(), seq_id).seqs[0]
+def seq(n_tokens: int, seq_id: int = 0) -> Request:
+    return Request("r", list(range(n_tokens)), SamplingParams(), seq_id)
 
 
 def test_allocate_grows_one_block_at_a_time():

@@ -7,7 +7,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from minivllm.core.block_manager import BlockManager
 from minivllm.sampling_params import SamplingParams
-from minivllm.core.sequence import Sequence, SequenceGroup
+from minivllm.core.request import Request
 
 NUM_BLOCKS, BLOCK_SIZE = 24, 4
 
@@ -20,13 +20,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         super().__init__()
         self.bm = BlockManager(NUM_BLOCKS, BLOCK_SIZE)
         self.pool = [[None] * BLOCK_SIZE for _ in range(NUM_BLOCKS)]
-        self.seqs: list[Sequence] = []
+        self.seqs: list[Request] = []
         self.next_id = 0
         self.next_token = 1000
 
     def _new_seq(self, tokens):
-        seq = SequenceGroup(f"r{self.next_id}", None, tokens, SamplingParams(),
-                            self.next_id).seqs[0]
+        seq = Request(f"r{self.next_id}", tokens, SamplingParams(), self.next_id)
         self.next_id += 1
         return seq
 

@@ -18,13 +18,13 @@ from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.outputs import EngineCoreOutputs
 
 REPO = Path(__file__).resolve().parents[1]
-CORE_VIEW = {"seqs": [], "num_new_tokens": [], "is_prefill": [], "spec_token_ids": [],
+CORE_VIEW = {"scheduled_requests": [], "num_new_tokens": [], "is_prefill": [], "spec_token_ids": [],
              "preempted": [], "swapped_out": [], "swapped_in": []}
 
 
 class MessagesOnly:
     """An executor that hands the real one the step's messages alone: the core's view of the
-    step (live Sequence objects and the lists beside them) is emptied first."""
+    step (live Request objects and the lists beside them) is emptied first."""
 
     def __init__(self, executor):
         self.executor = executor
@@ -79,14 +79,14 @@ def test_the_runner_computes_from_the_messages_alone(smol_llm):
 
 def test_the_runner_module_reads_no_core_object():
     """worker/model_runner.py imports nothing from core/ but the message types, and never
-    names the core's view of a step or a SequenceGroup."""
+    names the core's view of a step or a core Request's."""
     tree = ast.parse((REPO / "minivllm/worker/model_runner.py").read_text(encoding="utf-8"))
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert {m for m in imported if m and m.startswith("minivllm.core")} == {
         "minivllm.core.scheduler_output", "minivllm.core.kv_cache"}
     names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     # (spec_token_ids is also a field of the runner's own state, set from the messages.)
-    core_view = set(CORE_VIEW) - {"spec_token_ids"} | {"group", "num_unforked"}
+    core_view = set(CORE_VIEW) - {"spec_token_ids"} | {"samples", "num_unforked"}
     assert not names & core_view
 
 

@@ -151,7 +151,9 @@ def _penalized(logits, prompt, output, p):
 def test_batched_penalties_match_the_direct_formula():
     class Seq:                                   # the two fields apply_penalties reads
         def __init__(self, prompt, output, params):
-            self.prompt_token_ids, self.output_token_ids, self.params = prompt, output, params
+            self.prompt_token_ids = prompt
+            self.output_token_ids = output
+            self.sampling_params = params
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 50, generator=g) * 3
     seqs = [Seq([1, 2, 3], [4, 4, 5], SamplingParams(repetition_penalty=1.5)),
@@ -163,7 +165,7 @@ def test_batched_penalties_match_the_direct_formula():
     got = logits.clone()
     apply_penalties(got, seqs)
     for i, s in enumerate(seqs):
-        want = _penalized(logits[i], s.prompt_token_ids, s.output_token_ids, s.params)
+        want = _penalized(logits[i], s.prompt_token_ids, s.output_token_ids, s.sampling_params)
         torch.testing.assert_close(got[i], want)
     assert torch.equal(got[1], logits[1])
 

@@ -7,13 +7,13 @@ from conftest import PROMPTS
 from minivllm import LLM, SamplingParams
 from minivllm.core import block_manager as bm_module
 from minivllm.core.block_manager import BlockManager
-from minivllm.core.sequence import Sequence, SequenceGroup
+from minivllm.core.request import Request
 
 BS = 4
 
 
 def make_seq(tokens, seq_id=0):
-    return SequenceGroup(f"r{seq_id}", None, list(tokens), SamplingParams(), seq_id).seqs[0]
+    return Request(f"r{seq_id}", list(tokens), SamplingParams(), seq_id)
 
 
 def admit_and_compute(bm, tokens, seq_id=0):

@@ -18,7 +18,7 @@ import pytest
 
 from minivllm import LoRARequest
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
-from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from minivllm.core.request import Request, RequestStatus
 from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.sampling_params import SamplingParams
@@ -42,13 +42,13 @@ class FakeExecutor:
 
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
         result = ModelRunnerOutput()
-        for seq, drafts, samples in zip(out.seqs, out.spec_token_ids, out.sampling):
+        for seq, drafts, samples in zip(out.scheduled_requests, out.spec_token_ids, out.sampling):
             if samples:
                 kept = drafts[:self.accepted.get(seq.request_id, len(drafts))]
                 result.sampled[seq.seq_id] = [(t, None)
                                               for t in kept + [900 + len(seq) + len(kept)]]
-                if seq.group.num_unforked:
-                    result.forked[seq.seq_id] = [(900 + len(seq), None)] * seq.group.num_unforked
+                if seq.num_unforked:
+                    result.forked[seq.seq_id] = [(900 + len(seq), None)] * seq.num_unforked
         return result
 
     def free(self, seqs) -> None:
@@ -70,7 +70,7 @@ def make_scheduler(*, num_cpu_blocks: int = 0, **config_overrides) -> Scheduler:
 
 
 def add_request(scheduler: Scheduler, request_id: str, prompt: int | list[int], *,
-                max_tokens: int = 16, n: int = 1, lora_int_id: int = 0) -> Sequence:
+                max_tokens: int = 16, n: int = 1, lora_int_id: int = 0) -> Request:
     """Queue a request in the scheduler's core; `prompt` is its token ids, or a length (then
     ids no other request has). Returns its first sequence."""
     if isinstance(prompt, int):
@@ -79,7 +79,7 @@ def add_request(scheduler: Scheduler, request_id: str, prompt: int | list[int], 
     params = SamplingParams(n=n, max_tokens=max_tokens)
     lora = LoRARequest(f"adapter-{lora_int_id}", lora_int_id, "/unused") if lora_int_id else None
     CORES[scheduler].add_request(EngineCoreRequest(request_id, prompt, params, lora))
-    return scheduler.requests[request_id].seqs[0]
+    return scheduler.requests[request_id]
 
 
 def names(seqs) -> list[str]:
@@ -110,12 +110,12 @@ def test_the_token_budget_fills_up_and_the_last_prompt_is_chunked():
     for name in "ABCD":
         add_request(s, name, 4)
     out = step(s)
-    assert names(out.seqs) == ["A", "B", "C"]
+    assert names(out.scheduled_requests) == ["A", "B", "C"]
     assert out.num_new_tokens == [4, 4, 2]                  # C gets what the budget has left
     assert out.is_prefill == [True, True, True]
     assert names(s.waiting) == ["D"]
     out = s.schedule()                 # decodes, C's last 2 prompt tokens, then D's whole prompt
-    assert names(out.seqs) == ["A", "B", "C", "D"]
+    assert names(out.scheduled_requests) == ["A", "B", "C", "D"]
     assert out.num_new_tokens == [1, 1, 2, 4]
     assert out.is_prefill == [False, False, True, True]
     assert out.num_batched_tokens == 8
@@ -128,10 +128,10 @@ def test_max_num_seqs_caps_the_batch_until_a_sequence_finishes():
         add_request(s, name, 4)
     assert step(s).num_new_tokens == [4, 4, 4]
     out = step(s)                                           # A's second token: A is done
-    assert names(out.seqs) == ["A", "B", "C"] and names(s.waiting) == ["D"]
+    assert names(out.scheduled_requests) == ["A", "B", "C"] and names(s.waiting) == ["D"]
     assert s.block_manager.num_free_blocks == 16 - 2 - 2    # A's two blocks are back
     out = s.schedule()
-    assert names(out.seqs) == ["B", "C", "D"]
+    assert names(out.scheduled_requests) == ["B", "C", "D"]
     assert out.num_new_tokens == [1, 1, 4]
 
 
@@ -140,7 +140,8 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_it_fits_in_whole():
     for name in "ABC":
         add_request(s, name, 30)
     out = step(s)
-    assert names(out.seqs) == ["A", "B"] and out.num_new_tokens == [30, 30]   # 4 left < 30
+    assert names(out.scheduled_requests) == ["A", "B"]
+    assert out.num_new_tokens == [30, 30]                  # 4 left < 30
     assert names(s.waiting) == ["C"]
     assert s.schedule().num_new_tokens == [1, 1, 30]
 
@@ -170,16 +171,16 @@ def test_recompute_preempts_the_newest_first_and_requeues_it_at_the_front():
     step(s)                                  # one block each; each now needs a second one
     out = step(s)
     assert names(out.preempted) == ["D", "C"]              # newest first
-    assert names(out.seqs) == ["A", "B"] and out.num_new_tokens == [1, 1]
+    assert names(out.scheduled_requests) == ["A", "B"] and out.num_new_tokens == [1, 1]
     assert names(s.waiting) == ["C", "D"]                  # back in arrival order, in front
     c = s.waiting[0]
     assert (c.status, c.num_computed_tokens, c.block_table, len(c)) == (
-        SequenceStatus.WAITING, 0, [], 5)                  # KV dropped, its token kept
+        RequestStatus.WAITING, 0, [], 5)                  # KV dropped, its token kept
     assert s.num_preemptions == 2 and s.block_manager.num_free_blocks == 0
     out = step(s)                                          # A's third token: A is done
     assert a.is_finished and s.block_manager.num_free_blocks == 2
     out = s.schedule()                                     # C recomputes prompt + its token
-    assert names(out.seqs) == ["B", "C"]
+    assert names(out.scheduled_requests) == ["B", "C"]
     assert out.num_new_tokens == [1, 5] and out.is_prefill == [False, True]
     assert names(s.waiting) == ["D"]
 
@@ -195,14 +196,14 @@ def test_swap_preempts_the_newest_first_and_swaps_back_before_any_admission():
     assert len(out.blocks_to_swap_out) == 2                # one block each
     assert names(s.swapped) == ["D", "C"] and not s.waiting
     d = s.swapped[0]
-    assert d.status is SequenceStatus.SWAPPED and d.num_computed_tokens == 4   # KV kept
+    assert d.status is RequestStatus.SWAPPED and d.num_computed_tokens == 4   # KV kept
     assert s.cpu_block_manager.num_free_blocks == 6
     add_request(s, "E", 4)
     out = step(s)                                          # no room; E may not jump the queue
-    assert names(out.seqs) == ["A", "B"] and names(s.waiting) == ["E"]
+    assert names(out.scheduled_requests) == ["A", "B"] and names(s.waiting) == ["E"]
     out = s.schedule()                                     # A finished: 2 blocks free
     assert names(out.swapped_in) == ["D"]                  # in the order they went out
-    assert names(out.seqs) == ["B", "D"] and out.num_new_tokens == [1, 1]
+    assert names(out.scheduled_requests) == ["B", "D"] and out.num_new_tokens == [1, 1]
     assert out.is_prefill == [False, False]                # D's KV came back: a decode
     assert len(out.blocks_to_swap_in) == 1 and s.block_manager.num_free_blocks == 0
     assert names(s.swapped) == ["C"] and names(s.waiting) == ["E"]
@@ -219,7 +220,7 @@ def test_a_new_request_that_would_fit_waits_while_any_sequence_is_swapped_out():
     assert names(out.swapped_out) == ["C", "B"] and s.block_manager.num_free_blocks == 3
     add_request(s, "E", 3)                                 # one block
     out = s.schedule()
-    assert names(out.seqs) == ["C"]                        # C back in (2 blocks), B needs 2
+    assert names(out.scheduled_requests) == ["C"]  # C back in (2 blocks), B needs 2
     assert names(s.swapped) == ["B"] and names(s.waiting) == ["E"]
     assert s.block_manager.num_free_blocks == 1            # E would fit, but waits for B
 
@@ -243,14 +244,14 @@ def test_prefix_cache_hits_blocks_named_as_they_are_scheduled():
     a2 = add_request(s, "A2", prompt)
     out = step(s)
     assert out.num_new_tokens == [10, 2]                   # A2: only its partly filled block
-    assert a2.block_table[:2] == out.seqs[0].block_table[:2]
+    assert a2.block_table[:2] == out.scheduled_requests[0].block_table[:2]
     b = add_request(s, "B", prompt[:8] + [50, 51, 52])
     c = add_request(s, "C", prompt[:8])                    # all cached, but its last token
     out = s.schedule()                                     # must be computed for its logits
-    assert names(out.seqs) == ["A", "A2", "B", "C"]
+    assert names(out.scheduled_requests) == ["A", "A2", "B", "C"]
     assert out.num_new_tokens == [1, 1, 3, 4]
     assert (b.num_computed_tokens, c.num_computed_tokens) == (8, 4)
-    a = out.seqs[0]
+    a = out.scheduled_requests[0]
     assert b.block_table[:2] == a.block_table[:2] and c.block_table[0] == a.block_table[0]
     assert c.block_table[1] != a.block_table[1]
     refs = s.block_manager.ref_counts
@@ -314,7 +315,7 @@ def test_abort_frees_every_block_in_every_state():
     assert names(s.waiting) == ["D"]
     assert s.block_manager.num_free_blocks == 4 and s.cpu_block_manager.num_free_blocks == 3
     for seq in [s.swapped[0], s.running[1], s.waiting[0], *s.running]:    # A.1 before A
-        s.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        s.finish(seq, RequestStatus.FINISHED_ABORTED)
     assert not s.has_unfinished()
     # Every block back exactly once: a leak leaves one out, a double free fails an assert.
     assert s.block_manager.num_free_blocks == 10 and not any(s.block_manager.ref_counts)
@@ -362,9 +363,9 @@ def test_a_request_waits_when_running_samples_yet_to_fork_fill_max_num_seqs():
     s = make_scheduler(max_num_seqs=3, max_num_batched_tokens=4)
     add_request(s, "A", 6, n=3)
     add_request(s, "B", 4)
-    assert names(step(s).seqs) == ["A"]                      # A's first chunk of 4
+    assert names(step(s).scheduled_requests) == ["A"]                      # A's first chunk of 4
     out = s.schedule()                                        # A's last 2; B still waits
-    assert names(out.seqs) == ["A"] and names(s.waiting) == ["B"]
+    assert names(out.scheduled_requests) == ["A"] and names(s.waiting) == ["B"]
     run_step(s, out)
     assert names(s.running) == ["A", "A.1", "A.2"] and len(s.running) <= 3
 
@@ -374,15 +375,15 @@ def test_static_scheduling_admits_only_into_an_empty_batch():
         s = make_scheduler(scheduling=mode)
         add_request(s, "A", 4, max_tokens=1)
         add_request(s, "B", 4, max_tokens=3)
-        first = names(step(s).seqs)                        # A is done after its first token
+        first = names(step(s).scheduled_requests)  # A is done after its first token
         add_request(s, "C", 4)
-        return s, first, names(step(s).seqs)
+        return s, first, names(step(s).scheduled_requests)
 
     assert first_two_steps("continuous")[1:] == (["A", "B"], ["B", "C"])
     s, first, second = first_two_steps("static")
     assert (first, second) == (["A", "B"], ["B"])          # C waits for B
-    assert names(step(s).seqs) == ["B"]                    # B's last token
-    assert names(s.schedule().seqs) == ["C"]
+    assert names(step(s).scheduled_requests) == ["B"]                    # B's last token
+    assert names(s.schedule().scheduled_requests) == ["C"]
 
 
 def test_max_loras_limits_the_distinct_adapters_running_at_once():
@@ -391,13 +392,13 @@ def test_max_loras_limits_the_distinct_adapters_running_at_once():
     add_request(s, "B", 4, lora_int_id=1, max_tokens=1)
     add_request(s, "C", 4, lora_int_id=2)
     add_request(s, "D", 4)                                 # the base model: no slot needed
-    assert names(step(s).seqs) == ["A", "B"]              # C waits for a slot, D behind it
+    assert names(step(s).scheduled_requests) == ["A", "B"]  # C waits for a slot, D behind it
     assert names(s.waiting) == ["C", "D"]
-    assert names(s.schedule().seqs) == ["C", "D"]          # A and B are done: slot free
+    assert names(s.schedule().scheduled_requests) == ["C", "D"]  # A and B are done: slot free
     s = make_scheduler(enable_lora=True, max_loras=2)
     for name, lora in zip("ABCD", (1, 1, 2, 0)):
         add_request(s, name, 4, lora_int_id=lora)
-    assert names(s.schedule().seqs) == ["A", "B", "C", "D"]
+    assert names(s.schedule().scheduled_requests) == ["A", "B", "C", "D"]
 
 
 # ----------------------------------------------------------- update_from_output on its own
@@ -412,7 +413,7 @@ def test_update_appends_up_to_a_stop_token_and_frees_the_blocks():
     # Three draws, the second a stop token: the third is never appended.
     s.update_from_output(out, ModelRunnerOutput(sampled={a.seq_id: [(6, None), (7, None),
                                                                   (8, None)]}))
-    assert a.output_token_ids == [5, 6, 7] and a.status is SequenceStatus.FINISHED_STOPPED
+    assert a.output_token_ids == [5, 6, 7] and a.status is RequestStatus.FINISHED_STOPPED
     assert s.block_manager.num_free_blocks == 16 and not s.running
     assert s.take_finished() == [a]              # handed to the runner once, then forgotten
     assert s.take_finished() == []
@@ -441,7 +442,7 @@ def test_a_sampling_error_aborts_that_request_alone():
     out = s.schedule()
     s.update_from_output(out, ModelRunnerOutput(sampled={b.seq_id: [(5, None)]},
                                                 errors={"A": "sampling failed: boom"}))
-    assert a.status is SequenceStatus.FINISHED_ABORTED and a.group.error.endswith("boom")
+    assert a.status is RequestStatus.FINISHED_ABORTED and a.error.endswith("boom")
     assert names(s.running) == ["B"] and b.output_token_ids == [5]
     assert s.block_manager.num_free_blocks == 16 - 1           # only B's prompt block
 
@@ -450,12 +451,11 @@ def test_a_prefilled_request_is_admitted_with_the_normal_checks():
     s = make_scheduler(max_num_seqs=1)
     add_request(s, "A", 4)
     step(s)
-    group = SequenceGroup("P", None, list(range(8)), SamplingParams(max_tokens=4), 1000)
-    seq = group.seqs[0]
+    seq = Request("P", list(range(8)), SamplingParams(max_tokens=4), 1000)
     assert not s.add_prefilled(seq, (42, None))                 # max_num_seqs is full
     assert seq.block_table == []
-    s.finish(s.running[0], SequenceStatus.FINISHED_ABORTED)
+    s.finish(s.running[0], RequestStatus.FINISHED_ABORTED)
     assert s.add_prefilled(seq, (42, None))
     assert seq.num_computed_tokens == 8 and seq.output_token_ids == [42]
-    assert seq.status is SequenceStatus.RUNNING and names(s.running) == ["P"]
+    assert seq.status is RequestStatus.RUNNING and names(s.running) == ["P"]
     assert s.schedule().num_new_tokens == [1]                 # it decodes from its first token

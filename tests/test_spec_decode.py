@@ -361,7 +361,7 @@ def test_rejected_slots_are_rolled_back_and_their_blocks_freed(tiny):
         while engine.has_unfinished_requests():
             engine.step()
             for seq in engine.scheduler.running:
-                room = min(5, seq.params.max_tokens - seq.num_output_tokens - 1)
+                room = min(5, seq.sampling_params.max_tokens - seq.num_output_tokens - 1)
                 if seq.num_output_tokens:
                     assert seq.num_computed_tokens == len(seq) - 1
                     # (a plain decode's new token gets its slot next step; no lookahead kept)
@@ -423,7 +423,7 @@ def test_parallel_samples_speculate_on_shared_blocks(tiny):
             if not engine.has_unfinished_requests():
                 break
             engine.step()
-    assert [len(s.output_token_ids) for s in group.seqs] == [12, 12, 12]
+    assert [len(s.output_token_ids) for s in group.samples] == [12, 12, 12]
     assert sum(s.num_draft_tokens for s in steps) > 0
     assert sum(s.num_blocks_copied for s in steps) >= 2
     assert pool_is_full(engine)

@@ -5,5 +5,5 @@ file can be driven by a test with fake requests (tests/test_scheduler.py).
     block_manager.py   paged KV blocks: allocate, append, fork (copy-on-write), free
     prefix_cache.py    automatic prefix caching: block hashes, LRU of free cached blocks
     kv_cache.py        KV bytes per token, the pool tensors, the contiguous baseline allocator
-    sequence.py        Sequence and SequenceGroup: a request's state as it moves through
+    request.py         Request: a request's state in the core (tokens, computed count, blocks)
 """

@@ -2,29 +2,29 @@
 vLLM twin: vllm/v1/core/kv_cache_manager.py and block_pool.py (V0's vllm/core/block_manager.py
 kept the name BlockSpaceManager and the swapping).
 
-The KV pool is cut into fixed-size blocks of `block_size` tokens. A sequence owns a *block
+The KV pool is cut into fixed-size blocks of `block_size` tokens. A request owns a *block
 table*: the list of physical blocks holding its tokens, in order. Like pages of virtual memory,
-blocks are handed out one at a time as a sequence grows, so at most block_size - 1 slots per
-sequence sit empty, instead of max_model_len - len(seq) with a static slab.
+blocks are handed out one at a time as a request grows, so at most block_size - 1 slots per
+request sit empty, instead of max_model_len - its length with a static slab.
 
-Blocks carry a reference count, so sequences can share them: n samples of one prompt (parallel
-sampling) point at the prompt's blocks once. A sequence about to write into a block someone
+Blocks carry a reference count, so requests can share them: n samples of one prompt (parallel
+sampling) point at the prompt's blocks once. A request about to write into a block someone
 else also holds gets a private copy first (copy-on-write); the copy itself is done on the KV
 tensors by the ModelRunner, from the (src, dst) pairs append_slots returns.
 
 Operations, with vLLM's names:
-    can_allocate / allocate   reserve blocks for a sequence's tokens when it is admitted
+    can_allocate / allocate   reserve blocks for a request's tokens when it is admitted
     can_append_slots / append_slots   make room for the tokens of the next step (+ CoW), and
               for num_lookahead_slots more: the draft tokens of speculative decoding
     free_lookahead_slots   give back the blocks that only rejected draft tokens used
     fork      a child shares all of its parent's blocks (ref_count + 1 each)
-    free      drop a sequence's references; blocks that reach 0 return to the free list
-    swap_out / swap_in   move a preempted sequence's blocks to a host-memory pool and back
+    free      drop a request's references; blocks that reach 0 return to the free list
+    swap_out / swap_in   move a preempted request's blocks to a host-memory pool and back
 
 With prefix caching on (minivllm/core/prefix_cache.py), `allocate` first reuses cached blocks for
-the longest cached prefix of the sequence, `cache_computed_blocks` names each full block as
+the longest cached prefix of the request, `cache_computed_blocks` names each full block as
 soon as a step is scheduled to compute its K/V (as vLLM V1's cache_blocks does at allocation),
-so a sequence admitted later in that same step already finds it, and the free list doubles as
+so a request admitted later in that same step already finds it, and the free list doubles as
 the LRU evictor: a freed block that holds a
 cached prefix goes to the back of the list (evicted last), one that does not goes to the front.
 
@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from minivllm.core.prefix_cache import BlockKey, PrefixCache, hash_block_tokens
-from minivllm.core.sequence import Sequence
+from minivllm.core.request import Request
 
 
 def cdiv(a: int, b: int) -> int:
@@ -76,157 +76,162 @@ class BlockManager:
             if self.prefix_cache is None or block_id not in self.prefix_cache.hash_of_block:
                 self.free_block_ids.move_to_end(block_id, last=False)  # front: reused first
 
-    def _shared_blocks_to_write(self, seq: Sequence, lookahead: int = 0) -> list[int]:
-        """Indices in seq's table of shared blocks that this step's tokens would write into."""
-        table, ref_counts = seq.block_table, self.ref_counts
-        first = seq.num_computed_tokens // self.block_size
-        last = min(len(table), cdiv(len(seq.token_ids) + lookahead, self.block_size))
+    def _shared_blocks_to_write(self, request: Request, lookahead: int = 0) -> list[int]:
+        """Indices in request's table of shared blocks that this step's tokens would write into."""
+        table, ref_counts = request.block_table, self.ref_counts
+        first = request.num_computed_tokens // self.block_size
+        last = min(len(table), cdiv(len(request.token_ids) + lookahead, self.block_size))
         shared = []
         for i in range(first, last):         # (a loop, not a comprehension: mostly 1 block)
             if ref_counts[table[i]] > 1:
                 shared.append(i)
         return shared
 
-    def _block_hash(self, seq: Sequence, i: int) -> int:
-        """Hash of seq's full block i (computed once per sequence, chained)."""
+    def _block_hash(self, request: Request, i: int) -> int:
+        """Hash of request's full block i (computed once per request, chained)."""
         bs = self.block_size
-        while len(seq.block_hashes) <= i:
-            j = len(seq.block_hashes)
-            parent = seq.block_hashes[j - 1] if j else None
-            seq.block_hashes.append(hash_block_tokens(
-                parent, tuple(seq.token_ids[j * bs:(j + 1) * bs]), seq.extra_keys))
-        return seq.block_hashes[i]
+        while len(request.block_hashes) <= i:
+            j = len(request.block_hashes)
+            parent = request.block_hashes[j - 1] if j else None
+            request.block_hashes.append(hash_block_tokens(
+                parent, tuple(request.token_ids[j * bs:(j + 1) * bs]), request.extra_keys))
+        return request.block_hashes[i]
 
-    def _cached_prefix(self, seq: Sequence) -> list[int]:
-        """Blocks holding the longest cached prefix of seq. Capped one token short of the
-        whole sequence: the last token is always computed, because its logits are needed."""
+    def _cached_prefix(self, request: Request) -> list[int]:
+        """Blocks holding the longest cached prefix of request. Capped one token short of the
+        whole request: the last token is always computed, because its logits are needed."""
         if self.prefix_cache is None:
             return []
         bs = self.block_size
         hits = []
         parent = None
-        for i in range((len(seq) - 1) // bs):
-            key = BlockKey(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]), seq.extra_keys)
-            block = self.prefix_cache.lookup(self._block_hash(seq, i), key)
+        for i in range((len(request) - 1) // bs):
+            tokens = tuple(request.token_ids[i * bs:(i + 1) * bs])
+            key = BlockKey(parent, tokens, request.extra_keys)
+            block = self.prefix_cache.lookup(self._block_hash(request, i), key)
             if block is None:
                 break
             hits.append(block)
             parent = block
         return hits
 
-    def num_cached_tokens(self, seq: Sequence) -> int:
-        """Leading tokens of seq whose K/V the prefix cache holds now (a KV connector asks)."""
-        return len(self._cached_prefix(seq)) * self.block_size
+    def num_cached_tokens(self, request: Request) -> int:
+        """Leading tokens of request whose K/V the prefix cache holds now (a KV connector asks)."""
+        return len(self._cached_prefix(request)) * self.block_size
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        hits = self._cached_prefix(seq)
-        new = cdiv(len(seq), self.block_size) - len(hits)
+    def can_allocate(self, request: Request) -> bool:
+        hits = self._cached_prefix(request)
+        new = cdiv(len(request), self.block_size) - len(hits)
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)   # cached, on the free list
         return new + revived <= self.num_free_blocks
 
-    def allocate(self, seq: Sequence, use_prefix_cache: bool = True) -> None:
-        """Give seq blocks for all its tokens, reusing cached ones for its longest cached
+    def allocate(self, request: Request, use_prefix_cache: bool = True) -> None:
+        """Give request blocks for all its tokens, reusing cached ones for its longest cached
         prefix: those tokens count as computed already."""
-        assert not seq.block_table, f"{seq} already holds blocks"
-        hits = self._cached_prefix(seq) if use_prefix_cache else []
+        assert not request.block_table, f"{request} already holds blocks"
+        hits = self._cached_prefix(request) if use_prefix_cache else []
         for block in hits:
             if self.ref_counts[block] == 0:
                 del self.free_block_ids[block]
             self.ref_counts[block] += 1
-        new = [self._take() for _ in range(cdiv(len(seq), self.block_size) - len(hits))]
-        seq.block_table = hits + new
-        seq.num_computed_tokens = len(hits) * self.block_size
-        seq.num_cached_blocks = len(hits)
+        new = [self._take() for _ in range(cdiv(len(request), self.block_size) - len(hits))]
+        request.block_table = hits + new
+        request.num_computed_tokens = len(hits) * self.block_size
+        request.num_cached_blocks = len(hits)
         if self.prefix_cache is not None and use_prefix_cache:
-            self.prefix_cache.num_queried_tokens += len(seq)
-            self.prefix_cache.num_hit_tokens += seq.num_computed_tokens
+            self.prefix_cache.num_queried_tokens += len(request)
+            self.prefix_cache.num_hit_tokens += request.num_computed_tokens
 
-    def cache_computed_blocks(self, seq: Sequence, num_computed_tokens: int | None = None) -> None:
-        """Name every block of seq that is full once its first num_computed_tokens (default:
+    def cache_computed_blocks(self, request: Request, num_computed_tokens: int | None = None
+                              ) -> None:
+        """Name every block of request that is full once its first num_computed_tokens (default:
         those computed now) have K/V, so other requests can reuse it. The scheduler names a
         step's blocks when it schedules them: every layer writes the whole step's K/V before
-        any attention reads it, so a sequence in the same step may read them (V1 does so).
+        any attention reads it, so a request in the same step may read them (V1 does so).
         A block only partly filled is never named."""
         if num_computed_tokens is None:
-            num_computed_tokens = seq.num_computed_tokens
+            num_computed_tokens = request.num_computed_tokens
         num_full = num_computed_tokens // self.block_size
-        if self.prefix_cache is None or num_full <= seq.num_cached_blocks:
+        if self.prefix_cache is None or num_full <= request.num_cached_blocks:
             return                       # (most steps: a decode that fills no block)
         bs = self.block_size
-        for i in range(seq.num_cached_blocks, num_full):
-            block = seq.block_table[i]
-            # The parent is the block the cache holds for the previous hash: when two sequences
+        for i in range(request.num_cached_blocks, num_full):
+            block = request.block_table[i]
+            # The parent is the block the cache holds for the previous hash: when two requests
             # computed the same prefix in one step, only one copy of it is named.
-            parent = (self.prefix_cache.block_of_hash.get(self._block_hash(seq, i - 1),
-                                                          seq.block_table[i - 1]) if i else None)
-            key = BlockKey(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]), seq.extra_keys)
-            self.prefix_cache.insert(block, self._block_hash(seq, i), key)
-        seq.num_cached_blocks = num_full
+            parent = None
+            if i:
+                previous = self._block_hash(request, i - 1)
+                parent = self.prefix_cache.block_of_hash.get(previous, request.block_table[i - 1])
+            tokens = tuple(request.token_ids[i * bs:(i + 1) * bs])
+            key = BlockKey(parent, tokens, request.extra_keys)
+            self.prefix_cache.insert(block, self._block_hash(request, i), key)
+        request.num_cached_blocks = num_full
 
-    def can_append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> bool:
-        num_blocks = cdiv(len(seq.token_ids) + num_lookahead_slots, self.block_size)
-        new_blocks = max(num_blocks - len(seq.block_table), 0)
-        # Asked for every running sequence every step: when the pool has room even if each
+    def can_append_slots(self, request: Request, num_lookahead_slots: int = 0) -> bool:
+        num_blocks = cdiv(len(request.token_ids) + num_lookahead_slots, self.block_size)
+        new_blocks = max(num_blocks - len(request.block_table), 0)
+        # Asked for every running request every step: when the pool has room even if each
         # block this step writes into were shared (to be copied), skip looking which are.
-        writes_at_most = max(num_blocks - seq.num_computed_tokens // self.block_size, 0)
+        writes_at_most = max(num_blocks - request.num_computed_tokens // self.block_size, 0)
         if new_blocks + writes_at_most <= len(self.free_block_ids):
             return True
-        shared = self._shared_blocks_to_write(seq, num_lookahead_slots)
+        shared = self._shared_blocks_to_write(request, num_lookahead_slots)
         return new_blocks + len(shared) <= len(self.free_block_ids)
 
-    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
-        """Grow seq's table to cover all len(seq) tokens, and num_lookahead_slots more (the
+    def append_slots(self, request: Request, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        """Grow request's table to cover all len(request) tokens, and num_lookahead_slots more (the
         draft tokens it verifies this step); return the copy-on-write pairs."""
         copies = []
-        for i in self._shared_blocks_to_write(seq, num_lookahead_slots):
-            src, dst = seq.block_table[i], self._take()
+        for i in self._shared_blocks_to_write(request, num_lookahead_slots):
+            src, dst = request.block_table[i], self._take()
             self._release(src)
-            seq.block_table[i] = dst
+            request.block_table[i] = dst
             copies.append((src, dst))
             self.num_copy_on_write += 1
-        num_blocks = cdiv(len(seq.token_ids) + num_lookahead_slots, self.block_size)
-        while len(seq.block_table) < num_blocks:
-            seq.block_table.append(self._take())
+        num_blocks = cdiv(len(request.token_ids) + num_lookahead_slots, self.block_size)
+        while len(request.block_table) < num_blocks:
+            request.block_table.append(self._take())
         return copies
 
-    def free_lookahead_slots(self, seq: Sequence) -> None:
-        """Give back the blocks past seq's last token: after a verification, those held only
+    def free_lookahead_slots(self, request: Request) -> None:
+        """Give back the blocks past request's last token: after a verification, those held only
         rejected draft tokens (never named in the prefix cache: they were never computed)."""
-        while len(seq.block_table) > cdiv(len(seq), self.block_size):
-            self._release(seq.block_table.pop())
+        while len(request.block_table) > cdiv(len(request), self.block_size):
+            self._release(request.block_table.pop())
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
+    def fork(self, parent: Request, child: Request) -> None:
         assert not child.block_table, f"{child} already holds blocks"
         child.block_table = list(parent.block_table)
         child.num_cached_blocks = parent.num_cached_blocks
         for block_id in child.block_table:
             self.ref_counts[block_id] += 1
 
-    def free(self, seq: Sequence) -> None:
-        for block_id in reversed(seq.block_table):    # tail first: evicted before the head
+    def free(self, request: Request) -> None:
+        for block_id in reversed(request.block_table):    # tail first: evicted before the head
             self._release(block_id)
-        seq.block_table = []
-        seq.num_cached_blocks = 0
+        request.block_table = []
+        request.num_cached_blocks = 0
 
     # Swapping: `self` manages the device pool, `cpu` a second pool in host memory. A swapped
-    # sequence keeps its table, pointing into the CPU pool, until it is swapped back in.
-    def can_swap_out(self, seq: Sequence, cpu: "BlockManager") -> bool:
-        return len(seq.block_table) <= cpu.num_free_blocks
+    # request keeps its table, pointing into the CPU pool, until it is swapped back in.
+    def can_swap_out(self, request: Request, cpu: "BlockManager") -> bool:
+        return len(request.block_table) <= cpu.num_free_blocks
 
-    def swap_out(self, seq: Sequence, cpu: "BlockManager") -> list[tuple[int, int]]:
-        """Move seq's blocks to the CPU pool; return (device block, cpu block) copy pairs."""
-        pairs = [(block_id, cpu._take()) for block_id in seq.block_table]
-        self.free(seq)
-        seq.block_table = [cpu_block for _, cpu_block in pairs]
+    def swap_out(self, request: Request, cpu: "BlockManager") -> list[tuple[int, int]]:
+        """Move request's blocks to the CPU pool; return (device block, cpu block) copy pairs."""
+        pairs = [(block_id, cpu._take()) for block_id in request.block_table]
+        self.free(request)
+        request.block_table = [cpu_block for _, cpu_block in pairs]
         return pairs
 
-    def can_swap_in(self, seq: Sequence) -> bool:
-        return cdiv(len(seq), self.block_size) <= self.num_free_blocks
+    def can_swap_in(self, request: Request) -> bool:
+        return cdiv(len(request), self.block_size) <= self.num_free_blocks
 
-    def swap_in(self, seq: Sequence, cpu: "BlockManager") -> list[tuple[int, int]]:
-        """Bring seq's blocks back from the CPU pool; return (cpu block, device block) pairs."""
-        pairs = [(cpu_block, self._take()) for cpu_block in seq.block_table]
-        cpu.free(seq)
-        seq.block_table = [block_id for _, block_id in pairs]
+    def swap_in(self, request: Request, cpu: "BlockManager") -> list[tuple[int, int]]:
+        """Bring request's blocks back from the CPU pool; return (cpu block, device block) pairs."""
+        pairs = [(cpu_block, self._take()) for cpu_block in request.block_table]
+        cpu.free(request)
+        request.block_table = [block_id for _, block_id in pairs]
         return pairs                                  # (its blocks get named again as new)
 # --8<-- [end:block_manager]

@@ -15,7 +15,7 @@ Llama-3-8B in bf16:   2 x 32 x 8 x 128 x 2 = 131,072 bytes (128 KiB) per token.
 `ContiguousAllocator` is the baseline vLLM replaced: each request reserves max_model_len slots
 when it starts, whether it will use 30 of them or 3,000. Lesson 01 measures what that wastes;
 lesson 02 replaces it with `block_manager.BlockManager`. Both hand the engine the same thing, a
-block table per sequence, so the attention code cannot tell them apart: a contiguous slab is one
+block table per request, so the attention code cannot tell them apart: a contiguous slab is one
 block of max_model_len tokens.
 
 Quantized pools (kv_cache_dtype "fp8" / "int8", lesson 13) hold 1 byte per element plus a scale.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.config import HfConfig
-from minivllm.core.sequence import Sequence
+from minivllm.core.request import Request
 
 # Published shapes of well-known models (their config.json files): facts, no downloads needed.
 #                 layers, query heads, kv heads, head_dim, hidden
@@ -93,22 +93,23 @@ class ContiguousAllocator:
     def num_free_blocks(self) -> int:
         return len(self.free_slabs)
 
-    def can_allocate(self, seq: Sequence) -> bool:
+    def can_allocate(self, request: Request) -> bool:
         return bool(self.free_slabs)
 
-    def allocate(self, seq: Sequence, use_prefix_cache: bool = False) -> None:
-        seq.block_table = [self.free_slabs.pop()]
+    def allocate(self, request: Request, use_prefix_cache: bool = False) -> None:
+        request.block_table = [self.free_slabs.pop()]
 
-    def cache_computed_blocks(self, seq: Sequence, num_computed_tokens: int | None = None) -> None:
+    def cache_computed_blocks(self, request: Request, num_computed_tokens: int | None = None
+                              ) -> None:
         """Nothing to do: a private slab per request has nothing to share."""
 
-    def can_append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> bool:
+    def can_append_slots(self, request: Request, num_lookahead_slots: int = 0) -> bool:
         return True            # the slab already reserved room up to max_model_len
 
-    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+    def append_slots(self, request: Request, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         return []
 
-    def free(self, seq: Sequence) -> None:
-        self.free_slabs.extend(reversed(seq.block_table))
-        seq.block_table = []
+    def free(self, request: Request) -> None:
+        self.free_slabs.extend(reversed(request.block_table))
+        request.block_table = []
 

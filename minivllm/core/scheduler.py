@@ -1,22 +1,22 @@
-"""Scheduler: every step, decide which sequences run and how many new tokens each computes
+"""Scheduler: every step, decide which requests run and how many new tokens each computes
 (`schedule`), then apply what the model produced (`update_from_output`). vLLM twin:
 vllm/v1/core/sched/scheduler.py.
 
-Two queues, as in vLLM: `waiting` (not yet admitted, or preempted) and `running` (holding KV
-blocks). Each step has a token budget, max_num_batched_tokens, and a sequence cap,
-max_num_seqs. Running sequences go first, oldest first: a decode costs 1 token of budget, a
-prompt that is still being prefilled costs the rest of its prompt (or what the budget has left:
-chunked prefill). Then waiting sequences are admitted, first come first served, while the
-budget, the cap and the free blocks allow. One forward pass can therefore carry decodes and
-prefill chunks together.
+Two queues of Requests (core/request.py), as in vLLM: `waiting` (not yet admitted, or
+preempted) and `running` (holding KV blocks). Each step has a token budget,
+max_num_batched_tokens, and a cap, max_num_seqs. Running requests go first, oldest first: a
+decode costs 1 token of budget, a prompt still being prefilled the rest of its prompt (or what
+the budget has left: chunked prefill). Then waiting requests are admitted, first come first
+served, while the budget, the cap and the free blocks allow. One forward pass can therefore
+carry decodes and prefill chunks together.
 
-With speculative decoding a decoding sequence may bring draft tokens (seq.spec_token_ids: the
-model runner proposed them after the sequence's last step, and the engine core handed them to
-`update_draft_token_ids`): they are verified in the same forward, so each one costs a token of
+With speculative decoding a decoding request may bring draft tokens (its spec_token_ids: the
+model runner proposed them after its last step, and the engine core handed them to
+`update_draft_token_ids`): they are verified in the same forward, each costing a token of
 budget and a lookahead slot. Drafts get only what the budget leaves once every later running
-sequence has its one token, and only free blocks: speculation never preempts.
+request has its one token, and only free blocks: speculation never preempts.
 
-When a running sequence needs a block and none is free, the newest running sequence is
+When a running request needs a block and none is free, the newest running request is
 preempted (as in vLLM, so the oldest requests keep making progress), by one of two policies:
 
     recompute  free its blocks and put it back at the front of `waiting`; its KV is computed
@@ -28,10 +28,10 @@ preempted (as in vLLM, so the oldest requests keep making progress), by one of t
 one has finished (lesson 04's baseline). The settings are SchedulerConfig's (config/).
 
 After the forward pass, `update_from_output` is the one place where a step's results change
-the sequences: computed tokens advance, the samples of a V0-style n > 1 request are forked
+the requests: computed tokens advance, the samples of a V0-style n > 1 request are forked
 (the front end fans n out instead, as vLLM V1 does), sampled tokens are appended (with
 speculation: the accepted drafts and one more, the rejected drafts' slots rolled back), stop
-tokens and lengths are checked, and finished sequences give their blocks back. It returns an
+tokens and lengths are checked, and finished requests give their blocks back. It returns an
 EngineCoreOutput per sample that moved (minivllm/outputs.py): plain values, what the front end
 needs and nothing it could mutate. Stop *strings* need text, so the front end finds them
 (engine/output_processor.py) and finishes the sample through EngineCore, which calls
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from minivllm.config import LoRAConfig, SchedulerConfig
 from minivllm.core.scheduler_output import (CachedRequestData, NewRequestData,  # noqa: F401
                                              SchedulerOutput)
-from minivllm.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from minivllm.core.request import Request, RequestStatus
 from minivllm.outputs import Draw, EngineCoreOutput, ModelRunnerOutput
 
 
@@ -61,7 +61,7 @@ from minivllm.outputs import Draw, EngineCoreOutput, ModelRunnerOutput
 class SpecDecodingStats:
     """Speculative decoding's counters, kept by update_from_output (vLLM's SpecDecodingStats)."""
 
-    num_drafts: int = 0             # verifications: sequences that proposed, summed over steps
+    num_drafts: int = 0             # verifications: requests that proposed, summed over steps
     num_draft_tokens: int = 0       # draft tokens verified
     num_accepted_tokens: int = 0    # ... and accepted
     num_accepted_this_step: int = 0
@@ -71,17 +71,17 @@ class SpecDecodingStats:
     num_judged_tokens_per_pos: list[int] = field(default_factory=list)
 
 
-def check_stop(seq: Sequence, eos_token_ids: set[int], max_model_len: int
-               ) -> SequenceStatus | None:
-    """After appending a token: a stop token ends seq, so do max_tokens and max_model_len
+def check_stop(request: Request, eos_token_ids: set[int], max_model_len: int
+               ) -> RequestStatus | None:
+    """After appending a token: a stop token ends the request, so do max_tokens, max_model_len
     (stop strings need the text: engine/output_processor.py checks them)."""
-    params = seq.group.params
-    token = seq.token_ids[-1]
+    params = request.sampling_params
+    token = request.token_ids[-1]
     if token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids):
-        return SequenceStatus.FINISHED_STOPPED
-    num_tokens = len(seq.token_ids)
-    if num_tokens - seq.num_prompt_tokens >= params.max_tokens or num_tokens >= max_model_len:
-        return SequenceStatus.FINISHED_LENGTH
+        return RequestStatus.FINISHED_STOPPED
+    num_tokens = len(request.token_ids)
+    if num_tokens - request.num_prompt_tokens >= params.max_tokens or num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH_CAPPED
     return None
 
 
@@ -99,55 +99,55 @@ class Scheduler:
         self.cpu_block_manager = cpu_block_manager       # the swap pool, if swapping is on
         self.eos_token_ids = set(eos_token_ids)
         self.seq_ids = seq_ids if seq_ids is not None else itertools.count()
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self.swapped: deque[Sequence] = deque()
-        self.requests: dict[str, SequenceGroup] = {}     # request id -> its samples (unfinished)
-        self.runner_holds: dict[int, int] = {}   # seq id -> tokens the runner has of it
-        self.finished_seqs: list[Sequence] = []          # since the last take_finished()
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self.requests: dict[str, Request] = {}   # request id -> the request (unfinished)
+        self.runner_holds: dict[int, int] = {}   # seq_id -> tokens the runner has of it
+        self.finished_requests: list[Request] = []          # since the last take_finished()
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
         self.spec_decoding_stats = SpecDecodingStats()
         self.kv_connector = kv_connector
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, request: Request) -> None:
         """Queue a request's first sample (any others fork from it after its prompt)."""
-        if seq.request_id in self.requests:
-            raise ValueError(f"request_id {seq.request_id!r} is already in use")
-        self.requests[seq.request_id] = seq.group
-        self.waiting.append(seq)
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
-    def _run(self, seq: Sequence, out: SchedulerOutput, budget: int) -> int:
-        """Schedule seq's next tokens (all it has left, or what the budget allows) and its
-        drafts (the caller has fitted them to the budget); returns the budget left."""
-        num_tokens = min(seq.num_uncomputed_tokens, budget)     # of its own, drafts aside
-        n = num_tokens + len(seq.spec_token_ids)
+    def _run(self, request: Request, out: SchedulerOutput, budget: int) -> int:
+        """Schedule its next tokens (all, or what the budget allows) and its drafts (fitted
+        to the budget by the caller); returns the budget left."""
+        num_tokens = min(request.num_uncomputed_tokens, budget)     # of its own, drafts aside
+        n = num_tokens + len(request.spec_token_ids)
         # Full blocks enter the prefix cache now (vLLM V1): later admissions this step reuse them.
-        self.block_manager.cache_computed_blocks(seq, seq.num_computed_tokens + num_tokens)
-        out.seqs.append(seq)
+        self.block_manager.cache_computed_blocks(request, request.num_computed_tokens + num_tokens)
+        out.scheduled_requests.append(request)
         out.num_new_tokens.append(n)
-        out.is_prefill.append(seq.is_prefill)
-        out.spec_token_ids.append(list(seq.spec_token_ids))
-        out.sampling.append(seq.samples_after(n))
+        out.is_prefill.append(request.is_prefill)
+        out.spec_token_ids.append(list(request.spec_token_ids))
+        out.sampling.append(request.samples_after(n))
         # The runner's messages: the whole sample if it does not hold it, else what changed.
-        seq_id = seq.seq_id
+        seq_id = request.seq_id
         out.seq_ids.append(seq_id)
         out.num_scheduled_tokens[seq_id] = n
-        if seq.spec_token_ids:
-            out.scheduled_spec_decode_tokens[seq_id] = list(seq.spec_token_ids)
+        if request.spec_token_ids:
+            out.scheduled_spec_decode_tokens[seq_id] = list(request.spec_token_ids)
         held = self.runner_holds.get(seq_id)
         if held is not None:
             cached = out.scheduled_cached_reqs
             cached.seq_ids.append(seq_id)
-            cached.new_token_ids.append(seq.token_ids[held:])
-            cached.block_ids.append(list(seq.block_table))
-            cached.num_computed_tokens.append(seq.num_computed_tokens)
+            cached.new_token_ids.append(request.token_ids[held:])
+            cached.block_ids.append(list(request.block_table))
+            cached.num_computed_tokens.append(request.num_computed_tokens)
         else:
-            out.scheduled_new_reqs.append(NewRequestData.from_sequence(seq))
-        self.runner_holds[seq_id] = len(seq.token_ids)
+            out.scheduled_new_reqs.append(NewRequestData.from_request(request))
+        self.runner_holds[seq_id] = len(request.token_ids)
         return budget - n
 
     # --8<-- [start:schedule]
@@ -156,58 +156,59 @@ class Scheduler:
         budget = config.max_num_batched_tokens
         bm = self.block_manager
 
-        # 1. Running sequences, oldest first: decodes and unfinished prefills.
+        # 1. Running requests, oldest first: decodes and unfinished prefills.
         i = 0
         while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            if seq.spec_token_ids:
-                # Drafts: what the budget leaves once each later running sequence has one
+            request = self.running[i]
+            if request.spec_token_ids:
+                # Drafts: what the budget leaves once each later running request has one
                 # token, and only if their lookahead slots are free (speculation never preempts).
-                del seq.spec_token_ids[max(0, budget - (len(self.running) - i)):]
-                if seq.spec_token_ids and not bm.can_append_slots(seq, len(seq.spec_token_ids)):
-                    seq.spec_token_ids.clear()
-            while not bm.can_append_slots(seq):
-                victim = self.running.pop()          # the newest running sequence
+                del request.spec_token_ids[max(0, budget - (len(self.running) - i)):]
+                drafts = request.spec_token_ids
+                if drafts and not bm.can_append_slots(request, len(drafts)):
+                    drafts.clear()
+            while not bm.can_append_slots(request):
+                victim = self.running.pop()          # the newest running request
                 self._preempt(victim, out)
-                if victim is seq:
+                if victim is request:
                     break
             else:
-                out.blocks_to_copy += bm.append_slots(seq, len(seq.spec_token_ids))
-                budget = self._run(seq, out, budget)
+                out.blocks_to_copy += bm.append_slots(request, len(request.spec_token_ids))
+                budget = self._run(request, out, budget)
                 i += 1
 
-        # 2. Swapped-out sequences come back first, oldest first, when their blocks fit.
+        # 2. Swapped-out requests come back first, oldest first, when their blocks fit.
         while self.swapped and budget > 0 and len(self.running) < config.max_num_seqs:
-            seq = self.swapped[0]
-            if not bm.can_swap_in(seq) or out.preempted or not self._lora_fits(seq):
+            request = self.swapped[0]
+            if not bm.can_swap_in(request) or out.preempted or not self._lora_fits(request):
                 break
             self.swapped.popleft()
-            out.blocks_to_swap_in += bm.swap_in(seq, self.cpu_block_manager)
-            out.swapped_in.append(seq)
-            out.blocks_to_copy += bm.append_slots(seq)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            budget = self._run(seq, out, budget)
+            out.blocks_to_swap_in += bm.swap_in(request, self.cpu_block_manager)
+            out.swapped_in.append(request)
+            out.blocks_to_copy += bm.append_slots(request)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            budget = self._run(request, out, budget)
 
-        # 3. Waiting sequences, first come first served, while budget, cap and blocks allow
+        # 3. Waiting requests, first come first served, while budget, cap and blocks allow
         #    (static batching: only into an empty batch; never while some are swapped out).
         admit = not self.swapped and not (config.scheduling == "static" and self.running)
         while admit and self.waiting and budget > 0:
-            seq = self.waiting[0]
+            request = self.waiting[0]
             # A request with n samples is admitted with room for all n (forked after prefill).
-            if not self._has_seq_slots(seq):
+            if not self._has_seq_slots(request):
                 break
-            if not config.enable_chunked_prefill and seq.num_uncomputed_tokens > budget:
+            if not config.enable_chunked_prefill and request.num_uncomputed_tokens > budget:
                 break
-            if not bm.can_allocate(seq) or not self._lora_fits(seq):
+            if not bm.can_allocate(request) or not self._lora_fits(request):
                 break
             self.waiting.popleft()
-            bm.allocate(seq)
-            seq.status = SequenceStatus.RUNNING
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = time.perf_counter()
-            self.running.append(seq)
-            budget = self._run(seq, out, budget)
+            bm.allocate(request)
+            request.status = RequestStatus.RUNNING
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = time.perf_counter()
+            self.running.append(request)
+            budget = self._run(request, out, budget)
         if self.kv_connector is not None:    # disaggregation: which blocks' K/V move this step
             out.kv_connector_metadata = self.kv_connector.build_connector_meta(out)
         return out
@@ -219,36 +220,35 @@ class Scheduler:
         """Apply one step's results; returns an EngineCoreOutput for every sample that got
         new tokens (forked samples included) or was failed, for the front end."""
         so = scheduler_output
-        bm = self.block_manager
-        # (Each loop runs once per scheduled sequence per step: the dicts are looked up once.)
         errors, sampled, forked = runner_output.errors, runner_output.sampled, runner_output.forked
         self.spec_decoding_stats.num_accepted_this_step = 0
-        for seq, n in zip(so.seqs, so.num_new_tokens):
-            seq.num_computed_tokens += n - len(seq.spec_token_ids)   # drafts: once accepted
+        for request, n in zip(so.scheduled_requests, so.num_new_tokens):
+            request.num_computed_tokens += n - len(request.spec_token_ids)  # drafts: if accepted
         outputs = []
-        for seq in so.seqs:
-            if seq.status.finished or (errors and seq.request_id in errors):
+        for request in so.scheduled_requests:
+            if request.status.finished or (errors and request.request_id in errors):
                 continue
-            draws = sampled.get(seq.seq_id)
-            fork_draws = forked.get(seq.seq_id, ())
-            children = seq.group.fork(self.seq_ids) if fork_draws else []
+            draws = sampled.get(request.seq_id)
+            fork_draws = forked.get(request.seq_id, ())
+            children = request.fork(self.seq_ids) if fork_draws else []
             if children:
-                self._fork(seq, children)                # n > 1: the other samples start now
+                self._fork(request, children)            # n > 1: the other samples start now
             if draws is not None:
-                if seq.spec_token_ids:
-                    self._count_accepted(seq, len(draws) - 1)
-                outputs.append(self._append(seq, draws))
+                if request.spec_token_ids:
+                    self._count_accepted(request, len(draws) - 1)
+                outputs.append(self._append(request, draws))
             for child, draw in zip(children, fork_draws):
                 outputs.append(self._append(child, [draw]))
-        for seq in so.seqs:                              # roll back the rejected drafts' slots
-            if seq.spec_token_ids:
-                if not seq.is_finished:
-                    seq.num_computed_tokens = len(seq) - 1   # the newest token has no K/V yet
-                    bm.free_lookahead_slots(seq)
-                seq.spec_token_ids = []
+        for request in so.scheduled_requests:  # roll back the rejected drafts' slots
+            if request.spec_token_ids:
+                if not request.is_finished:
+                    request.num_computed_tokens = len(request) - 1  # the newest has no K/V yet
+                    self.block_manager.free_lookahead_slots(request)
+                request.spec_token_ids = []
         for request_id, error in errors.items():
-            self.requests[request_id].error = error
-            outputs += self.finish_requests([request_id], SequenceStatus.FINISHED_ABORTED)
+            for sample in self.requests[request_id].samples:
+                sample.error = error
+            outputs += self.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
         return outputs
     # --8<-- [end:update_from_output]
 
@@ -260,141 +260,141 @@ class Scheduler:
         dropped its verified drafts), those proposed when it last ran if the budget left it
         out."""
         for (request_id, index), drafts in draft_token_ids.items():
-            group = self.requests.get(request_id)          # None: it finished this step
-            if group is not None and group.seqs[index].status == SequenceStatus.RUNNING:
-                group.seqs[index].spec_token_ids = list(drafts)
+            request = self.requests.get(request_id)        # None: it finished this step
+            if request is not None and request.samples[index].status == RequestStatus.RUNNING:
+                request.samples[index].spec_token_ids = list(drafts)
 
-    def _append(self, seq: Sequence, draws: list[Draw]) -> EngineCoreOutput:
-        """Append seq's new tokens in order, up to the first that stops it; what it gained."""
-        num_before = len(seq)
+    def _append(self, request: Request, draws: list[Draw]) -> EngineCoreOutput:
+        """Append request's new tokens in order, up to the first that stops it; what it gained."""
+        num_before = len(request)
         for token_id, logprobs in draws:
-            seq.append_token(token_id, logprobs)
-            status = check_stop(seq, self.eos_token_ids, self.scheduler_config.max_model_len)
+            request.append_token(token_id, logprobs)
+            status = check_stop(request, self.eos_token_ids, self.scheduler_config.max_model_len)
             if status is not None:
-                self.finish(seq, status)
+                self.finish(request, status)
                 break
-        return seq.output_since(num_before)
+        return request.output_since(num_before)
 
-    def _count_accepted(self, seq: Sequence, num_accepted: int) -> None:
-        """Speculative decoding's counters, for a sequence that verified drafts this step."""
+    def _count_accepted(self, request: Request, num_accepted: int) -> None:
+        """Speculative decoding's counters, for a request that verified drafts this step."""
         stats = self.spec_decoding_stats
         stats.num_drafts += 1
-        stats.num_draft_tokens += len(seq.spec_token_ids)
+        stats.num_draft_tokens += len(request.spec_token_ids)
         stats.num_accepted_tokens += num_accepted
         stats.num_accepted_this_step += num_accepted
         accepted = stats.num_accepted_tokens_per_pos
         judged = stats.num_judged_tokens_per_pos
         for per_pos in (accepted, judged):
-            per_pos.extend([0] * (len(seq.spec_token_ids) - len(per_pos)))
+            per_pos.extend([0] * (len(request.spec_token_ids) - len(per_pos)))
         for i in range(num_accepted):
             accepted[i] += 1
-        for i in range(min(num_accepted + 1, len(seq.spec_token_ids))):
+        for i in range(min(num_accepted + 1, len(request.spec_token_ids))):
             judged[i] += 1
-        seq.metrics.num_draft_tokens += len(seq.spec_token_ids)
-        seq.metrics.num_accepted_tokens += num_accepted
+        request.metrics.num_draft_tokens += len(request.spec_token_ids)
+        request.metrics.num_accepted_tokens += num_accepted
 
-    def add_prefilled(self, seq: Sequence, first_token: Draw) -> bool:
-        """Admit a sequence whose prompt another engine prefilled (prefill/decode
-        disaggregation): the admission checks of `schedule` (a sequence slot, free blocks, an
+    def add_prefilled(self, request: Request, first_token: Draw) -> bool:
+        """Admit a request whose prompt another engine prefilled (prefill/decode
+        disaggregation): the admission checks of `schedule` (a request slot, free blocks, an
         adapter slot), blocks for its prompt (prefix-cache hits count as computed), the KV
         connector told which blocks the rest of the prompt's K/V goes into (the worker writes
         it before the next forward), then it runs from its first token on. False, with nothing
         changed, when there is no room for it now; the connector's ValueError, with its blocks
         given back, when it cannot be loaded here."""
-        if (not self._has_seq_slots(seq) or not self.block_manager.can_allocate(seq)
-                or not self._lora_fits(seq)):
+        if (not self._has_seq_slots(request) or not self.block_manager.can_allocate(request)
+                or not self._lora_fits(request)):
             return False
-        self.block_manager.allocate(seq)
+        self.block_manager.allocate(request)
         if self.kv_connector is not None:
             try:
-                self.kv_connector.update_state_after_alloc(seq)
+                self.kv_connector.update_state_after_alloc(request)
             except ValueError:
-                self.block_manager.free(seq)
+                self.block_manager.free(request)
                 raise
-        seq.num_computed_tokens = len(seq)
-        self.block_manager.cache_computed_blocks(seq)
-        seq.status = SequenceStatus.RUNNING
-        seq.metrics.first_scheduled_time = time.perf_counter()
-        seq.append_token(*first_token)       # the producer has checked its stop conditions
-        self.running.append(seq)
-        self.requests[seq.request_id] = seq.group
+        request.num_computed_tokens = len(request)
+        self.block_manager.cache_computed_blocks(request)
+        request.status = RequestStatus.RUNNING
+        request.metrics.first_scheduled_time = time.perf_counter()
+        request.append_token(*first_token)       # the producer has checked its stop conditions
+        self.running.append(request)
+        self.requests[request.request_id] = request
         return True
 
-    def _has_seq_slots(self, seq: Sequence) -> bool:
-        """Room under max_num_seqs for seq and its samples to come, counting the samples that
-        running requests will still fork (the GPU's decode buffers hold max_num_seqs rows)."""
-        reserved = sum(1 + s.group.num_unforked for s in self.running)
-        return reserved + 1 + seq.group.num_unforked <= self.scheduler_config.max_num_seqs
+    def _has_seq_slots(self, request: Request) -> bool:
+        """Room under max_num_seqs for it and the samples running requests will still fork
+        (V0's n > 1; the GPU's decode buffers hold max_num_seqs rows)."""
+        reserved = sum(1 + s.num_unforked for s in self.running)
+        return reserved + 1 + request.num_unforked <= self.scheduler_config.max_num_seqs
 
-    def _lora_fits(self, seq: Sequence) -> bool:
+    def _lora_fits(self, request: Request) -> bool:
         """At most max_loras distinct adapters run at once: each needs a slot in the model."""
-        if not seq.lora_int_id:              # the base model needs no slot
+        if not request.lora_int_id:              # the base model needs no slot
             return True
         active = {s.lora_int_id for s in self.running} - {0}
-        return seq.lora_int_id in active or len(active) < self.lora_config.max_loras
+        return request.lora_int_id in active or len(active) < self.lora_config.max_loras
 
-    def _fork(self, parent: Sequence, children: list[Sequence]) -> None:
+    def _fork(self, parent: Request, children: list[Request]) -> None:
         """Parallel sampling: `children` join running, sharing every block of `parent`."""
         for child in children:
             self.block_manager.fork(parent, child)
-            child.status = SequenceStatus.RUNNING
+            child.status = RequestStatus.RUNNING
             self.running.append(child)
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         bm = self.block_manager
         cpu = self.cpu_block_manager
-        seq.spec_token_ids.clear()                   # drafts are proposed again when it runs
-        if self.scheduler_config.preemption_mode == "swap" and bm.can_swap_out(seq, cpu):
+        request.spec_token_ids.clear()                   # drafts are proposed again when it runs
+        if self.scheduler_config.preemption_mode == "swap" and bm.can_swap_out(request, cpu):
             # Swap: keep the KV, in host memory.
-            pairs = bm.swap_out(seq, cpu)
+            pairs = bm.swap_out(request, cpu)
             out.blocks_to_swap_out += pairs
-            out.swapped_out.append(seq)
+            out.swapped_out.append(request)
             self.num_swapped_out_blocks += len(pairs)
-            seq.status = SequenceStatus.SWAPPED
-            self.swapped.append(seq)
+            request.status = RequestStatus.SWAPPED
+            self.swapped.append(request)
         else:
             # Recompute (or swap space is full): drop the KV, keep the tokens, requeue first.
-            bm.free(seq)
-            seq.num_computed_tokens = 0
-            self.runner_holds.pop(seq.seq_id, None)  # it comes back whole, as new
-            seq.status = SequenceStatus.WAITING
-            self.waiting.appendleft(seq)
-        out.preempted.append(seq)
+            bm.free(request)
+            request.num_computed_tokens = 0
+            self.runner_holds.pop(request.seq_id, None)  # it comes back whole, as new
+            request.status = RequestStatus.WAITING
+            self.waiting.appendleft(request)
+        out.preempted.append(request)
         self.num_preemptions += 1
 
-    def take_finished(self) -> list[Sequence]:
-        """The sequences finished since the last call (the runner forgets their state)."""
-        finished, self.finished_seqs = self.finished_seqs, []
+    def take_finished(self) -> list[Request]:
+        """The requests finished since the last call (the runner forgets their state)."""
+        finished, self.finished_requests = self.finished_requests, []
         return finished
 
-    def finish_requests(self, request_ids, status: SequenceStatus,
+    def finish_requests(self, request_ids, status: RequestStatus,
                         index: int | None = None) -> list[EngineCoreOutput]:
         """Finish these requests now, every sample not finished yet (only sample `index`, if
         given: a stop string ends one sample), and return their blocks (vLLM V1's name).
         Returns an EngineCoreOutput for each sample it finished."""
         outputs = []
         for request_id in request_ids:
-            group = self.requests.get(request_id)
-            for seq in list(group.seqs) if group else ():
-                if not seq.is_finished and index in (None, seq.index):
-                    self.finish(seq, status)
-                    outputs.append(seq.output_since(len(seq)))
+            first = self.requests.get(request_id)
+            for sample in list(first.samples) if first else ():
+                if not sample.is_finished and index in (None, sample.index):
+                    self.finish(sample, status)
+                    outputs.append(sample.output_since(len(sample)))
         return outputs
 
-    def finish(self, seq: Sequence, status: SequenceStatus) -> None:
-        """Take a sequence out of the engine for good and return its blocks."""
-        seq.metrics.finished_time = time.perf_counter()
-        self.finished_seqs.append(seq)
-        self.runner_holds.pop(seq.seq_id, None)
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        if seq.status is SequenceStatus.SWAPPED:
-            self.swapped.remove(seq)
-            self.cpu_block_manager.free(seq)
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """Take a request out of the engine for good and return its blocks."""
+        request.metrics.finished_time = time.perf_counter()
+        self.finished_requests.append(request)
+        self.runner_holds.pop(request.seq_id, None)
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        if request.status is RequestStatus.SWAPPED:
+            self.swapped.remove(request)
+            self.cpu_block_manager.free(request)
         else:
-            self.block_manager.free(seq)
-        seq.status = status
-        if all(s.is_finished for s in seq.group.seqs):      # its last sample: it leaves
-            self.requests.pop(seq.request_id, None)
+            self.block_manager.free(request)
+        request.status = status
+        if request.all_samples_finished:                        # its last sample: it leaves
+            self.requests.pop(request.request_id, None)

@@ -13,12 +13,13 @@ what changed from these messages, keyed by the sample's id, never from a core ob
     num_scheduled_tokens    sample id -> tokens to compute this step (drafts included)
     scheduled_spec_decode_tokens   sample id -> the draft tokens it verifies
 
-vLLM V1 keys these by request id, since it fans n > 1 out into n requests; minivllm's samples
-of one request share their request id, so the key is the sample's own id (Sequence.seq_id).
+vLLM V1 keys these by request id. Here the key is Request.seq_id: the same one-to-one key for
+every request the front end sends (it fans n > 1 out into n requests, as V1 does), and one
+that still tells apart the samples of a V0-style n > 1 request, which share their request id.
 V1 sends only a table's new block ids; here the whole table, a few ints (copy-on-write may
 replace its last block, a swap all of them).
 
-The core's own view of the step rides along for traces, lessons and tests (`seqs`,
+The core's own view of the step rides along for traces, lessons and tests (`scheduled_requests`,
 `num_new_tokens`, `is_prefill`, `preempted`, ...): the runner never reads it.
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from minivllm.core.sequence import Sequence
+from minivllm.core.request import Request
 from minivllm.sampling_params import SamplingParams
 
 
@@ -44,10 +45,10 @@ class NewRequestData:
     grammar: object | None = None     # its compiled guided-decoding constraint
 
     @classmethod
-    def from_sequence(cls, seq: Sequence) -> NewRequestData:
-        return cls(seq.seq_id, seq.request_id, seq.index, list(seq.token_ids),
-                   seq.num_prompt_tokens, seq.params, list(seq.block_table),
-                   seq.num_computed_tokens, seq.lora_int_id, seq.group.grammar)
+    def from_request(cls, request: Request) -> NewRequestData:
+        return cls(request.seq_id, request.request_id, request.index, list(request.token_ids),
+                   request.num_prompt_tokens, request.sampling_params, list(request.block_table),
+                   request.num_computed_tokens, request.lora_int_id, request.grammar)
 
 
 @dataclass(slots=True)
@@ -64,10 +65,10 @@ class SchedulerOutput:
     (engine_core.last_scheduler_output).
 
     For the runner: the messages above, in the order the samples are batched (`seq_ids`).
-    The core's view: seqs[i] computes num_new_tokens[i] tokens; is_prefill[i] says whether that
-    is a prefill chunk (prompt tokens, or tokens to recompute after a preemption) or a
-    one-token decode; spec_token_ids[i] are the drafts it verifies (counted in
-    num_new_tokens[i]); sampling[i] says whether its new tokens reach its end, so that it
+    The core's view: scheduled_requests[i] computes num_new_tokens[i] tokens; is_prefill[i]
+    says whether that is a prefill chunk (prompt tokens, or tokens to recompute after a
+    preemption) or a one-token decode; spec_token_ids[i] are the drafts it verifies (counted
+    in num_new_tokens[i]); sampling[i] says whether its new tokens reach its end, so that it
     samples this step (a prefill chunk short of the prompt's end does not): the runner, the
     simulator and the tests all read this one rule.
     """
@@ -85,20 +86,21 @@ class SchedulerOutput:
     # (minivllm/distributed/kv_transfer/kv_connector.py, KVConnectorMetadata), or None.
     kv_connector_metadata: object | None = None
     # The core's view (traces, lessons, tests).
-    seqs: list[Sequence] = field(default_factory=list)
+    scheduled_requests: list[Request] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     is_prefill: list[bool] = field(default_factory=list)
     spec_token_ids: list[list[int]] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)     # recomputed or swapped out
-    swapped_out: list[Sequence] = field(default_factory=list)   # of those, swapped out
-    swapped_in: list[Sequence] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)     # recomputed or swapped out
+    swapped_out: list[Request] = field(default_factory=list)   # of those, swapped out
+    swapped_in: list[Request] = field(default_factory=list)
 
     def for_workers(self) -> SchedulerOutput:
         """The messages alone, what crosses to another process: the core's view emptied, and
         no compiled grammar (only the first rank samples)."""
         new = [replace(r, grammar=None) for r in self.scheduled_new_reqs]
-        return replace(self, scheduled_new_reqs=new, seqs=[], num_new_tokens=[], is_prefill=[],
-                       spec_token_ids=[], preempted=[], swapped_out=[], swapped_in=[])
+        return replace(self, scheduled_new_reqs=new, scheduled_requests=[], num_new_tokens=[],
+                       is_prefill=[], spec_token_ids=[], preempted=[], swapped_out=[],
+                       swapped_in=[])
 
     @property
     def num_batched_tokens(self) -> int:

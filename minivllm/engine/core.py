@@ -3,7 +3,7 @@
     add_request(request)      queue an EngineCoreRequest (the front end tokenized and checked it)
     abort_requests(ids)       finish requests now; their blocks go back
     step() -> EngineCoreOutputs
-        1. schedule   which sequences run, how many tokens each, which blocks move
+        1. schedule   which requests run, how many tokens each, which blocks move
         2. execute    the executor's execute_model: block copies, one forward pass, sampling,
                       and (speculative decoding) the runner's drafts for the next step
         3. update     the scheduler applies the tokens: append, fork (V0), accept drafts, stop on
@@ -31,8 +31,9 @@ takes an EngineCoreRequest with n > 1 from a caller who builds one: then its sam
 inside it after one prefill, sharing blocks by copy-on-write (vLLM V0's way, kept for lesson 02
 and for beam search).
 
-Left out, compared with vLLM: batch queues for pipeline parallelism, and V1's Request (the
-core's unit is still V0's SequenceGroup: one sample, or for a V0-style n > 1 request, n).
+The core's unit is vLLM V1's Request (core/request.py), made from each EngineCoreRequest.
+
+Left out, compared with vLLM: batch queues for pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from minivllm.config import VllmConfig
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.kv_cache import ContiguousAllocator
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
-from minivllm.core.sequence import SequenceGroup, SequenceStatus
+from minivllm.core.request import Request, RequestStatus
 from minivllm.engine.stats import EngineStats, ScheduledSeq, StepRecord
 from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
 from minivllm.sampling_params import SamplingParams
@@ -134,21 +135,13 @@ class EngineCore:
         self.last_scheduler_output: SchedulerOutput | None = None
 
     @property
-    def requests(self) -> dict[str, SequenceGroup]:
+    def requests(self) -> dict[str, Request]:
         """The unfinished requests, by id (the scheduler's table, as in vLLM V1)."""
         return self.scheduler.requests
 
     # ---------------------------------------------------------------- requests in and out
-    def _group(self, request: EngineCoreRequest) -> SequenceGroup:
-        group = SequenceGroup(request.request_id, None, request.prompt_token_ids,
-                              request.sampling_params, next(self.seq_ids), request.lora_request)
-        group.arrival_time = group.seqs[0].metrics.arrival_time = request.arrival_time
-        group.grammar = request.grammar
-        group.kv_transfer_params = request.kv_transfer_params
-        return group
-
     def add_request(self, request: EngineCoreRequest) -> None:
-        self.scheduler.add(self._group(request).seqs[0])
+        self.scheduler.add(Request.from_engine_core_request(request, next(self.seq_ids)))
 
     def add_prefilled_request(self, request: EngineCoreRequest, first_token
                               ) -> EngineCoreOutputs | None:
@@ -158,27 +151,28 @@ class EngineCore:
         with nothing changed, when there is no room for it now."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
-        seq = self._group(request).seqs[0]
-        if not self.scheduler.add_prefilled(seq, first_token):
+        core_request = Request.from_engine_core_request(request, next(self.seq_ids))
+        if not self.scheduler.add_prefilled(core_request, first_token):
             return None
-        return EngineCoreOutputs([seq.output_since(seq.num_prompt_tokens)],
-                                 timestamp=seq.metrics.first_token_time)
+        return EngineCoreOutputs([core_request.output_since(core_request.num_prompt_tokens)],
+                                 timestamp=core_request.metrics.first_token_time)
 
     def abort_requests(self, request_ids, errors: dict[str, str] | None = None
                        ) -> list[EngineCoreOutput]:
         """Finish these requests now with finish_reason "abort" (and the error, if one is
         given for it); their blocks and sampling state go."""
         for request_id, error in (errors or {}).items():
-            if request_id in self.requests:
-                self.requests[request_id].error = error
-        return self.finish_requests(request_ids, SequenceStatus.FINISHED_ABORTED, errors=errors)
+            first = self.requests.get(request_id)
+            for sample in first.samples if first else ():
+                sample.error = error
+        return self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED, errors=errors)
 
-    def finish_requests(self, request_ids, status: SequenceStatus, index: int | None = None,
+    def finish_requests(self, request_ids, status: RequestStatus, index: int | None = None,
                         errors: dict[str, str] | None = None) -> list[EngineCoreOutput]:
         """Finish requests (only sample `index`, if given) with `status`: the front end's stop
         strings and aborts. Called right after a step, they count in that step's record."""
         outputs = self.scheduler.finish_requests(list(request_ids), status, index)
-        self.model_executor.free([seq.seq_id for seq in self.scheduler.take_finished()])
+        self.model_executor.free([r.seq_id for r in self.scheduler.take_finished()])
         if self._traces and self.last_record is not None:
             done = [o.request_id for o in outputs if o.request_id not in self.requests]
             self.last_record.finished += [r for r in dict.fromkeys(done)
@@ -195,14 +189,14 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         t0 = self.clock()
         self.last_record = None
-        # 1. Schedule: which sequences run, how many tokens each, which blocks move.
+        # 1. Schedule: which requests run, how many tokens each, which blocks move.
         scheduler_output = self.scheduler.schedule()
         self.last_scheduler_output = scheduler_output
         for callback in self.schedule_callbacks:    # a long prefill shows as running meanwhile
             callback()
         # 2. Execute: block copies, one forward pass, the sampled tokens (and drafts).
         runner_output = self.model_executor.execute_model(scheduler_output)
-        if not scheduler_output.seqs:
+        if not scheduler_output.scheduled_requests:
             if self.scheduler.has_unfinished():      # admission checks make this unreachable
                 raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
             return EngineCoreOutputs(timestamp=self.clock())
@@ -211,7 +205,7 @@ class EngineCore:
         # 4. The drafts the runner proposed, for the next schedule to fit (vLLM V1's order).
         self.scheduler.update_draft_token_ids(runner_output.draft_token_ids)
         finished = self.scheduler.take_finished()            # the workers forget them
-        self.model_executor.free([seq.seq_id for seq in finished])
+        self.model_executor.free([r.seq_id for r in finished])
         self.num_steps += 1
         if self._traces:
             self._record(scheduler_output, outputs, runner_output.errors, t0)
@@ -273,7 +267,7 @@ class EngineCore:
             step=self.num_steps - 1,
             scheduled=[ScheduledSeq(s.request_id, s.index, n, p, len(d), s.lora_int_id)
                        for s, n, p, d in
-                       zip(batch.seqs, batch.num_new_tokens, batch.is_prefill,
+                       zip(batch.scheduled_requests, batch.num_new_tokens, batch.is_prefill,
                            batch.spec_token_ids)],
             preempted=rids(batch.preempted), swapped_out=rids(batch.swapped_out),
             swapped_in=rids(batch.swapped_in), num_blocks_copied=len(batch.blocks_to_copy),
@@ -287,11 +281,11 @@ class EngineCore:
     # ---------------------------------------------------------------- scoring
     def prompt_logits(self, token_ids: list[int]):
         """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
-        seq = SequenceGroup("score", None, token_ids, SamplingParams(), -1).seqs[0]
-        if not self.block_manager.can_allocate(seq):
+        request = Request("score", token_ids, SamplingParams(), -1)
+        if not self.block_manager.can_allocate(request):
             raise RuntimeError(f"no free KV blocks to score {len(token_ids)} tokens right now")
-        self.block_manager.allocate(seq, use_prefix_cache=False)   # every position computed
+        self.block_manager.allocate(request, use_prefix_cache=False)   # every position computed
         try:
-            return self.model_executor.prompt_logits(token_ids, seq.block_table)
+            return self.model_executor.prompt_logits(token_ids, request.block_table)
         finally:
-            self.block_manager.free(seq)
+            self.block_manager.free(request)

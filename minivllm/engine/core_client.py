@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minivllm.config import VllmConfig
-from minivllm.core.sequence import SequenceStatus
+from minivllm.core.request import RequestStatus
 from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.engine.stats import EngineStats
 from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
@@ -63,7 +63,7 @@ class InprocClient:
     def finish_stopped(self, samples: list[tuple[str, int]]) -> None:
         """These samples' text reached a stop string: they finish with finish_reason "stop"."""
         for request_id, index in samples:
-            self.engine_core.finish_requests([request_id], SequenceStatus.FINISHED_STOPPED,
+            self.engine_core.finish_requests([request_id], RequestStatus.FINISHED_STOPPED,
                                              index)
 
     def has_unfinished_requests(self) -> bool:

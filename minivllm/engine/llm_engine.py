@@ -171,7 +171,7 @@ class LLMEngine:
 
     @property
     def requests(self):
-        """The core's unfinished requests (SequenceGroups), by id: an n > 1 request's children
+        """The core's unfinished Requests, by id: an n > 1 request's children
         by theirs ("0_id" .. "{n-1}_id")."""
         return self.core.requests
 

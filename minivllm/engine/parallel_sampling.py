@@ -14,7 +14,7 @@ request (minivllm/sample/sampler.py): a seeded n > 1 request draws the same toke
 as forked. Aborting the parent aborts every child; a stop string ends its own child only.
 
 vLLM V0 forked the n samples inside the core instead, after one prefill, sharing the prompt's
-blocks by reference count and copy-on-write (SequenceGroup.fork, BlockManager.fork). The core
+blocks by reference count and copy-on-write (Request.fork, BlockManager.fork). The core
 keeps that path: an EngineCoreRequest with n > 1, built and added directly (lesson 02 shows it
 beside this one; beam search forks on it). The front end no longer sends one.
 

@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.core.sequence import Sequence
+from minivllm.core.request import Request
 
 
-def apply_min_tokens(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: set[int]):
+def apply_min_tokens(logits: torch.Tensor, seqs: list[Request], eos_token_ids: set[int]):
     """In place: stop tokens of rows still short of min_tokens go to -inf. logits (B, V)."""
     rows = []
     cols = []
     for i, s in enumerate(seqs):
-        p = s.params
+        p = s.sampling_params
         if p.min_tokens and s.num_output_tokens < p.min_tokens:
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else eos_token_ids)
             rows += [i] * len(stops)
@@ -54,14 +54,14 @@ def token_counts(token_lists: list[list[int]], vocab: int, device) -> torch.Tens
     return counts[:, :vocab].to(device)                               # (R, V)
 
 
-def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+def apply_penalties(logits: torch.Tensor, seqs: list[Request]) -> None:
     """In place: vLLM's repetition, frequency and presence penalties. logits (B, V)."""
-    rows = [i for i, s in enumerate(seqs) if s.params.has_penalties]
+    rows = [i for i, s in enumerate(seqs) if s.sampling_params.has_penalties]
     if not rows:
         return
     vocab = logits.shape[-1]
     device = logits.device
-    params = [seqs[i].params for i in rows]
+    params = [seqs[i].sampling_params for i in rows]
     col = lambda xs: torch.tensor(xs, dtype=logits.dtype, device=device)[:, None]  # noqa: E731
     output = token_counts([seqs[i].output_token_ids for i in rows], vocab, device)   # (R, V)
     prompt = token_counts([seqs[i].prompt_token_ids for i in rows], vocab, device) > 0
@@ -74,11 +74,11 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     logits[rows] = x
 
 
-def apply_logits_processors(logits: torch.Tensor, seqs: list[Sequence],
+def apply_logits_processors(logits: torch.Tensor, seqs: list[Request],
                             eos_token_ids: set[int], guided=None) -> torch.Tensor:
     """Every processor, in order, on a copy of logits (the caller keeps the raw rows for
     logprobs). Returns logits itself when no row asks for anything (no copy, no change)."""
-    p = [s.params for s in seqs]
+    p = [s.sampling_params for s in seqs]
     if not any(x.min_tokens or x.has_penalties or x.guided_decoding for x in p):
         return logits
     logits = logits.clone()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.core.sequence import Sequence
+from minivllm.core.request import Request
 from minivllm.outputs import Draw
 from minivllm.sample.sampler import logprobs_entry, sampling_probs
 
@@ -58,14 +58,14 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor,
 # --8<-- [end:accept]
 
 
-def accept_drafts(seq: Sequence, draft_logits: torch.Tensor, bonus: Draw,
+def accept_drafts(seq: Request, draft_logits: torch.Tensor, bonus: Draw,
                   generator: torch.Generator) -> list[Draw]:
     """seq's drafts checked against the target -> the draws to append: the accepted drafts,
     then the target's token at the first rejection, or, when every draft is accepted, `bonus`
     (what the Sampler drew from the last row). draft_logits (k, V): the target's logits at
     each draft's position."""
     drafts = seq.spec_token_ids
-    params = seq.params
+    params = seq.sampling_params
     if params.greedy:
         num_accepted, fix = greedy_accept(draft_logits, drafts)
     else:

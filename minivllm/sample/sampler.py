@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from minivllm.sample.logits_processor import apply_logits_processors
-from minivllm.core.sequence import Sequence
+from minivllm.core.request import Request
 
 
 # --8<-- [start:top_k_top_p]
@@ -79,32 +79,32 @@ class Sampler:
         self.device = device
         self.eos_token_ids = set(eos_token_ids)
         self.structured_output = structured_output
-        # (request_id, sample index) -> its generator. Keyed by sample, not by Sequence: the
-        # first token of a forked sample (n > 1) is drawn before its Sequence exists.
+        # (request_id, sample index) -> its generator. Keyed by sample, not by Request: the
+        # first token of a forked sample (n > 1) is drawn before its Request exists.
         self.generators: dict[tuple[str, int], torch.Generator] = {}
 
-    def generator(self, seq: Sequence, index: int | None = None) -> torch.Generator:
+    def generator(self, seq: Request, index: int | None = None) -> torch.Generator:
         """The generator of sample `index` (default: seq's own) of seq's request."""
         index = seq.index if index is None else index
         g = self.generators.get((seq.request_id, index))
         if g is None:
             g = self.generators[(seq.request_id, index)] = torch.Generator(device=self.device)
-            if seq.params.seed is None:
+            if seq.sampling_params.seed is None:
                 g.seed()
             else:
-                g.manual_seed(seq.params.seed + index)    # sample i of a seeded request
+                g.manual_seed(seq.sampling_params.seed + index)    # sample i of a seeded request
         return g
 
-    def get_generator_state(self, seq: Sequence) -> torch.Tensor | None:
+    def get_generator_state(self, seq: Request) -> torch.Tensor | None:
         """seq's generator state, None if it has drawn nothing (disaggregation sends it)."""
         g = self.generators.get((seq.request_id, seq.index))
         return None if g is None else g.get_state()
 
-    def set_generator_state(self, seq: Sequence, state: torch.Tensor) -> None:
+    def set_generator_state(self, seq: Request, state: torch.Tensor) -> None:
         """Take over another engine's generator for seq (the disaggregation consumer)."""
         self.generator(seq).set_state(state)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Request) -> None:
         """seq has finished: drop its generator (and its grammar matcher)."""
         self.generators.pop((seq.request_id, seq.index), None)
         if self.structured_output is not None:
@@ -114,20 +114,20 @@ class Sampler:
         """A new engine configuration: no sample from before survives it."""
         self.generators.clear()
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
+    def __call__(self, logits: torch.Tensor, seqs: list[Request],
                  indices: list[int] | None = None):
         """logits: (B, V) float32, row i for seqs[i] -> (token ids, per-token logprob dicts).
         indices[i]: which sample of seqs[i]'s request row i draws for (default: seqs[i]'s
         own); a forked sample's first token is drawn from its parent's row this way."""
         indices = [s.index for s in seqs] if indices is None else indices
-        want_logprobs = any(s.params.logprobs is not None for s in seqs)
+        want_logprobs = any(s.sampling_params.logprobs is not None for s in seqs)
         raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
         logits = apply_logits_processors(logits, seqs, self.eos_token_ids,
                                          self.structured_output)
         tokens = logits.argmax(dim=-1)                      # greedy rows are done here
-        sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        sampled = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]
         if sampled:
-            probs = sampling_probs(logits[sampled], [seqs[i].params for i in sampled])
+            probs = sampling_probs(logits[sampled], [seqs[i].sampling_params for i in sampled])
             for j, i in enumerate(sampled):
                 g = self.generator(seqs[i], indices[i])
                 noise = torch.empty_like(probs[j]).exponential_(generator=g)
@@ -136,6 +136,7 @@ class Sampler:
         token_ids = tokens.tolist()
         logprobs = [None] * len(seqs)
         for i, s in enumerate(seqs):
-            if s.params.logprobs is not None:
-                logprobs[i] = logprobs_entry(raw_logprobs[i], token_ids[i], s.params.logprobs)
+            num_logprobs = s.sampling_params.logprobs
+            if num_logprobs is not None:
+                logprobs[i] = logprobs_entry(raw_logprobs[i], token_ids[i], num_logprobs)
         return token_ids, logprobs

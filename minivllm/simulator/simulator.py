@@ -63,14 +63,14 @@ class SimulatedExecutor:
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         out = ModelRunnerOutput()
         contexts = []
-        for seq, n, samples in zip(so.seqs, so.num_new_tokens, so.sampling):
+        for seq, n, samples in zip(so.scheduled_requests, so.num_new_tokens, so.sampling):
             contexts.append(seq.num_computed_tokens + n)
             if samples:
                 token = seq.seq_id % 1000 + 3                    # any id but EOS (0..2)
                 out.sampled[seq.seq_id] = [(token, None)]
-                if seq.group.num_unforked:
-                    out.forked[seq.seq_id] = [(token, None)] * seq.group.num_unforked
-        if so.seqs:
+                if seq.num_unforked:
+                    out.forked[seq.seq_id] = [(token, None)] * seq.num_unforked
+        if so.scheduled_requests:
             self.clock += self.timer.time(so.num_new_tokens, contexts, len(out.sampled))
         return out
     # --8<-- [end:execute_model]

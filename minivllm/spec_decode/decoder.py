@@ -110,8 +110,9 @@ class SpeculativeDecoder:
                 if not draws:
                     continue
                 tokens = state.token_ids + [token for token, _ in draws]
+                num_output = len(tokens) - state.num_prompt_tokens
                 room = min(self.config.num_speculative_tokens,
-                           state.params.max_tokens - (len(tokens) - state.num_prompt_tokens) - 1,
+                           state.sampling_params.max_tokens - num_output - 1,
                            self.max_model_len - len(tokens) - 1)
                 if room > 0:
                     keys.append((state.request_id, index))

@@ -52,7 +52,7 @@ from minivllm.core.block_manager import BlockManager
 from minivllm.config import HfConfig
 from minivllm.models.loader import load_hf_config, resolve_model_path
 from minivllm.sampling_params import SamplingParams
-from minivllm.core.sequence import Sequence, SequenceGroup
+from minivllm.core.request import Request
 
 
 def first_layers_checkpoint(model: str | None, num_layers: int) -> Path:
@@ -105,17 +105,16 @@ class DraftModelProposer:
         """runner: the draft's ModelRunner, loaded and given a pool (make_drafter)."""
         self.runner = runner
         self.block_manager = BlockManager(runner.num_blocks, runner.block_size)
-        self.shadows: dict[int, Sequence] = {}        # target seq_id -> its draft-side twin
+        self.shadows: dict[int, Request] = {}        # target seq_id -> its draft-side twin
 
-    def _sync(self, seq_id: int | None, token_ids: list[int]) -> Sequence | None:
+    def _sync(self, seq_id: int | None, token_ids: list[int]) -> Request | None:
         """The shadow of sample seq_id holding token_ids, with the K/V of the prefix they
         share kept (seq_id None: a sample just forked, whose shadow lasts this proposal only);
         None when the draft pool has no room for it (it then proposes nothing)."""
         bm = self.block_manager
         shadow = self.shadows.get(seq_id)
         if shadow is None:
-            shadow = SequenceGroup(f"draft:{seq_id}", None, list(token_ids),
-                                   SamplingParams(), -1).seqs[0]
+            shadow = Request(f"draft:{seq_id}", token_ids, SamplingParams(), -1)
             if not bm.can_allocate(shadow):
                 return None
             bm.allocate(shadow, use_prefix_cache=False)

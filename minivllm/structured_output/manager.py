@@ -28,7 +28,7 @@ Compiling can take long: 20,000 guided choices took 40 s on a 2-core CPU. The se
 off the engine thread (AsyncLLMEngine hands `compile` to a worker thread; xgrammar releases
 the GIL while it works), and the request waits in that "grammar pending" state while the other
 requests keep stepping, as vLLM's StructuredOutputManager does with its thread pool. A request
-keeps its own grammar (SequenceGroup.grammar) for its life, so the cache can be bounded: past
+keeps its own grammar (Request.grammar) for its life, so the cache can be bounded: past
 `cache_limit_bytes` (xgrammar's own size estimate), the least recently used grammars go.
 
 Left out, compared with vLLM: jump-forward decoding, the outlines / llguidance /
@@ -47,7 +47,7 @@ import torch
 
 from minivllm.config import PER_REQUEST, incompatibility
 from minivllm.sampling_params import GuidedDecodingParams, SamplingParams
-from minivllm.core.sequence import Sequence
+from minivllm.core.request import Request
 
 
 def _reason(error: Exception) -> str:
@@ -154,25 +154,25 @@ class StructuredOutputManager:
             return grammar
         return self.compile(params.guided_decoding)
 
-    def matcher(self, seq: Sequence):
+    def matcher(self, seq: Request):
         """seq's GrammarMatcher, fed every output token it has not seen yet."""
         entry = self.matchers.get(seq.seq_id)
         if entry is None:
             import xgrammar as xgr
-            grammar = seq.grammar or self.compile(seq.params.guided_decoding)
+            grammar = seq.grammar or self.compile(seq.sampling_params.guided_decoding)
             entry = self.matchers[seq.seq_id] = [xgr.GrammarMatcher(grammar), 0]
         matcher, fed = entry
         for token in seq.output_token_ids[fed:]:
             if not matcher.accept_token(token):
-                raise ValueError(f"token {token} breaks the {seq.params.guided_decoding.kind} "
-                                 "constraint")
+                kind = seq.sampling_params.guided_decoding.kind
+                raise ValueError(f"token {token} breaks the {kind} constraint")
         entry[1] = seq.num_output_tokens
         return matcher
 
-    def apply_bitmask(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    def apply_bitmask(self, logits: torch.Tensor, seqs: list[Request]) -> None:
         """In place: every guided row's disallowed tokens -> -inf. One bitmask for the batch,
         (B, ceil(V / 32)) int32, filled row by row by the matchers, applied in one call."""
-        rows = [i for i, s in enumerate(seqs) if s.params.guided_decoding is not None]
+        rows = [i for i, s in enumerate(seqs) if s.sampling_params.guided_decoding is not None]
         if not rows:
             return
         import xgrammar as xgr
@@ -185,5 +185,5 @@ class StructuredOutputManager:
         self.mask_seconds += time.perf_counter() - t0
         self.num_masked_rows += len(rows)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Request) -> None:
         self.matchers.pop(seq.seq_id, None)

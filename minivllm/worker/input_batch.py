@@ -27,7 +27,7 @@ class CachedRequestState:
     index: int                             # which of the request's samples
     token_ids: list[int]                   # prompt + output, as far as the runner knows
     num_prompt_tokens: int
-    params: SamplingParams
+    sampling_params: SamplingParams
     block_table: list[int]
     num_computed_tokens: int
     lora_int_id: int = 0
@@ -57,9 +57,9 @@ class CachedRequestState:
         """Samples to fork when this one first samples: n - 1 for the first sample of an
         n > 1 request whose prompt is now computed (V0's fork; V1 fans n out instead)."""
         first = self.index == 0 and self.num_output_tokens == 0
-        return self.params.n - 1 if first else 0
+        return self.sampling_params.n - 1 if first else 0
 
     def samples_after(self, num_new_tokens: int) -> bool:
-        """As Sequence.samples_after (the draft model's own runs ask it of a state)."""
+        """As Request.samples_after (the draft model's own runs ask it of a state)."""
         return (self.num_computed_tokens + num_new_tokens
                 >= len(self.token_ids) + len(self.spec_token_ids))

@@ -282,7 +282,7 @@ class ModelRunner:
     def run(self, seqs: list[CachedRequestState], num_new_tokens: list[int],
             sampling: list[bool] | None = None):
         """One forward pass. Returns the indices (into seqs) of the sequences that sample
-        (`sampling`; None: Sequence.samples_after) and their logits, (S, vocab) float32: a
+        (`sampling`; None: Request.samples_after) and their logits, (S, vocab) float32: a
         row per sequence, its last, or k + 1 rows for one verifying k drafts, the last last."""
         input_ids, positions, md = self.prepare(seqs, num_new_tokens)
         if sampling is None:

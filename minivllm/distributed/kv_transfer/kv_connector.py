@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minivllm.core.sequence import SequenceGroup
+from minivllm.core.request import Request
 from minivllm.distributed.kv_transfer.kv_pipe import KV, ERROR, TorchDistributedPipe, get_kv_pipe
 from minivllm.sampling_params import SamplingParams
 
@@ -94,17 +94,17 @@ class KVConnectorScheduler:
         pipe = get_kv_pipe()
         if kv_role == "kv_consumer" and pipe is not None and num_cached_tokens is not None:
             pipe.lookup_cached_tokens = lambda prompt_token_ids: num_cached_tokens(
-                SequenceGroup("probe", None, prompt_token_ids, SamplingParams(), -1).seqs[0])
+                Request("probe", prompt_token_ids, SamplingParams(), -1))
 
     def update_state_after_alloc(self, seq) -> None:
         """Consumer: seq, a transferred request, just got its blocks; its prompt's K/V goes
         into those the prefix cache did not hold. ValueError if the prefix cache lost tokens
         the producer did not send (evicted since HAVE): the producer prefills it again."""
-        cached = seq.group.kv_transfer_params["cached"]
+        cached = seq.kv_transfer_params["cached"]
         start = seq.num_computed_tokens
         if start < cached:
             raise ValueError(f"{cached - start} cached prompt tokens were evicted")
-        self.loads.append(ReqMeta(seq.request_id, seq.params, list(seq.block_table),
+        self.loads.append(ReqMeta(seq.request_id, seq.sampling_params, list(seq.block_table),
                                   seq.num_prompt_tokens, start, cached, index=seq.index))
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata | None:
@@ -112,11 +112,11 @@ class KVConnectorScheduler:
         reads them, even if the request was aborted or preempted since) and saves (the
         requests asked to decode elsewhere that sample their first token this step)."""
         so = scheduler_output
-        saves = [ReqMeta(s.request_id, s.params, list(s.block_table), s.num_prompt_tokens,
+        saves = [ReqMeta(s.request_id, s.sampling_params, list(s.block_table), s.num_prompt_tokens,
                          seq_id=s.seq_id, prompt_token_ids=s.prompt_token_ids, index=s.index)
-                 for s, samples in zip(so.seqs, so.sampling)
+                 for s, samples in zip(so.scheduled_requests, so.sampling)
                  if samples and not s.num_output_tokens
-                 and (s.group.kv_transfer_params or {}).get("do_remote_decode")]
+                 and (s.kv_transfer_params or {}).get("do_remote_decode")]
         if not (self.loads or saves):
             return None
         meta = KVConnectorMetadata(self.loads, saves)

@@ -1,0 +1,203 @@
+"""Request: the engine core's state of one request (vLLM twin: vllm/v1/request.py). The front
+end never sees it: the core reports on it in EngineCoreOutputs (minivllm/outputs.py), and text
+lives in the front end's OutputProcessor.
+
+Everything the scheduler, block manager and KV connector need to know of a request lives here:
+
+    token_ids            prompt + generated tokens, in order
+    num_computed_tokens  how many of them already have K/V in the cache
+    block_table          logical block i -> physical block id in the KV pool
+    spec_token_ids       speculative decoding: draft tokens to verify next step, not its
+                         tokens yet; they are computed after token_ids, and only those the
+                         target accepts join them
+    status               WAITING, RUNNING, SWAPPED, or how it finished
+
+The tokens still to be computed are token_ids[num_computed_tokens:]: the whole prompt at first,
+then one new token per decode step. (vLLM V1 keeps the block ids in its KVCacheManager, keyed by
+request id; here each request carries its table, which the block manager fills and empties.)
+
+Parallel sampling (n > 1) is vLLM V1's: the front end fans the request out into n requests of
+one sample each (engine/parallel_sampling.py), which share the prompt's blocks through the
+prefix cache. V0's way stays for a caller that hands the core an EngineCoreRequest with n > 1
+(lesson 02) and for beam search: the request starts as one sample, which prefills the prompt
+once; then `fork` makes the other n - 1 as copies that share its blocks (copy-on-write) and
+draw their first tokens from the same logits row. The samples of such a request share its
+request id and its `samples` list, and `index` tells them apart; `seq_id` (V0's name) is
+unique per sample and keys the runner's messages (core/scheduler_output.py).
+
+Plain Python only: no torch tensors here (each sample's random generator lives with the
+Sampler), so the scheduler and the block manager can be read and tested without a device.
+Left out, compared with vLLM: pooling requests, multi-modal inputs, the client index.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from minivllm.outputs import EngineCoreOutput
+from minivllm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"                # V0's swap preemption: its KV parked in host memory
+    FINISHED_STOPPED = "stop"          # EOS, a stop token or a stop string
+    FINISHED_LENGTH_CAPPED = "length"  # max_tokens or max_model_len reached
+    FINISHED_ABORTED = "abort"         # aborted by the caller, or failed (then .error says why)
+
+    def __init__(self, value: str):
+        # A plain attribute, not a property: every request asks it every step.
+        self.finished = self.name.startswith("FINISHED")
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)   # when each output token arrived
+    num_draft_tokens: int = 0      # speculative decoding: draft tokens proposed and verified
+    num_accepted_tokens: int = 0   # ... and of those, accepted by the target
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams, seq_id: int = 0, lora_request=None,
+                 arrival_time: float | None = None):
+        self.request_id = request_id
+        self.sampling_params = sampling_params
+        self.lora_request = lora_request         # LoRARequest, or None for the base model
+        self.grammar = None                      # its compiled guided-decoding constraint
+        self.kv_transfer_params = None           # disaggregation: vLLM's, a dict or None
+        self.error: str | None = None            # why the engine failed it, if it did
+        self.seq_id = seq_id                     # unique per sample (see the module's doc)
+        self.index = 0                           # which of the request's samples (V0's fork)
+        self.samples = [self]                    # the request's samples so far (V0's fork)
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.spec_token_ids: list[int] = []
+        # Prefix caching: hashes of full blocks (they depend on tokens only), how many leading
+        # blocks of the table are already named in the cache, and keys that must also match
+        # (an adapter's id: each adapter has its own prefix-cache namespace).
+        self.block_hashes: list[int] = []
+        self.num_cached_blocks = 0
+        self.extra_keys: tuple = (lora_request.lora_int_id,) if lora_request else ()
+        self.output_logprobs: list[dict[int, float]] = []
+        self.metrics = RequestMetrics(time.perf_counter() if arrival_time is None
+                                      else arrival_time)
+
+    @classmethod
+    def from_engine_core_request(cls, request, seq_id: int) -> Request:
+        """The core's Request for an EngineCoreRequest (engine/core.py), as vLLM V1's."""
+        new = cls(request.request_id, request.prompt_token_ids, request.sampling_params,
+                  seq_id, request.lora_request, request.arrival_time)
+        new.grammar = request.grammar
+        new.kv_transfer_params = request.kv_transfer_params
+        return new
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __repr__(self) -> str:
+        sample = f"[{self.index}]" if self.sampling_params.n > 1 else ""
+        return (f"Request({self.request_id!r}{sample}, {self.status.value}, "
+                f"tokens={len(self)}, computed={self.num_computed_tokens}, "
+                f"blocks={self.block_table})")
+
+    @property
+    def lora_int_id(self) -> int:
+        """The request's LoRA adapter id (minivllm/lora/models.py), 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request else 0
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[:self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """Are prompt tokens (or, after a recompute preemption, any tokens but the newest)
+        still without K/V? Then its next step is a prefill chunk, not a one-token decode."""
+        num_tokens = len(self.token_ids)
+        return num_tokens - self.num_computed_tokens > 1 or num_tokens == self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    @property
+    def num_unforked(self) -> int:
+        """Samples of an n > 1 request handed to the core whole still to fork (V0); else 0."""
+        return self.sampling_params.n - len(self.samples)
+
+    @property
+    def all_samples_finished(self) -> bool:
+        """Is the request done: every sample it will have, finished?"""
+        return self.num_unforked == 0 and all(s.is_finished for s in self.samples)
+
+    def output_since(self, num_before: int) -> EngineCoreOutput:
+        """What the front end learns of this sample after a step: its tokens from num_before
+        on, and how it stands (plain values: no core object leaves the core)."""
+        new = self.token_ids[num_before:]
+        logprobs = None
+        if self.sampling_params.logprobs is not None:
+            logprobs = self.output_logprobs[len(self.output_logprobs) - len(new):] if new else []
+        m = self.metrics
+        return EngineCoreOutput(self.request_id, self.index, new, logprobs,
+                                self.status.value if self.status.finished else None,
+                                self.error, m.first_scheduled_time,
+                                m.num_draft_tokens, m.num_accepted_tokens)
+
+    def samples_after(self, num_new_tokens: int) -> bool:
+        """Do num_new_tokens computed now (its drafts included) reach this request's end, so
+        that it samples? A prefill chunk short of the prompt's end does not. The one copy of
+        this rule: the scheduler records it in SchedulerOutput.sampling."""
+        return (self.num_computed_tokens + num_new_tokens
+                >= len(self.token_ids) + len(self.spec_token_ids))
+
+    def append_token(self, token_id: int, logprobs: dict[int, float] | None) -> None:
+        self.token_ids.append(token_id)
+        if logprobs is not None:
+            self.output_logprobs.append(logprobs)
+        now = time.perf_counter()
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = now
+        self.metrics.token_times.append(now)
+
+    def fork(self, seq_ids) -> list[Request]:
+        """V0's parallel sampling: make the other n - 1 samples as copies of this first one,
+        whose prompt is now computed. They hold no blocks yet: the scheduler shares this
+        sample's blocks with them (block_manager.fork)."""
+        children = []
+        for index in range(len(self.samples), self.sampling_params.n):
+            child = Request(self.request_id, self.prompt_token_ids, self.sampling_params,
+                            next(seq_ids), self.lora_request, self.metrics.arrival_time)
+            child.token_ids = list(self.token_ids)
+            child.grammar = self.grammar
+            child.kv_transfer_params = self.kv_transfer_params
+            child.index = index
+            child.samples = self.samples                    # one list, shared
+            child.num_computed_tokens = self.num_computed_tokens
+            child.block_hashes = list(self.block_hashes)
+            child.metrics.first_scheduled_time = self.metrics.first_scheduled_time
+            children.append(child)
+        self.samples += children
+        return children
