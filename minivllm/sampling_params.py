@@ -112,6 +112,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0     # prompt or output tokens: logit / p if > 0, else * p
     min_tokens: int = 0                 # no EOS or stop token before this many new tokens
     guided_decoding: GuidedDecodingParams | None = None   # structured output
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit (OpenAI's)
 
     def __post_init__(self):
         self.n = _int("n", self.n, lo=1, allowed="an integer >= 1")
@@ -151,6 +152,15 @@ class SamplingParams:
                             f"{self.stop_token_ids!r}")
         self.stop_token_ids = [_int("stop_token_ids", t, lo=0, allowed="token ids >= 0")
                                for t in self.stop_token_ids]
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise TypeError(f"logit_bias must be a map of token id to bias, got "
+                                f"{self.logit_bias!r}")
+            self.logit_bias = {_int("logit_bias", t, lo=0, allowed="keyed by token ids >= 0"):
+                               _float("logit_bias", b) for t, b in self.logit_bias.items()}
+            bad = [b for b in self.logit_bias.values() if not -100 <= b <= 100]
+            if bad:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bad[0]}")
         for name in ("presence_penalty", "frequency_penalty"):
             setattr(self, name, _float(name, getattr(self, name)))
             if not -2 <= getattr(self, name) <= 2:
@@ -165,10 +175,6 @@ class SamplingParams:
         if not isinstance(self.guided_decoding, (GuidedDecodingParams, type(None))):
             raise TypeError(f"guided_decoding must be a GuidedDecodingParams, got "
                             f"{type(self.guided_decoding).__name__}")
-        if self.n > 1 and self.temperature == 0:
-            raise ValueError(f"n={self.n} samples with temperature=0 (or below {SAMPLING_EPS}, "
-                             f"which is greedy) would be {self.n} copies of "
-                             "the same greedy output; use temperature > 0")
 
     @property
     def has_penalties(self) -> bool:

@@ -285,6 +285,13 @@ def test_server_response_format_and_guided_extras(client):
         "name": "x", "schema": {"type": "objec"}}}}, "invalid JSON schema"),
     ({"response_format": {"type": "json_schema"}}, "needs a \"json_schema\""),
     ({"guided_regex": "(ab"}, "invalid regex"),
+    # Constraints that compile but admit no token (issue 43: these were a 200, finish "abort").
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"$ref": "#"}}}}, "JSON schema admits no output"),
+    ({"guided_json": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                      "$ref": "#/$defs/a"}}, "JSON schema admits no output"),
+    ({"guided_grammar": "root ::= a\na ::= root"}, "grammar admits no output"),
+    ({"guided_regex": "[^\\s\\S]"}, "regex admits no output"),
     ({"guided_regex": "a+", "guided_choice": ["a"]}, "give one constraint"),
     ({"presence_penalty": 3.0}, "presence_penalty must be in [-2, 2]"),
 ])
@@ -294,3 +301,11 @@ def test_server_refuses_bad_constraints_with_400(client, body, reason):
         client.chat.completions.create(model="smol", max_tokens=4, extra_body=body,
                                        messages=[{"role": "user", "content": "Hi"}])
     assert e.value.status_code == 400 and reason in e.value.message
+
+
+def test_a_constraint_that_admits_nothing_is_a_400_before_any_byte_streamed(client):
+    """Streaming too: the refusal comes as the response's status, not inside a 200 stream."""
+    import openai
+    with pytest.raises(openai.BadRequestError, match="admits no output"):
+        client.completions.create(model="smol", prompt="Hi", max_tokens=4, stream=True,
+                                  extra_body={"guided_json": {"$ref": "#"}})

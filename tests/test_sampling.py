@@ -116,3 +116,28 @@ def test_logprobs(smol_llm):
     for tok, lp in first.items():
         assert math.isclose(lp, ref[tok].item(), abs_tol=1e-4)
     assert max(first.values()) == first[out.token_ids[0]]
+
+
+def test_logit_bias_pushes_and_bans_tokens(smol_llm):
+    """OpenAI's logit_bias: +100 on a token makes greedy pick it every step; -100 on the token
+    greedy picked first bans it; a bias on a token the text does not meet changes nothing."""
+    prompt = "The capital of France is"
+    plain = smol_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6),
+                              use_tqdm=False)[0].outputs[0].token_ids
+    forced = smol_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6,
+                                                      logit_bias={42: 100}),
+                               use_tqdm=False)[0].outputs[0].token_ids
+    assert forced == [42] * 6
+    banned = smol_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6,
+                                                      logit_bias={plain[0]: -100}),
+                               use_tqdm=False)[0].outputs[0].token_ids
+    assert plain[0] not in banned
+    unseen = next(t for t in range(100, 200) if t not in plain)
+    same = smol_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6,
+                                                    logit_bias={unseen: -5}),
+                             use_tqdm=False)[0].outputs[0].token_ids
+    assert same == plain
+    with pytest.raises(ValueError, match=r"logit_bias values must be in \[-100, 100\]"):
+        SamplingParams(logit_bias={1: 101})
+    with pytest.raises(ValueError, match="logit_bias: 1000000 is outside the vocabulary"):
+        smol_llm.generate(prompt, SamplingParams(logit_bias={10**6: 1}), use_tqdm=False)

@@ -36,6 +36,9 @@ def validate_request(token_ids: list[int], params: SamplingParams, vllm_config: 
     bad = [t for t in token_ids if not 0 <= t < vocab]
     if bad:
         raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
+    bad = [t for t in params.logit_bias or () if not t < vocab]
+    if bad:
+        raise ValueError(f"logit_bias: {bad[0]} is outside the vocabulary (size {vocab})")
     bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
     if bad:
         raise ValueError(f"stop_token_ids: {bad[0]} is outside the vocabulary (size {vocab})")
@@ -52,11 +55,12 @@ def validate_request(token_ids: list[int], params: SamplingParams, vllm_config: 
             "blocks; lower max_tokens or give the engine more KV memory")
 
 
-def encode_prompt(tokenizer, text: str) -> list[int]:
+def encode_prompt(tokenizer, text: str, add_special_tokens: bool = False) -> list[int]:
     """text -> token ids, or a ValueError that says why not (a lone UTF-16 surrogate such as
-    "\\ud800", valid JSON but not encodable, made the tokenizer raise a bare TypeError)."""
+    "\\ud800", valid JSON but not encodable, made the tokenizer raise a bare TypeError).
+    add_special_tokens: the tokenizer's own BOS/EOS around the text (the server's option)."""
     try:
-        return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
     except Exception as e:     # noqa: BLE001 -- whatever the tokenizer raises, the input's fault
         bad = next((f" (a lone surrogate at character {i})" for i, c in enumerate(text)
                     if 0xD800 <= ord(c) <= 0xDFFF), "")

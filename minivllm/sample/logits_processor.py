@@ -4,6 +4,7 @@
 Every processor here is batched: it builds one tensor for the rows that ask for it and edits
 those rows at once, never a Python loop over the vocabulary. In the Sampler's order:
 
+    logit_bias     OpenAI's: a request's bias added to the logits of the tokens it names
     min_tokens     until a sequence has min_tokens new tokens, its stop tokens (EOS unless
                    ignore_eos, and stop_token_ids) are masked to -inf: it cannot stop early
     penalties      vLLM's three, from the token counts of each sequence (one scatter_add):
@@ -19,7 +20,7 @@ output of a plain request is the same bits as before the seam existed.
 
 Left out, compared with vLLM: its persistent batch (V1 keeps the token counts in tensors that
 live across steps; we count again from seq.token_ids every step, O(length) host work per
-penalized row), min_p, logit_bias, bad_words, allowed_token_ids, and user-supplied processors.
+penalized row), min_p, bad_words, allowed_token_ids, and user-supplied processors.
 """
 
 from __future__ import annotations
@@ -27,6 +28,20 @@ from __future__ import annotations
 import torch
 
 from minivllm.core.request import Request
+
+
+def apply_logit_bias(logits: torch.Tensor, seqs: list[Request]) -> None:
+    """In place: each row's logit_bias added to the logits of the tokens it names."""
+    rows = []
+    cols = []
+    bias = []
+    for i, s in enumerate(seqs):
+        for token, b in (s.sampling_params.logit_bias or {}).items():
+            rows.append(i)
+            cols.append(token)
+            bias.append(b)
+    if rows:
+        logits[rows, cols] += torch.tensor(bias, dtype=logits.dtype, device=logits.device)
 
 
 def apply_min_tokens(logits: torch.Tensor, seqs: list[Request], eos_token_ids: set[int]):
@@ -79,9 +94,11 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list[Request],
     """Every processor, in order, on a copy of logits (the caller keeps the raw rows for
     logprobs). Returns logits itself when no row asks for anything (no copy, no change)."""
     p = [s.sampling_params for s in seqs]
-    if not any(x.min_tokens or x.has_penalties or x.guided_decoding for x in p):
+    if not any(x.min_tokens or x.has_penalties or x.guided_decoding or x.logit_bias
+               for x in p):
         return logits
     logits = logits.clone()
+    apply_logit_bias(logits, seqs)
     apply_min_tokens(logits, seqs, eos_token_ids)
     apply_penalties(logits, seqs)
     if guided is not None:

@@ -61,6 +61,9 @@ def choice_grammar(choices: list[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
+_NAMES = {"json": "JSON schema", "regex": "regex", "grammar": "grammar"}
+
+
 class StructuredOutputManager:
     """vLLM's name: compiles and caches grammars, holds each guided sequence's matcher, and
     applies the step's bitmask. Importing xgrammar takes seconds, so it happens on the first
@@ -130,8 +133,9 @@ class StructuredOutputManager:
             else:
                 grammar = self.compiler.compile_grammar(text)
         except Exception as e:   # noqa: BLE001 (RuntimeError mostly; a few of xgrammar's own)
-            name = {"json": "JSON schema", "regex": "regex", "grammar": "grammar"}.get(kind, kind)
-            raise ValueError(f"guided_decoding: invalid {name}: {_reason(e)}") from None
+            raise ValueError(f"guided_decoding: invalid {_NAMES.get(kind, kind)}: "
+                             f"{_reason(e)}") from None
+        self._check_admits_output(grammar, kind)
         with self._lock:
             self.compile_seconds += time.perf_counter() - t0
             self.num_compiled += 1
@@ -140,6 +144,18 @@ class StructuredOutputManager:
                 self.grammars.popitem(last=False)
         return grammar
 
+    def _check_admits_output(self, grammar, kind: str) -> None:
+        """Refuse a constraint that compiles but allows no first token (a schema that only
+        refers to itself, such as {"$ref": "#"}): served, it would fail at its first step."""
+        import xgrammar as xgr
+        matcher = xgr.GrammarMatcher(grammar)
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(bitmask)
+        if not bitmask.any() and not matcher.is_terminated():
+            raise ValueError(f"guided_decoding: the {_NAMES.get(kind, kind)} admits no output: "
+                             "no token can start it (a schema or rule that only refers to "
+                             "itself, or a character class that matches nothing)")
+
     @property
     def cache_bytes(self) -> int:
         return sum(g.memory_size_bytes for g in self.grammars.values())
@@ -147,8 +163,8 @@ class StructuredOutputManager:
     def check(self, params: SamplingParams, speculative: bool, grammar=None):
         """At add_request: refuse what this engine cannot do; return the request's compiled
         constraint (`grammar` if it was compiled already, off this thread), or None."""
-        if speculative and (params.guided_decoding or params.has_penalties
-                            or params.min_tokens):    # the one per-request row of the table
+        if speculative and (params.guided_decoding or params.has_penalties or params.min_tokens
+                            or params.logit_bias):    # the one per-request row of the table
             raise ValueError(incompatibility(PER_REQUEST, "speculative_config"))
         if params.guided_decoding is None or grammar is not None:
             return grammar

@@ -47,7 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from minivllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
 from minivllm.outputs import RequestOutput
-from minivllm.entrypoints.openai.protocol import OpenAIError, error_body, now
+from minivllm.entrypoints.openai.protocol import OpenAIError, cut, error_body, now
 from minivllm.entrypoints.openai.serving import add_routes, max_token_chars
 
 logger = logging.getLogger("minivllm")
@@ -66,7 +66,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
             "[" in x or x in ("str", "int", "float", "bool", "list", "dict")))]
         field = ".".join(loc) or "body"
         param = param or field
-        got = "" if err["type"] == "missing" else f", got {err.get('input')!r}"
+        got = "" if err["type"] == "missing" else f", got {cut(repr(err.get('input')))}"
         parts.append(f"{field}: {err['msg']}{got}")
     return "; ".join(dict.fromkeys(parts)), param
 
@@ -248,11 +248,20 @@ def build_app(aengine: AsyncLLMEngine, served_model_name: str, api_key: str | No
         return Response(generate_latest(app.state.metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
 
+    def model_card() -> dict:
+        return {"id": served_model_name, "object": "model", "created": now(),
+                "owned_by": "minivllm", "max_model_len": aengine.engine.model_config.max_model_len}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{
-            "id": served_model_name, "object": "model", "created": now(), "owned_by": "minivllm",
-            "max_model_len": aengine.engine.model_config.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")         # the openai client's models.retrieve
+    async def model(model_id: str):
+        if model_id != served_model_name:
+            raise OpenAIError(404, f"The model `{cut(model_id)}` does not exist; this server "
+                              f"serves `{served_model_name}`.", "model")
+        return model_card()
 
     add_routes(app)
     return app

@@ -6,12 +6,17 @@ unknown fields are refused by name (a typo such as `max_token` would otherwise b
 the default used). Ranges are checked once, by SamplingParams, whose messages name the field.
 
 Fields beyond OpenAI's are vLLM's extras with vLLM's names (top_k, ignore_eos, stop_token_ids,
-skip_special_tokens, include_stop_str_in_output, repetition_penalty, min_tokens, and the
-guided_json / guided_regex / guided_choice / guided_grammar constraints). `response_format`
+skip_special_tokens, include_stop_str_in_output, repetition_penalty, min_tokens,
+add_special_tokens, echo, stream_options.continuous_usage_stats, logit_bias (OpenAI's), and the guided_json /
+guided_regex / guided_choice / guided_grammar constraints). `response_format`
 ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}) becomes
-a guided-decoding constraint too (minivllm/structured_output/manager.py). Left out: echo,
-best_of, suffix, logit_bias, tools and function calling, images; each is refused as an unknown
-field rather than accepted and ignored.
+a guided-decoding constraint too (minivllm/structured_output/manager.py).
+
+OpenAI's parameters that mean nothing to a self-hosted server (user, service_tier, store,
+metadata, reasoning_effort, parallel_tool_calls) are accepted and ignored, as vLLM does. What
+this server does not do is refused by name with a 400 that says so (UNSUPPORTED), never
+accepted and ignored: tools and function calling, min_p, best_of, suffix,
+prompt_logprobs, echo with logprobs; any other unknown field is a 400 too (a typo).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False     # vLLM's: usage in every chunk (guidellm sends it)
 
 
 class JsonSchema(_Request):
@@ -50,6 +56,7 @@ class ResponseFormat(_Request):
 class _SamplingFields(_Request):
     model: str | None = None
     max_tokens: int | None = None
+    max_completion_tokens: int | None = None     # OpenAI's newer name (guidellm sends both)
     temperature: float = 1.0
     top_p: float = 1.0
     n: int = 1
@@ -57,7 +64,17 @@ class _SamplingFields(_Request):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None                  # accepted and ignored, as OpenAI's own
+    # OpenAI's, accepted and ignored: they mean nothing to a self-hosted server (as vLLM)
+    user: str | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    reasoning_effort: str | None = None
+    logit_bias: dict[str, float] | None = None   # JSON keys are strings: token ids
+    # Known, and refused by name (UNSUPPORTED) rather than as unknown or silently ignored
+    min_p: float | None = None
+    best_of: int | None = None
+    prompt_logprobs: int | None = None
     # vLLM's extras
     top_k: int = -1
     ignore_eos: bool = False
@@ -73,6 +90,22 @@ class _SamplingFields(_Request):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    add_special_tokens: bool = False          # vLLM's: the tokenizer's BOS/EOS around prompts
+
+    def check_supported(self) -> None:
+        """OpenAIError (400) for a field this server knows and does not do, or a combination
+        OpenAI's API refuses."""
+        for name, why in UNSUPPORTED.items():
+            if getattr(self, name, None) not in (None, False, []):
+                raise OpenAIError(400, f"{name} is not supported by this server ({why})", name)
+        if None not in (self.max_tokens, self.max_completion_tokens) and (
+                self.max_tokens != self.max_completion_tokens):
+            raise OpenAIError(400, f"max_completion_tokens: {self.max_completion_tokens} "
+                              f"differs from max_tokens {self.max_tokens}; give one, or both "
+                              "equal", "max_completion_tokens")
+        if self.stream_options is not None and not self.stream:
+            raise OpenAIError(400, "stream_options: only allowed when stream is true",
+                              "stream_options")
 
     def guided_decoding(self) -> GuidedDecodingParams | None:
         """response_format or one guided_* field -> the constraint (ValueError if several)."""
@@ -102,16 +135,44 @@ class _SamplingFields(_Request):
             include_stop_str_in_output=self.include_stop_str_in_output,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
-            guided_decoding=self.guided_decoding())
+            guided_decoding=self.guided_decoding(), logit_bias=self.token_bias())
+
+    def token_bias(self) -> dict[int, float] | None:
+        """logit_bias with its keys as token ids (JSON's keys are strings)."""
+        if self.logit_bias is None:
+            return None
+        try:
+            return {int(t): b for t, b in self.logit_bias.items()}
+        except ValueError:
+            raise ValueError(f"logit_bias must be keyed by token ids, got "
+                             f"{cut(repr(list(self.logit_bias)))}") from None
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """max_completion_tokens or max_tokens (check_supported made sure they agree)."""
+        return self.max_tokens if self.max_completion_tokens is None else (
+            self.max_completion_tokens)
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False                       # the prompt's text before each completion
+    suffix: str | None = None                # refused (UNSUPPORTED)
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo and self.logprobs is not None:
+            raise OpenAIError(400, "echo with logprobs is not supported by this server (it "
+                              "needs the prompt's logprobs)", "echo")
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -131,7 +192,7 @@ class ChatMessage(_Request):
             parts = []
             for i, part in enumerate(self.content):
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ValueError(f"messages: content part {i} must be "
+                    raise ValueError(f"content part {i} must be "
                                      f'{{"type": "text", "text": "..."}}, got {part!r}')
                 parts.append(part["text"])
             return "".join(parts)
@@ -140,13 +201,37 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None     # OpenAI's newer name for max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True           # vLLM's extra
+    parallel_tool_calls: bool | None = None      # accepted and ignored (no tools here)
+    tools: list[dict] | None = None              # refused (UNSUPPORTED)
+    tool_choice: str | dict | None = None        # refused unless "none"
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tool_choice not in (None, "none"):
+            raise OpenAIError(400, f"tool_choice is not supported by this server "
+                              f"({UNSUPPORTED['tools']})", "tool_choice")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise OpenAIError(400, "top_logprobs: logprobs must be true when top_logprobs is "
+                              "given", "top_logprobs")
+        for i, m in enumerate(self.messages):
+            if m.content is None and m.role != "assistant":
+                raise OpenAIError(400, f"messages.{i}.content: a {m.role} message needs "
+                                  "content", "messages")
 
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+
+UNSUPPORTED = {
+    "tools": "no tool or function calling",
+    "min_p": "no min-p sampling; top_p and top_k are",
+    "best_of": "n samples are returned, none dropped",
+    "prompt_logprobs": "no logprobs of prompt tokens",
+    "suffix": "no insertion",
+}
 
 
 def random_id(prefix: str) -> str:
@@ -160,7 +245,7 @@ def now() -> int:
 FIELDS = ("n", "temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "seed",
           "logprobs", "ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
           "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
-          "guided_decoding", "response_format")
+          "guided_decoding", "response_format", "logit_bias")
 
 
 class OpenAIError(Exception):
@@ -169,6 +254,12 @@ class OpenAIError(Exception):
         self.status = status
         self.message = message
         self.param = param
+
+
+def cut(text: str, limit: int = 200) -> str:
+    """An input echoed in an error, at most `limit` characters: a 100,000-entry field echoed
+    whole made a 1.2 MB error body."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def param_of(message: str, default: str | None = None) -> str | None:

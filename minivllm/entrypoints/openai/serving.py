@@ -22,9 +22,9 @@ from fastapi.responses import StreamingResponse
 from minivllm.engine.async_llm_engine import EngineDeadError
 from minivllm.engine.processor import encode_prompt
 from minivllm.outputs import CompletionOutput
-from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError,
-                               chat_logprobs, completion_logprobs, error_body, now, param_of,
-                               random_id)
+from minivllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
+                                                  OpenAIError, chat_logprobs, completion_logprobs,
+                                                  cut, error_body, now, param_of, random_id)
 from minivllm.sampling_params import SamplingParams
 
 async def merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
@@ -84,7 +84,7 @@ async def until_disconnected(request: Request, work, on_cancel: Callable[[], Non
 
 def check_model(app: FastAPI, name: str | None) -> None:
     if name is not None and name != app.state.model_name:
-        raise OpenAIError(404, f"The model `{name}` does not exist; this server serves "
+        raise OpenAIError(404, f"The model `{cut(name)}` does not exist; this server serves "
                           f"`{app.state.model_name}`.", "model")
 
 
@@ -102,8 +102,8 @@ def too_long(max_len: int, prompt_len: int, want: int, prompt_field: str) -> Ope
         prompt_field if prompt_len >= max_len else "max_tokens")
 
 
-def tokenize(app: FastAPI, prompts: list[str | list[int]], prompt_field: str
-             ) -> list[list[int]]:
+def tokenize(app: FastAPI, prompts: list[str | list[int]], prompt_field: str,
+             add_special_tokens: bool = False) -> list[list[int]]:
     """Each prompt's token ids (run on a worker thread: a long text takes seconds, which the
     event loop must not spend). A text that cannot fit max_model_len however it tokenizes is
     refused before the tokenizer sees it: a 2 MB prompt cost 570 MB and 3.6 s to learn that."""
@@ -118,8 +118,8 @@ def tokenize(app: FastAPI, prompts: list[str | list[int]], prompt_field: str
                               f"characters each. Please reduce the length of the "
                               f"{prompt_field}.", prompt_field)
         try:
-            ids.append(encode_prompt(app.state.aengine.tokenizer, p) if isinstance(p, str)
-                       else p)
+            ids.append(encode_prompt(app.state.aengine.tokenizer, p, add_special_tokens)
+                       if isinstance(p, str) else p)
         except ValueError as e:
             raise OpenAIError(400, str(e).replace("prompt", prompt_field, 1),
                               prompt_field) from None
@@ -128,7 +128,8 @@ def tokenize(app: FastAPI, prompts: list[str | list[int]], prompt_field: str
 
 async def start_requests(app: FastAPI, request: Request, request_id: str,
                          prompts: list[str | list[int]], make_params,
-                         max_tokens: int | None, default_max_tokens, prompt_field: str
+                         max_tokens: int | None, default_max_tokens, prompt_field: str,
+                         add_special_tokens: bool = False
                          ) -> tuple[list[AsyncIterator], list[int], SamplingParams]:
     """Validate, tokenize and add each prompt; return their output streams (timed), their
     prompt lengths and the SamplingParams. All or nothing: on an error, or if the client
@@ -148,7 +149,7 @@ async def start_requests(app: FastAPI, request: Request, request_id: str,
     except (TypeError, ValueError) as e:
         raise OpenAIError(400, str(e), param_of(str(e))) from None
     ids = await until_disconnected(request, asyncio.to_thread(tokenize, app, prompts,
-                                                              prompt_field))
+                                                              prompt_field, add_special_tokens))
     all_params = []
     for prompt_ids in ids:
         if not prompt_ids:
@@ -208,11 +209,19 @@ def _usage(prompt_lens: list[int], completion_tokens: int) -> dict:
 async def stream_events(app: FastAPI, request_id: str, envelope: dict, streams, prompt_lens,
                         params: SamplingParams, include_usage: bool,
                         choice: Callable[[int, str, CompletionOutput, int, int], dict],
-                        opening: list[dict]) -> AsyncIterator[str]:
+                        opening: list[dict], continuous_usage: bool = False
+                        ) -> AsyncIterator[str]:
     """SSE body: `opening` choices (chat's role deltas), then per step one chunk per sample that
-    has new text or has finished, then the usage chunk if asked for, then [DONE]."""
-    chunk = lambda choices: sse({**envelope, "choices": choices,  # noqa: E731
-                                 **({"usage": None} if include_usage else {})})
+    has new text or has finished, then the usage chunk if asked for, then [DONE]. With
+    continuous_usage (vLLM's stream_options.continuous_usage_stats) every chunk carries the
+    usage so far; otherwise, with include_usage, each chunk's usage is null."""
+    def chunk(choices):
+        usage = {}
+        if continuous_usage:
+            usage = {"usage": _usage(prompt_lens, sum(sent_tokens.values()))}
+        elif include_usage:
+            usage = {"usage": None}
+        return sse({**envelope, "choices": choices, **usage})
     sent_chars: dict[int, int] = {}
     sent_tokens: dict[int, int] = {}
     finished: set[int] = set()
@@ -229,13 +238,14 @@ async def stream_events(app: FastAPI, request_id: str, envelope: dict, streams, 
                 start = sent_chars.get(index, 0)
                 if len(text) == start and not c.finished:
                     continue
-                yield chunk([choice(index, text[start:], c, sent_tokens.get(index, 0), start)])
+                tok_start = sent_tokens.get(index, 0)
                 sent_chars[index] = len(text)
                 sent_tokens[index] = len(c.token_ids)
+                yield chunk([choice(index, text[start:], c, tok_start, start)])
                 if c.finished:
                     finished.add(index)
                     completion_tokens += len(c.token_ids)
-        if include_usage:
+        if include_usage or continuous_usage:
             yield sse({**envelope, "choices": [],
                        "usage": _usage(prompt_lens, completion_tokens)})
     except EngineDeadError as e:
@@ -265,21 +275,32 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         check_model(app, req.model)
+        req.check_supported()
         rid = random_id("cmpl")
         k = req.logprobs
+        prompts = req.prompts()
         streams, prompt_lens, params = await start_requests(
-            app, request, rid, req.prompts(), lambda mt: req.sampling_params(mt, k), req.max_tokens,
-            lambda p: max(1, min(16, max_len - p)), "prompt")
+            app, request, rid, prompts, lambda mt: req.sampling_params(mt, k), req.max_new_tokens,
+            lambda p: max(1, min(16, max_len - p)), "prompt", req.add_special_tokens)
         envelope = {"id": rid, "object": "text_completion", "created": now(),
                     "model": app.state.model_name}
+        echoed = set()
+
+        def echo(index):             # echo: the prompt's text, before its first text only
+            if not req.echo or index in echoed:
+                return ""
+            echoed.add(index)
+            p = prompts[index // params.n]
+            return p if isinstance(p, str) else app.state.aengine.tokenizer.decode(p)
 
         def choice(index, text, c, tok_start, char_start):
-            return {"index": index, "text": text, "finish_reason": c.finish_reason,
+            return {"index": index, "text": echo(index) + text, "finish_reason": c.finish_reason,
                     "logprobs": None if k is None else
                     completion_logprobs(c, tok_start, k, decode, char_start)}
         if req.stream:
             return streaming_response(stream_events(app, rid, envelope, streams, prompt_lens,
-                                                    params, req.include_usage, choice, []))
+                                                    params, req.include_usage, choice, [],
+                                                    req.continuous_usage))
         finals = await final_outputs(app, request, rid, streams)
         choices = [choice(i * params.n + c.index, c.text, c, 0, 0)
                    for i, out in enumerate(finals) for c in out.outputs]
@@ -289,6 +310,7 @@ def add_routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_model(app, req.model)
+        req.check_supported()
         rid = random_id("chatcmpl")
         k = req.logprobs_k()
         try:
@@ -298,11 +320,9 @@ def add_routes(app: FastAPI) -> None:
                 add_generation_prompt=req.add_generation_prompt)
         except Exception as e:     # noqa: BLE001 -- jinja's template errors are the user's
             raise OpenAIError(400, f"messages: {e}", "messages") from None
-        max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
-                      else req.max_tokens)
         streams, prompt_lens, params = await start_requests(
-            app, request, rid, [prompt], lambda mt: req.sampling_params(mt, k), max_tokens,
-            lambda p: max(1, max_len - p), "messages")
+            app, request, rid, [prompt], lambda mt: req.sampling_params(mt, k), req.max_new_tokens,
+            lambda p: max(1, max_len - p), "messages", req.add_special_tokens)
         envelope = {"id": rid, "object": "chat.completion.chunk", "created": now(),
                     "model": app.state.model_name}
 
@@ -317,7 +337,8 @@ def add_routes(app: FastAPI) -> None:
             opening = [{"index": i, "delta": {"role": "assistant", "content": ""},
                         "logprobs": None, "finish_reason": None} for i in range(params.n)]
             return streaming_response(stream_events(app, rid, envelope, streams, prompt_lens,
-                                                    params, req.include_usage, choice, opening))
+                                                    params, req.include_usage, choice, opening,
+                                                    req.continuous_usage))
         (out,) = await final_outputs(app, request, rid, streams)
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": logprobs(c, 0), "finish_reason": c.finish_reason}
