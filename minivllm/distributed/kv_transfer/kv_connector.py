@@ -63,10 +63,10 @@ from minivllm.sampling_params import SamplingParams
 @dataclass(slots=True)
 class ReqMeta:
     """One request's K/V to move (vLLM's ReqMeta). The sampler finds a generator by
-    (request_id, index) and seeds a new one from params."""
+    (request_id, index) and seeds a new one from sampling_params."""
 
     request_id: str
-    params: SamplingParams
+    sampling_params: SamplingParams
     block_ids: list[int]
     num_tokens: int                 # the prompt's
     start: int = 0                  # load: tokens held here already (prefix cache): left as is
@@ -167,7 +167,8 @@ class KVConnectorWorker:
             kv = blocks.flatten(2, 3)[:, :, :req.num_tokens].to(pipe.kv_device)  # (L, 2, P, ..)
             try:
                 pipe.send(KV, {"request_id": req.request_id,
-                               "prompt_token_ids": req.prompt_token_ids, "params": req.params,
+                               "prompt_token_ids": req.prompt_token_ids,
+                               "params": req.sampling_params,
                                "first_token": draws[0][0], "first_logprobs": draws[0][1],
                                "kv_shape": tuple(kv.shape),
                                "generator": sampler.get_generator_state(req)}, kv)

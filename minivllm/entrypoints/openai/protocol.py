@@ -7,10 +7,11 @@ the default used). Ranges are checked once, by SamplingParams, whose messages na
 
 Fields beyond OpenAI's are vLLM's extras with vLLM's names (top_k, ignore_eos, stop_token_ids,
 skip_special_tokens, include_stop_str_in_output, repetition_penalty, min_tokens,
-add_special_tokens, echo, stream_options.continuous_usage_stats, logit_bias (OpenAI's), and the guided_json /
-guided_regex / guided_choice / guided_grammar constraints). `response_format`
-({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}) becomes
-a guided-decoding constraint too (minivllm/structured_output/manager.py).
+add_special_tokens, echo, stream_options.continuous_usage_stats, and the guided_json /
+guided_regex / guided_choice / guided_grammar constraints), and OpenAI's logit_bias.
+`response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema":
+{"schema": ...}}) becomes a guided-decoding constraint too
+(minivllm/structured_output/manager.py).
 
 OpenAI's parameters that mean nothing to a self-hosted server (user, service_tier, store,
 metadata, reasoning_effort, parallel_tool_calls) are accepted and ignored, as vLLM does. What
