@@ -5,6 +5,7 @@ need no model; the rest runs the packaged model.
 """
 
 import asyncio
+import threading
 
 import pytest
 
@@ -151,3 +152,47 @@ def test_engine_error_reaches_every_waiter_never_a_hang():
 
     asyncio.run(asyncio.wait_for(main(), 10))
     assert aengine.errored and not aengine.is_running
+
+
+class HeldEngine(FailingEngine):
+    """step() holds until released, so the engine thread is busy while the test acts."""
+
+    def __init__(self):
+        super().__init__()
+        self.stepping = threading.Event()
+        self.release = threading.Event()
+
+    def step(self):
+        self.stepping.set()
+        self.release.wait(10)
+        return super().step()
+
+
+def test_an_add_cancelled_while_queued_is_skipped_and_the_loop_goes_on():
+    """A client that leaves while its request waits in the command queue (the server's
+    disconnect watch cancels the add) must not stop the loop: the engine thread skips it. It
+    used to call set_result on the cancelled future, and the loop died (InvalidStateError,
+    seen once in the hostile-client test)."""
+    fake = HeldEngine()
+    aengine = AsyncLLMEngine(fake)
+
+    async def main():
+        await aengine.add_request("busy", "p", GREEDY)     # taken; the next step holds
+        await asyncio.to_thread(fake.stepping.wait, 10)
+        gone = asyncio.create_task(aengine.add_request("gone", "p", GREEDY))
+        await asyncio.sleep(0.05)                          # queued behind the held step
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        await asyncio.sleep(0.05)                          # the cancel reaches the future
+        fake.release.set()
+        after = aengine.generate("p", GREEDY, "after")
+        assert not (await anext(after)).finished
+        assert "gone" not in fake.requests
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 20))
+        assert aengine.is_running and not aengine.errored
+    finally:
+        fake.release.set()
+        aengine.shutdown()

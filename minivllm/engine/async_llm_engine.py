@@ -217,6 +217,10 @@ class AsyncLLMEngine:
             block = False
             if cmd[0] == "add":
                 _, rid, prompt, params, stream, added, grammar = cmd
+                # A client that left while this waited in the queue cancelled `added`: skip
+                # it. Once running, `added` cannot be cancelled, so set_result below is safe.
+                if not added.set_running_or_notify_cancel():
+                    continue
                 try:
                     if grammar is None:
                         self.engine.add_request(rid, prompt, params)
