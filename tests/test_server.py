@@ -170,7 +170,7 @@ def test_openai_and_vllm_extensions_are_served(served, client):
     out = client.chat.completions.create(
         model=MODEL, messages=CHAT, max_tokens=8, temperature=0, user="u", service_tier="auto",
         store=False, metadata={"k": "v"}, reasoning_effort="low", parallel_tool_calls=False,
-        tool_choice="none")
+        tool_choice="none", extra_body={"min_p": 0.0, "best_of": 1})   # no-op values
     assert out.choices[0].message.content == ref["chat"]
     # echo: the prompt before the completion, streamed or not.
     kw = dict(model=MODEL, prompt=PROMPTS16[0], max_tokens=8, temperature=0, echo=True)

@@ -65,13 +65,13 @@ class _SamplingFields(_Request):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None   # JSON keys are strings: token ids
     # OpenAI's, accepted and ignored: they mean nothing to a self-hosted server (as vLLM)
     user: str | None = None
     service_tier: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
     reasoning_effort: str | None = None
-    logit_bias: dict[str, float] | None = None   # JSON keys are strings: token ids
     # Known, and refused by name (UNSUPPORTED) rather than as unknown or silently ignored
     min_p: float | None = None
     best_of: int | None = None
@@ -97,8 +97,10 @@ class _SamplingFields(_Request):
         """OpenAIError (400) for a field this server knows and does not do, or a combination
         OpenAI's API refuses."""
         for name, why in UNSUPPORTED.items():
-            if getattr(self, name, None) not in (None, False, []):
-                raise OpenAIError(400, f"{name} is not supported by this server ({why})", name)
+            value = getattr(self, name, None)
+            if value in (None, False, 0, []) or (name == "best_of" and value == self.n):
+                continue                       # absent, or the value that changes nothing
+            raise OpenAIError(400, f"{name} is not supported by this server ({why})", name)
         if None not in (self.max_tokens, self.max_completion_tokens) and (
                 self.max_tokens != self.max_completion_tokens):
             raise OpenAIError(400, f"max_completion_tokens: {self.max_completion_tokens} "
