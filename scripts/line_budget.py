@@ -42,7 +42,9 @@ SUBPACKAGES = {("distributed", "kv_transfer"), ("engine", "disagg"),   # counted
 # (counted apart below): the core went from 3,695 to ~3,490, EngineArgs included.
 CORE_CODE = 3600
 ADD_ON_CODE = 450
-ENTRYPOINTS_CODE = 900
+# Issue 43 added vLLM's request extensions (protocol.py) and serve's token budget measured on a
+# CPU (entrypoints/step_budget.py, a start-up choice of the server's, not the engine's).
+ENTRYPOINTS_CODE = 970
 FILE_LINES = 400
 # package -> (unit of its total, ceiling on the total or None to report it only, ceiling on
 # each file's physical lines).

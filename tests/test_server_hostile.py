@@ -270,3 +270,4 @@ def test_serve_key_from_env_no_docs_and_ctrl_c_exits_cleanly(smol_path):
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "minivllm: token budget" in out, out       # measured: a CPU, no budget given

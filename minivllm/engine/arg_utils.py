@@ -133,8 +133,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output (default: the model's context length)")
     g.add_argument("--max-num-seqs", type=int, default=64, help="sequences per batch, at most")
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="tokens per forward pass, at most (the token budget)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per forward pass, at most (the token budget; default 2048, "
+                        "but `serve` on a CPU measures one: --cpu-max-step-seconds)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse the KV blocks of shared prompt prefixes")
@@ -153,9 +154,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """EngineArgs' keyword arguments from the flags `add_cli_args` added (vLLM's
     EngineArgs.from_cli_args; the one rename: --num-gpu-blocks-override is num_kv_blocks)."""
+    budget = args.max_num_batched_tokens
     return dict(dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                 max_num_seqs=args.max_num_seqs,
-                max_num_batched_tokens=args.max_num_batched_tokens,
+                **({} if budget is None else {"max_num_batched_tokens": budget}),
                 block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 num_kv_blocks=args.num_gpu_blocks_override,

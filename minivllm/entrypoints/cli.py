@@ -32,12 +32,18 @@ from minivllm.benchmarks import simulate as simulator
 def make_engine(args: argparse.Namespace):
     """The engine `minivllm serve` serves: an LLMEngine with its EngineCore in a process of
     its own (unless --no-multiprocess-mode), or with --kv-transfer-config the front of a
-    disaggregated pair (minivllm/engine/disagg/disagg_llm.py)."""
+    disaggregated pair (minivllm/engine/disagg/disagg_llm.py). On a CPU with no token budget
+    given, the budget that keeps a step under --cpu-max-step-seconds is measured."""
     from minivllm.engine.llm_engine import LLMEngine
     kv = args.kv_transfer_config
     if kv is None:
-        return LLMEngine(args.model, multiprocess_mode=args.multiprocess_mode,
-                         **engine_kwargs(args))
+        engine = LLMEngine(args.model, multiprocess_mode=args.multiprocess_mode,
+                           **engine_kwargs(args))
+        if (args.max_num_batched_tokens is None and engine.device.type == "cpu"
+                and engine.vllm_config.scheduler_config.enable_chunked_prefill):
+            from minivllm.entrypoints.step_budget import fit_step_budget
+            print(f"minivllm: {fit_step_budget(engine, args.cpu_max_step_seconds)}", flush=True)
+        return engine
     from minivllm.config import KVTransferConfig
     from minivllm.engine.disagg.disagg_llm import DisaggLLM, launch
     from minivllm.entrypoints.openai.api_server import DisaggFront

@@ -50,4 +50,8 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "serves the front of a pair (with no kv_port, it spawns the "
                              "kv_consumer here); kv_role kv_consumer runs a decode role for "
                              "the producer at kv_ip:kv_port")
+    parser.add_argument("--cpu-max-step-seconds", type=float, default=1.0,
+                        help="on a CPU without --max-num-batched-tokens: the token budget is "
+                             "measured at start-up so that one step, which every stream waits "
+                             "through, stays under this (minivllm/entrypoints/step_budget.py)")
     return arg_utils.add_cli_args(parser)
