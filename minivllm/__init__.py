@@ -35,9 +35,11 @@ MODULE_ATTRS = {
     "RequestOutput": "minivllm.outputs:RequestOutput",
     "CompletionOutput": "minivllm.outputs:CompletionOutput",
     "LoRARequest": "minivllm.lora.request:LoRARequest",
+    "BeamSearchParams": "minivllm.beam_search:BeamSearchParams",
 }
 
 if typing.TYPE_CHECKING:                 # what a type checker and an editor see
+    from minivllm.beam_search import BeamSearchParams
     from minivllm.engine.arg_utils import EngineArgs
     from minivllm.engine.llm_engine import LLMEngine
     from minivllm.llm import LLM

@@ -8,7 +8,7 @@ vllm/entrypoints/llm.py).
     llm = LLM(multiprocess_mode=True)            # the EngineCore in a process of its own
                                                  # (engine/multiproc/), as a server runs it
 
-Left out, compared with vLLM: beam search, embeddings / scoring / classification, the
+Left out, compared with vLLM: embeddings / scoring / classification, the
 old guided_options_request argument (SamplingParams.guided_decoding does it), and multi-modal
 prompts.
 """
@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from tqdm.auto import tqdm
 
+from minivllm.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.processor import encode_prompt
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -104,6 +106,24 @@ class LLM:
                 conv, tokenize=False, add_generation_prompt=add_generation_prompt))
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
                              lora_request=lora_request)
+
+    def beam_search(self, prompts: list, params: BeamSearchParams, use_tqdm: bool = False,
+                    lora_request=None) -> list[BeamSearchOutput]:
+        """The beam_width best beams of each prompt, best first (minivllm/beam_search.py).
+        A prompt: a string, token ids, {"prompt": ...} or {"prompt_token_ids": [...]}, or a
+        conversation (a list of messages, through the chat template)."""
+        ids = []
+        for prompt in prompts:
+            if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif isinstance(prompt, dict):
+                prompt = prompt["prompt"]
+            elif prompt and isinstance(prompt, list) and isinstance(prompt[0], dict):
+                prompt = self.tokenizer.apply_chat_template(prompt, tokenize=False,
+                                                            add_generation_prompt=True)
+            ids.append(encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str)
+                       else list(prompt))
+        return beam_search(self, ids, params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def reconfigure(self, **changes) -> LLM:
         """New engine settings over the weights already loaded (LLMEngine.reconfigure):

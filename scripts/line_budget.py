@@ -30,8 +30,11 @@ CORE = ("engine", "core", "executor", "worker", "attention", "sample", "models")
 # reads first: the EngineCore in its own process (engine/multiproc/: the client's and the
 # core's ends of the sockets) and the front of a disaggregated pair (engine/disagg/: DisaggLLM
 # over two engines, the decode role's loop).
+# Beam search is an add-on in one file, as vLLM's vllm/beam_search.py: an algorithm over the
+# public API (LLM.generate with logprobs), read after the core.
 ADD_ONS = ("spec_decode", "lora", "quantization", "structured_output", "distributed",
-           "distributed/kv_transfer", "engine/disagg", "engine/multiproc", "simulator")
+           "distributed/kv_transfer", "engine/disagg", "engine/multiproc", "simulator",
+           "beam_search")
 SUBPACKAGES = {("distributed", "kv_transfer"), ("engine", "disagg"),   # counted apart
                ("engine", "multiproc")}
 
@@ -94,7 +97,9 @@ def package_files() -> dict[str, list[Path]]:
     for path in sorted(ENGINE.rglob("*.py")):
         parts = path.relative_to(ENGINE).parts
         top = "/".join(parts[:2]) if tuple(parts[:2]) in SUBPACKAGES else parts[0]
-        if top in CORE or top.endswith(".py"):
+        if top.removesuffix(".py") in ADD_ONS:
+            packages[f"minivllm/{top.removesuffix('.py')}"].append(path)
+        elif top in CORE or top.endswith(".py"):
             packages["minivllm (core)"].append(path)
         else:
             packages.setdefault(f"minivllm/{top}", []).append(path)

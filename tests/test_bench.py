@@ -44,6 +44,22 @@ def test_spec_report(capsys):
     assert int(repetitive[2]) < int(repetitive[1]) and float(repetitive[3]) > 50, out
 
 
+def test_beam_report(capsys):
+    """Beam search V1's way: the prefix cache computes fewer tokens, the beams are the same,
+    and k independent sequences compute the fewest (they extend their own KV)."""
+    main(["beam", "--beam-width", "2", "--max-tokens", "3"])
+    out = capsys.readouterr().out
+    rows = dict((name.strip(), [int(x) for x in nums.split()[:4]]) for name, nums in re.findall(
+        r"^(beam search, V1's way, cache o\w+|2 independent greedy sequences)\s+([\d ]+)", out,
+        re.MULTILINE))
+    on, off, apart = (rows["beam search, V1's way, cache on"],
+                      rows["beam search, V1's way, cache off"],
+                      rows["2 independent greedy sequences"])
+    assert on[0] == off[0] == apart[0] == 3, out                         # steps
+    assert apart[1] < on[1] < off[1] and on[2] > 0 == off[2], out        # computed, cached
+    assert "identical: True" in out, out
+
+
 def test_lora_report(capsys):
     """Multi-LoRA: base, mixed and one-at-a-time rows for each N, and the memory line."""
     main(["lora", "--num-adapters", "1", "2", "--num-requests", "2", "--max-tokens", "2",
@@ -106,7 +122,7 @@ def test_cpu_report(capsys):
 
 # Every name the docs, README and lessons use: a rename or a lost entry fails here.
 NAMES = ["serve", "throughput", "decode", "prefix", "load", "spec", "tp", "compile", "guided",
-         "quant", "lora", "ablation", "disagg", "cpu", "gpu", "kernels"]
+         "quant", "lora", "ablation", "disagg", "cpu", "gpu", "kernels", "beam"]
 
 
 def test_every_benchmark_is_in_the_registry():

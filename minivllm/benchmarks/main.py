@@ -19,7 +19,7 @@ import argparse
 
 import minivllm.platforms  # noqa: F401, I001  (first: Triton's interpreter switch, before kernels/)
 import kernels.bench as kernels_bench
-from minivllm.benchmarks import ablation, cpu, disagg, gpu, guided, latency, load, lora
+from minivllm.benchmarks import ablation, beam, cpu, disagg, gpu, guided, latency, load, lora
 from minivllm.benchmarks import compile as compile_bench     # (not the builtin `compile`)
 from minivllm.benchmarks import prefix_caching, quant, serve, spec, throughput, tp
 
@@ -53,6 +53,8 @@ BENCHMARKS = {
                      "agreement, bytes, KV capacity, decode tok/s", ("model",)),
     "lora": (lora, "multi-LoRA: a mixed batch of N adapters vs one adapter at a time vs the "
                    "base model; memory per adapter", ("model", "dtype")),
+    "beam": (beam, "beam search, V1's way (prefix cache on and off) vs k independent greedy "
+                   "sequences: steps, tokens computed, blocks", ("model", "dtype")),
     "ablation": (ablation, "one workload, each mechanism switched off in turn", ("model",)),
     "disagg": (disagg, "prefill/decode split vs colocated: running decodes while long prompts "
                        "arrive", ("model",)),

@@ -1,0 +1,156 @@
+"""Beam search as vLLM V1 runs it: outside the engine, over its public API (vLLM twin:
+vllm/beam_search.py, and LLM.beam_search in vllm/entrypoints/llm.py).
+
+    outs = llm.beam_search(["The capital of France is"], BeamSearchParams(beam_width=4,
+                                                                         max_tokens=16))
+    outs[0].sequences[0].text, .tokens, .cum_logprob, .score        # best first
+
+Every step, each running beam of every prompt goes to the engine as a request for one token
+with `logprobs` = the number of candidates: the beam's whole history is its prompt, and what
+the beams share (the prompt, the tokens a parent gave its children) comes back from the prefix
+cache, block by block; nothing in the engine knows the requests are beams. (V0's design, which
+forked one request's block tables inside the engine, sharing blocks copy-on-write, is the other
+way to do it: see lesson 02.)
+
+Which beams survive follows transformers' `generate(num_beams=k, do_sample=False)` (its
+`_beam_search`, transformers 5), token for token (tests/test_beam_search.py):
+
+- candidates: the best (1 + EOS ids, at least 2) x k continuations over all running beams, by
+  cumulative logprob (log_softmax of the fp32 logits, summed over the generated tokens);
+- running: the best k candidates that neither end in EOS nor reach max_tokens;
+- finished: a candidate that ends in EOS or reaches max_tokens joins the finished set only if
+  it ranks among the best k candidates, scored cum_logprob / generated_len ** length_penalty
+  (the generated length counting its last token, EOS too); the set keeps the best k;
+- stopping: early_stopping=True stops once k are finished; False stops once the best running
+  beam, scored at its current length, cannot beat the worst of k finished; "never" scores it
+  at max_tokens when length_penalty > 0, the best length it could reach.
+
+vLLM's own beam_search differs from both: it takes 2k candidates per beam, keeps every one that
+ends in EOS whatever its rank, has no early stop (it runs max_tokens steps), and its length
+penalty divides by the length of prompt and output together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from minivllm.sampling_params import MAX_LOGPROBS, SamplingParams
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's BeamSearchParams (vllm/sampling_params.py), with transformers' early_stopping."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0            # vLLM's field; beam search here is deterministic: 0
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+    def __post_init__(self):
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
+            raise ValueError(f"early_stopping must be True, False or 'never', "
+                             f"got {self.early_stopping!r}")
+        if self.temperature != 0:
+            raise ValueError(f"temperature must be 0 for beam search, got {self.temperature}")
+
+
+@dataclass
+class BeamSearchSequence:
+    """One beam: the prompt's tokens and the generated ones (vLLM's shape)."""
+
+    tokens: list[int]
+    cum_logprob: float = 0.0
+    score: float = 0.0                  # cum_logprob / generated_len ** length_penalty
+    text: str = ""
+    finish_reason: str | None = None    # "stop" (EOS) or "length"
+
+
+@dataclass
+class BeamSearchOutput:
+    sequences: list[BeamSearchSequence]     # the beam_width best, best first
+
+
+@dataclass
+class BeamSearchInstance:
+    """One prompt's search: its running beams (best first) and its finished ones."""
+
+    prompt_len: int
+    running: list[BeamSearchSequence]
+    finished: list[BeamSearchSequence] = field(default_factory=list)
+    improvable: bool = True             # transformers' early-stop heuristic not yet met
+    done: bool = False
+
+    def advance(self, logprobs: list[dict[int, float]], params: BeamSearchParams,
+                eos_ids: set[int]) -> None:
+        """One step: `logprobs[i]` holds running beam i's top continuations."""
+        k, lp = params.beam_width, params.length_penalty
+        num_candidates = max(2, 1 + len(eos_ids)) * k
+        candidates = sorted(((beam.cum_logprob + logprob, i, token)
+                             for i, beam in enumerate(self.running)
+                             for token, logprob in logprobs[i].items()),
+                            key=lambda c: -c[0])[:num_candidates]
+        generated = len(self.running[0].tokens) - self.prompt_len + 1
+        ends = [(token in eos_ids and not params.ignore_eos) or generated >= params.max_tokens
+                for _, _, token in candidates]
+        running = [self.extend(c) for c, end in zip(candidates, ends) if not end][:k]
+        full = len(self.finished) == k
+        if self.improvable and not (full and params.early_stopping is True):
+            for rank, (c, end) in enumerate(zip(candidates[:k], ends)):
+                if end:
+                    token = c[2]
+                    reason = "stop" if token in eos_ids and not params.ignore_eos else "length"
+                    self.finished.append(self.extend(c, generated ** lp, reason))
+            self.finished = sorted(self.finished, key=lambda b: -b.score)[:k]
+        if len(self.finished) == k:
+            length = (params.max_tokens if params.early_stopping == "never" and lp > 0
+                      else generated)
+            best = running[0].cum_logprob if running else -1e9
+            self.improvable &= best / length ** lp > self.finished[-1].score
+        self.running = running
+        self.done = (not self.improvable or not running
+                     or (len(self.finished) == k and params.early_stopping is True))
+
+    def extend(self, candidate, divisor: float = 1.0, reason: str | None = None):
+        cum_logprob, i, token = candidate
+        return BeamSearchSequence(self.running[i].tokens + [token], cum_logprob,
+                                  cum_logprob / divisor, finish_reason=reason)
+
+
+def beam_search(llm, prompts: list[list[int]], params: BeamSearchParams,
+                use_tqdm: bool = False, lora_request=None) -> list[BeamSearchOutput]:
+    """The beams of each prompt (token ids), every step's beams of all prompts in one
+    llm.generate call; see the module's docstring for the rules."""
+    eos_ids = set(llm.engine.eos_token_ids)
+    num_logprobs = max(2, 1 + len(eos_ids)) * params.beam_width
+    if num_logprobs > MAX_LOGPROBS:
+        raise ValueError(f"beam_width {params.beam_width} needs {num_logprobs} logprobs per "
+                         f"step, over the engine's {MAX_LOGPROBS}")
+    limit = llm.engine.model_config.max_model_len
+    for ids in prompts:
+        if len(ids) + params.max_tokens > limit:
+            raise ValueError(f"a prompt of {len(ids)} tokens + max_tokens {params.max_tokens} "
+                             f"is over max_model_len {limit}")
+    step = SamplingParams(temperature=0, max_tokens=1, logprobs=num_logprobs)
+    searches = [BeamSearchInstance(len(ids), [BeamSearchSequence(list(ids))]) for ids in prompts]
+    for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm):
+        live = [s for s in searches if not s.done]
+        if not live:
+            break
+        beams = [beam.tokens for s in live for beam in s.running]
+        outs = iter(llm.generate(beams, step, use_tqdm=False, lora_request=lora_request))
+        for s in live:
+            s.advance([next(outs).outputs[0].logprobs[0] for _ in s.running], params, eos_ids)
+    results = []
+    for s in searches:
+        for beam in s.finished:
+            end = len(beam.tokens) - (beam.finish_reason == "stop")
+            beam.text = llm.tokenizer.decode(beam.tokens[s.prompt_len:end])
+        results.append(BeamSearchOutput(s.finished))
+    return results
