@@ -123,34 +123,64 @@ class BeamSearchInstance:
                                   cum_logprob / divisor, finish_reason=reason)
 
 
+class BeamSearch:
+    """The search over a batch of prompts (token ids), stepped by whoever drives the engine:
+    LLM.beam_search below, or the server's `use_beam_search` (entrypoints/openai/serving.py).
+
+        search = BeamSearch(prompts, params, eos_ids, max_model_len)
+        while not search.done:
+            search.advance(<the first token's logprobs of each of search.pending(), run with
+                            search.step_params>)
+        search.outputs(tokenizer)
+    """
+
+    def __init__(self, prompts: list[list[int]], params: BeamSearchParams, eos_ids: set[int],
+                 max_model_len: int):
+        self.params, self.eos_ids = params, set(eos_ids)
+        num_logprobs = max(2, 1 + len(self.eos_ids)) * params.beam_width
+        if num_logprobs > MAX_LOGPROBS:
+            raise ValueError(f"beam_width {params.beam_width} needs {num_logprobs} logprobs "
+                             f"per step, over the engine's {MAX_LOGPROBS}")
+        for ids in prompts:
+            if len(ids) + params.max_tokens > max_model_len:
+                raise ValueError(f"a prompt of {len(ids)} tokens + max_tokens "
+                                 f"{params.max_tokens} is over max_model_len {max_model_len}")
+        self.step_params = SamplingParams(temperature=0, max_tokens=1, logprobs=num_logprobs)
+        self.searches = [BeamSearchInstance(len(ids), [BeamSearchSequence(list(ids))])
+                         for ids in prompts]
+
+    @property
+    def done(self) -> bool:
+        return all(s.done for s in self.searches)
+
+    def pending(self) -> list[list[int]]:
+        """The running beams of every unfinished prompt: this step's one-token requests."""
+        return [beam.tokens for s in self.searches if not s.done for beam in s.running]
+
+    def advance(self, logprobs: list[dict[int, float]]) -> None:
+        """logprobs[i]: the top continuations of pending()[i]."""
+        rows = iter(logprobs)
+        for s in [s for s in self.searches if not s.done]:
+            s.advance([next(rows) for _ in s.running], self.params, self.eos_ids)
+
+    def outputs(self, tokenizer) -> list[BeamSearchOutput]:
+        for s in self.searches:
+            for beam in s.finished:
+                end = len(beam.tokens) - (beam.finish_reason == "stop")
+                beam.text = tokenizer.decode(beam.tokens[s.prompt_len:end])
+        return [BeamSearchOutput(s.finished) for s in self.searches]
+
+
 def beam_search(llm, prompts: list[list[int]], params: BeamSearchParams,
                 use_tqdm: bool = False, lora_request=None) -> list[BeamSearchOutput]:
     """The beams of each prompt (token ids), every step's beams of all prompts in one
     llm.generate call; see the module's docstring for the rules."""
-    eos_ids = set(llm.engine.eos_token_ids)
-    num_logprobs = max(2, 1 + len(eos_ids)) * params.beam_width
-    if num_logprobs > MAX_LOGPROBS:
-        raise ValueError(f"beam_width {params.beam_width} needs {num_logprobs} logprobs per "
-                         f"step, over the engine's {MAX_LOGPROBS}")
-    limit = llm.engine.model_config.max_model_len
-    for ids in prompts:
-        if len(ids) + params.max_tokens > limit:
-            raise ValueError(f"a prompt of {len(ids)} tokens + max_tokens {params.max_tokens} "
-                             f"is over max_model_len {limit}")
-    step = SamplingParams(temperature=0, max_tokens=1, logprobs=num_logprobs)
-    searches = [BeamSearchInstance(len(ids), [BeamSearchSequence(list(ids))]) for ids in prompts]
-    for _ in tqdm(range(params.max_tokens), desc="Beam search", disable=not use_tqdm):
-        live = [s for s in searches if not s.done]
-        if not live:
-            break
-        beams = [beam.tokens for s in live for beam in s.running]
-        outs = iter(llm.generate(beams, step, use_tqdm=False, lora_request=lora_request))
-        for s in live:
-            s.advance([next(outs).outputs[0].logprobs[0] for _ in s.running], params, eos_ids)
-    results = []
-    for s in searches:
-        for beam in s.finished:
-            end = len(beam.tokens) - (beam.finish_reason == "stop")
-            beam.text = llm.tokenizer.decode(beam.tokens[s.prompt_len:end])
-        results.append(BeamSearchOutput(s.finished))
-    return results
+    engine = llm.engine
+    search = BeamSearch(prompts, params, engine.eos_token_ids, engine.model_config.max_model_len)
+    with tqdm(total=params.max_tokens, desc="Beam search", disable=not use_tqdm) as bar:
+        while not search.done:
+            outs = llm.generate(search.pending(), search.step_params, use_tqdm=False,
+                                lora_request=lora_request)
+            search.advance([out.outputs[0].logprobs[0] for out in outs])
+            bar.update()
+    return search.outputs(llm.tokenizer)

@@ -16,7 +16,7 @@ import urllib.request
 import openai
 import pytest
 
-from minivllm import SamplingParams
+from minivllm import BeamSearchParams, SamplingParams
 from minivllm.engine.async_llm_engine import AsyncLLMEngine
 from minivllm.entrypoints.openai.api_server import Server, bind_socket
 
@@ -47,7 +47,10 @@ def _serve(llm):
            "tokens": [len(o.outputs[0].token_ids) for o in outs],
            "chat": llm.chat(CHAT, GREEDY, use_tqdm=False)[0].outputs[0].text,
            "long": llm.generate(PROMPTS[3], SamplingParams(temperature=0, max_tokens=24),
-                                use_tqdm=False)[0].outputs[0].text}
+                                use_tqdm=False)[0].outputs[0].text,
+           "beams": llm.beam_search([PROMPTS[0], PROMPTS[4]],
+                                    BeamSearchParams(beam_width=3, max_tokens=6,
+                                                     length_penalty=0.5))}
     aengine = AsyncLLMEngine(llm.engine)
     server = Server(aengine, bind_socket("127.0.0.1", 0), MODEL, graceful_s=1.0).start()
     yield server, aengine, ref
@@ -187,6 +190,24 @@ def test_openai_and_vllm_extensions_are_served(served, client):
     assert out.choices[0].text == aengine.tokenizer.decode([42] * 3)
 
 
+def test_beam_search_equals_llm_beam_search(served):
+    """vLLM's use_beam_search: the n beams LLM.beam_search finds, best first, n per prompt."""
+    server, aengine, ref = served
+    code, body = post(f"{server.url}/v1/completions", {
+        "model": MODEL, "prompt": [PROMPTS[0], PROMPTS[4]], "n": 3, "max_tokens": 6,
+        "use_beam_search": True, "length_penalty": 0.5, "temperature": 0, "seed": 1})
+    assert code == 200, body
+    beams = [b for out in ref["beams"] for b in out.sequences]
+    assert [c["text"] for c in body["choices"]] == [b.text for b in beams]
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    assert [c["finish_reason"] for c in body["choices"]] == [b.finish_reason for b in beams]
+    usage = body["usage"]                  # every beam returned counts its generated tokens
+    assert usage["completion_tokens"] == sum(len(b.tokens) for b in beams) - 3 * usage[
+        "prompt_tokens"]
+    s = wait_idle(aengine, timeout=10)
+    assert (s.num_running, s.num_blocks_used) == (0, 0)
+
+
 def post_stream(url, body: dict) -> list[dict]:
     """A streamed request's events, as a client that reads the SSE lines itself sees them."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
@@ -278,6 +299,16 @@ BAD = [  # (body, status, param, words the message must contain)
     ({"prompt": "Hi", "echo": True, "logprobs": 1}, 400, "echo", "echo with logprobs"),
     ({"prompt": "Hi", "stream_options": {"include_usage": True}}, 400, "stream_options",
      "only allowed when stream is true"),
+    # Beam search (issue 41): what would change a sample but not the beams is refused.
+    ({"prompt": "Hi", "use_beam_search": True, "stream": True}, 400, "stream",
+     "does not apply to beam search"),
+    ({"prompt": "Hi", "use_beam_search": True, "temperature": 0.7}, 400, "temperature",
+     "temperature may only be 0"),
+    ({"prompt": "Hi", "length_penalty": 2.0}, 400, "length_penalty", "only with use_beam_search"),
+    ({"prompt": "Hi", "use_beam_search": True, "n": 11}, 400, "n", "needs 22 logprobs"),
+    ({"prompt": "Hi", "use_beam_search": True, "n": 0}, 400, "n", "n must be an integer >= 1"),
+    ({"prompt": "Hi", "use_beam_search": True, "max_tokens": 300}, 400, "prompt",
+     "over max_model_len 256"),
     ({"prompt": "Hi", "max_tokenz": list(range(100_000))}, 400, "max_tokenz",
      "(688,890 characters)"),
     ({"messages": [{"role": "user", "content": "Hi"}], "tools": [

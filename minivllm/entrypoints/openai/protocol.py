@@ -7,7 +7,8 @@ the default used). Ranges are checked once, by SamplingParams, whose messages na
 
 Fields beyond OpenAI's are vLLM's extras with vLLM's names (top_k, ignore_eos, stop_token_ids,
 skip_special_tokens, include_stop_str_in_output, repetition_penalty, min_tokens,
-add_special_tokens, echo, stream_options.continuous_usage_stats, and the guided_json /
+add_special_tokens, echo, stream_options.continuous_usage_stats, use_beam_search and
+length_penalty (/v1/completions: minivllm/beam_search.py), and the guided_json /
 guided_regex / guided_choice / guided_grammar constraints), and OpenAI's logit_bias.
 `response_format` ({"type": "json_object"} or {"type": "json_schema", "json_schema":
 {"schema": ...}}) becomes a guided-decoding constraint too
@@ -28,6 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from minivllm.beam_search import BeamSearchParams
 from minivllm.outputs import CompletionOutput
 from minivllm.sampling_params import MAX_LOGPROBS, GuidedDecodingParams, SamplingParams
 
@@ -170,12 +172,27 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False                       # the prompt's text before each completion
     suffix: str | None = None                # refused (UNSUPPORTED)
+    use_beam_search: bool = False            # vLLM's: the n best of n beams
+    length_penalty: float = 1.0              # ... their score: cum_logprob / length ** this
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.echo and self.logprobs is not None:
             raise OpenAIError(400, "echo with logprobs is not supported by this server (it "
                               "needs the prompt's logprobs)", "echo")
+        refused = self.model_fields_set & set(NOT_WITH_BEAMS) - (
+            {"temperature"} if self.temperature == 0 else set())
+        if self.use_beam_search and refused:
+            raise OpenAIError(400, f"{min(refused)} does not apply to beam search "
+                              "(use_beam_search: the n most likely beams; temperature may only "
+                              "be 0)", min(refused))
+        if "length_penalty" in self.model_fields_set and not self.use_beam_search:
+            raise OpenAIError(400, "length_penalty applies only with use_beam_search",
+                              "length_penalty")
+
+    def beam_search_params(self, max_tokens: int) -> BeamSearchParams:
+        return BeamSearchParams(beam_width=self.n, max_tokens=max_tokens,
+                                ignore_eos=self.ignore_eos, length_penalty=self.length_penalty)
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -227,6 +244,12 @@ class ChatCompletionRequest(_SamplingFields):
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+
+# What would change a sample but not the n most likely beams: refused with use_beam_search.
+NOT_WITH_BEAMS = ("stream", "logprobs", "echo", "stop", "stop_token_ids", "top_p", "top_k",
+                  "temperature", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                  "min_tokens", "logit_bias", "response_format", "guided_json", "guided_regex",
+                  "guided_choice", "guided_grammar", "include_stop_str_in_output")
 
 UNSUPPORTED = {
     "tools": "no tool or function calling",

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
+from minivllm.beam_search import BeamSearch
 from minivllm.engine.async_llm_engine import EngineDeadError
 from minivllm.engine.processor import encode_prompt
 from minivllm.outputs import CompletionOutput
@@ -268,6 +269,40 @@ async def final_outputs(app: FastAPI, request: Request, request_id: str, streams
         abort_all(app, request_id, len(streams))
 
 
+async def beam_search(app: FastAPI, request: Request, req: CompletionRequest, rid: str) -> dict:
+    """use_beam_search (vLLM's extra): the n best of n beams per prompt, not streamed. Each
+    step's beams go to the engine as one-token requests (BeamSearch, minivllm/beam_search.py),
+    checked, added and aborted on a disconnect as any requests are."""
+    prompts, n = req.prompts(), req.n
+    max_len = app.state.aengine.engine.model_config.max_model_len
+    if n < 1:
+        raise OpenAIError(400, f"n must be an integer >= 1 (the number of beams), got {n}", "n")
+    if len(prompts) * n > app.state.max_prompts:
+        raise OpenAIError(400, f"n: {len(prompts)} prompts x {n} beams is over this server's "
+                          f"{app.state.max_prompts} (--max-prompts-per-request)", "n")
+    ids = await until_disconnected(request, asyncio.to_thread(tokenize, app, prompts, "prompt",
+                                                              req.add_special_tokens))
+    try:
+        search = BeamSearch(ids, req.beam_search_params(req.max_new_tokens or 16),
+                            app.state.aengine.engine.eos_token_ids, max_len)
+    except ValueError as e:        # n too large for the logprobs, or too long a prompt
+        raise OpenAIError(400, str(e), "n" if "beam_width" in str(e) else "prompt") from None
+    for step in range(search.params.max_tokens):
+        if search.done:
+            break
+        streams, _, _ = await start_requests(app, request, f"{rid}-{step}", search.pending(),
+                                             lambda _: search.step_params, 1, None, "prompt")
+        finals = await final_outputs(app, request, f"{rid}-{step}", streams)
+        search.advance([out.outputs[0].logprobs[0] for out in finals])
+    outs = search.outputs(app.state.aengine.tokenizer)
+    choices = [{"index": i * n + j, "text": beam.text, "finish_reason": beam.finish_reason,
+                "logprobs": None} for i, out in enumerate(outs)
+               for j, beam in enumerate(out.sequences)]
+    tokens = sum(len(b.tokens) - len(p) for p, out in zip(ids, outs) for b in out.sequences)
+    return {"id": rid, "object": "text_completion", "created": now(),
+            "model": app.state.model_name, "choices": choices, "usage": _usage([len(p) for p in ids], tokens)}
+
+
 def add_routes(app: FastAPI) -> None:
     decode = app.state.decode_token
     max_len = app.state.aengine.engine.model_config.max_model_len
@@ -277,6 +312,8 @@ def add_routes(app: FastAPI) -> None:
         check_model(app, req.model)
         req.check_supported()
         rid = random_id("cmpl")
+        if req.use_beam_search:
+            return await beam_search(app, request, req, rid)
         k = req.logprobs
         prompts = req.prompts()
         streams, prompt_lens, params = await start_requests(
