@@ -25,9 +25,9 @@ Which beams survive follows transformers' `generate(num_beams=k, do_sample=False
   beam, scored at its current length, cannot beat the worst of k finished; "never" scores it
   at max_tokens when length_penalty > 0, the best length it could reach.
 
-vLLM's own beam_search differs from both: it takes 2k candidates per beam, keeps every one that
-ends in EOS whatever its rank, has no early stop (it runs max_tokens steps), and its length
-penalty divides by the length of prompt and output together.
+vLLM's own beam_search differs: it takes 2k candidates per beam, keeps every one that ends in
+EOS whatever its rank, has no early stop (it runs max_tokens steps), and its length penalty
+(get_beam_search_score) divides by the length of prompt and output together, EOS not counted.
 """
 
 from __future__ import annotations

@@ -307,6 +307,8 @@ BAD = [  # (body, status, param, words the message must contain)
     ({"prompt": "Hi", "length_penalty": 2.0}, 400, "length_penalty", "only with use_beam_search"),
     ({"prompt": "Hi", "use_beam_search": True, "n": 11}, 400, "n", "needs 22 logprobs"),
     ({"prompt": "Hi", "use_beam_search": True, "n": 0}, 400, "n", "n must be an integer >= 1"),
+    ({"prompt": "Hi", "use_beam_search": True, "max_tokens": 0}, 400, "max_tokens",
+     "max_tokens must be an integer >= 1"),
     ({"prompt": "Hi", "use_beam_search": True, "max_tokens": 300}, 400, "prompt",
      "over max_model_len 256"),
     ({"prompt": "Hi", "max_tokenz": list(range(100_000))}, 400, "max_tokenz",

@@ -283,10 +283,13 @@ async def beam_search(app: FastAPI, request: Request, req: CompletionRequest, ri
     ids = await until_disconnected(request, asyncio.to_thread(tokenize, app, prompts, "prompt",
                                                               req.add_special_tokens))
     try:
-        search = BeamSearch(ids, req.beam_search_params(req.max_new_tokens or 16),
+        max_tokens = 16 if req.max_new_tokens is None else req.max_new_tokens   # as vLLM
+        search = BeamSearch(ids, req.beam_search_params(max_tokens),
                             app.state.aengine.engine.eos_token_ids, max_len)
-    except ValueError as e:        # n too large for the logprobs, or too long a prompt
-        raise OpenAIError(400, str(e), "n" if "beam_width" in str(e) else "prompt") from None
+    except ValueError as e:      # n too large for the logprobs, max_tokens < 1, a long prompt
+        param = ("n" if "beam_width" in str(e) else "max_tokens"
+                 if str(e).startswith("max_tokens") else "prompt")
+        raise OpenAIError(400, str(e), param) from None
     for step in range(search.params.max_tokens):
         if search.done:
             break
@@ -300,7 +303,8 @@ async def beam_search(app: FastAPI, request: Request, req: CompletionRequest, ri
                for j, beam in enumerate(out.sequences)]
     tokens = sum(len(b.tokens) - len(p) for p, out in zip(ids, outs) for b in out.sequences)
     return {"id": rid, "object": "text_completion", "created": now(),
-            "model": app.state.model_name, "choices": choices, "usage": _usage([len(p) for p in ids], tokens)}
+            "model": app.state.model_name, "choices": choices,
+            "usage": _usage([len(p) for p in ids], tokens)}
 
 
 def add_routes(app: FastAPI) -> None:
