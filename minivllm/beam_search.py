@@ -38,6 +38,13 @@ from tqdm.auto import tqdm
 
 from minivllm.sampling_params import MAX_LOGPROBS, SamplingParams
 
+
+def num_candidates(beam_width: int, eos_ids: set[int]) -> int:
+    """Continuations kept each step, as transformers: enough that k survive however many end
+    in one of the EOS ids; also the logprobs each beam's request asks for."""
+    return max(2, 1 + len(eos_ids)) * beam_width
+
+
 @dataclass
 class BeamSearchParams:
     """vLLM's BeamSearchParams (vllm/sampling_params.py), with transformers' early_stopping."""
@@ -91,22 +98,19 @@ class BeamSearchInstance:
                 eos_ids: set[int]) -> None:
         """One step: `logprobs[i]` holds running beam i's top continuations."""
         k, lp = params.beam_width, params.length_penalty
-        num_candidates = max(2, 1 + len(eos_ids)) * k
         candidates = sorted(((beam.cum_logprob + logprob, i, token)
                              for i, beam in enumerate(self.running)
                              for token, logprob in logprobs[i].items()),
-                            key=lambda c: -c[0])[:num_candidates]
+                            key=lambda c: -c[0])[:num_candidates(k, eos_ids)]
         generated = len(self.running[0].tokens) - self.prompt_len + 1
-        ends = [(token in eos_ids and not params.ignore_eos) or generated >= params.max_tokens
-                for _, _, token in candidates]
-        running = [self.extend(c) for c, end in zip(candidates, ends) if not end][:k]
+        reasons = [("stop" if token in eos_ids and not params.ignore_eos else
+                    "length" if generated >= params.max_tokens else None)
+                   for _, _, token in candidates]     # None: the candidate runs on
+        running = [self.extend(c) for c, why in zip(candidates, reasons) if why is None][:k]
         full = len(self.finished) == k
         if self.improvable and not (full and params.early_stopping is True):
-            for rank, (c, end) in enumerate(zip(candidates[:k], ends)):
-                if end:
-                    token = c[2]
-                    reason = "stop" if token in eos_ids and not params.ignore_eos else "length"
-                    self.finished.append(self.extend(c, generated ** lp, reason))
+            self.finished += [self.extend(c, generated ** lp, why)       # from the top k only
+                              for c, why in zip(candidates[:k], reasons) if why is not None]
             self.finished = sorted(self.finished, key=lambda b: -b.score)[:k]
         if len(self.finished) == k:
             length = (params.max_tokens if params.early_stopping == "never" and lp > 0
@@ -137,7 +141,7 @@ class BeamSearch:
     def __init__(self, prompts: list[list[int]], params: BeamSearchParams, eos_ids: set[int],
                  max_model_len: int):
         self.params, self.eos_ids = params, set(eos_ids)
-        num_logprobs = max(2, 1 + len(self.eos_ids)) * params.beam_width
+        num_logprobs = num_candidates(params.beam_width, self.eos_ids)
         if num_logprobs > MAX_LOGPROBS:
             raise ValueError(f"beam_width {params.beam_width} needs {num_logprobs} logprobs "
                              f"per step, over the engine's {MAX_LOGPROBS}")

@@ -6,10 +6,10 @@ context: 2048 for its server on a GPU), sized for a GPU step of about a tenth of
 a 2-core CPU a step of 2048 tokens takes seconds, and every stream waits through each one. So
 `minivllm serve` on a CPU, when --max-num-batched-tokens is not given, measures the machine:
 
-    fit_step_budget(engine, bound_s)   one probe prompt prefilled in chunks, then one decode
-                                       step, timed by the core (engine.trace()); a fit of
+    fit_step_budget(engine, bound_s)   one probe prompt prefilled in chunks, then three decode
+                                       steps, timed by the core (engine.trace()); a fit of
                                        t(n, L) = a + n (b + c L): a the step's fixed cost (the
-                                       decode step), b a token's own cost and c its attention
+                                       fastest decode), b a token's own cost and c its attention
                                        per token of context L (the chunks, deeper and deeper);
                                        the engine reconfigured to the largest budget B whose
                                        step at the longest context, a + B (b + c max_model_len),
