@@ -14,13 +14,14 @@ def _():
 
     import collections
 
-    from minivllm import LLM, SamplingParams
+    from minivllm import LLM, BeamSearchParams, SamplingParams
     from minivllm.engine.core import EngineCoreRequest
     from minivllm.core.block_manager import cdiv
     from minivllm.config import resolve_device, resolve_dtype
     from minivllm.core.kv_cache import kv_bytes_per_token, reference_config
     from minivllm.workloads import Request, lognormal_requests, serve
-    return (EngineCoreRequest, LLM, Request, Rectangle, SamplingParams, cdiv, collections,
+    return (BeamSearchParams, EngineCoreRequest, LLM, Request, Rectangle, SamplingParams, cdiv,
+            collections,
             kv_bytes_per_token, lognormal_requests, mo, np, plt, reference_config,
             resolve_device, resolve_dtype, serve, torch)
 
@@ -32,10 +33,10 @@ def _(mo):
 
     After this lesson you can explain why vLLM cuts the KV cache into small fixed-size
     blocks, read a block table, and predict how many blocks a set of requests occupies,
-    including requests whose samples share a prompt. You will serve one request set twice on
-    the real model with the same memory budget, once with a slab per request (lesson 01's
-    cache) and once with pages, and measure how much of the reserved memory holds tokens and
-    how many requests run at the same time.
+    including requests whose samples share a prompt and the beams of a beam search. You
+    will serve one request set twice on the real model with the same memory budget, once
+    with a slab per request (lesson 01's cache) and once with pages, and measure how much of
+    the reserved memory holds tokens and how many requests run at the same time.
     """)
     return
 
@@ -434,7 +435,7 @@ def _(BLOCK_SIZE, Rectangle, plt):
         c.legend(fontsize=8, loc="lower right")
         fig.tight_layout()
         return fig
-    return (draw_parallel,)
+    return draw_block_tables, draw_parallel
 
 
 @app.cell
@@ -525,6 +526,191 @@ def _(PAGED, PROMPT_LEN, Request, SAMPLE_TOKENS, SamplingParams, llm, mo, prompt
     groups and no copy-on-write.
     """)
     return (fanout,)
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## Beam search falls out of the same forks
+
+    Beam search keeps the `k` most likely continuations ("beams") of one prompt: every step,
+    each beam proposes its best next tokens, the `k` best extensions over all beams survive,
+    and the rest die. Two beams often extend the same parent, so their histories are
+    identical up to the fork. With block tables that costs nothing: a survivor that extends
+    a beam already taken becomes a **fork** of it (`BlockManager.fork`: same blocks, reference
+    counts up), the beam no survivor extends is freed, and copy-on-write separates the one
+    partly filled block the moment each writes into it. This is vLLM V0's design, and
+    minivllm's engine core runs it (`minivllm/core/beam_group.py`, through
+    `llm.beam_search(..., method="fork")`).
+
+    vLLM V1 took beam search out of the engine (`vllm/beam_search.py`): each beam becomes a
+    one-token request whose prompt is its whole history, and the sharing comes back from the
+    prefix cache (lesson 05), a full block at a time; each beam recomputes its last, partly
+    filled block every step. minivllm has that too (`method="v1"`, the default). Both pick
+    beams by the same rules (transformers' `generate(num_beams=k)`, token for token), so
+    they return the same beams; what differs is what the engine computes and holds.
+    """)
+    return
+
+
+@app.cell
+def _(BeamSearchParams, PAGED, collections, llm, prompt_ids):
+    BEAM_WIDTH, BEAM_TOKENS, BEAM_PROMPT = 4, 24, 40
+
+    def run_beams(method, caching=False):
+        """One beam search on the paged engine; the live beams' block tables at every step,
+        taken once the step is scheduled (copy-on-write done), and what the steps computed."""
+        engine = llm.reconfigure(**{**PAGED, "enable_prefix_caching": caching}).engine
+        snapshots = []
+
+        def snapshot():
+            live = [s for r in engine.requests.values() for s in r.samples
+                    if s.block_table and not s.is_finished]
+            refs = collections.Counter(b for s in live for b in s.block_table)
+            snapshots.append({
+                "tables": [(s.index, s.num_computed_tokens, list(s.block_table)) for s in live],
+                "ref_counts": dict(sorted(refs.items())), "blocks_used": len(refs),
+                "blocks_unshared": sum(len(s.block_table) for s in live),
+                "shared_blocks": sum(1 for c in refs.values() if c > 1)})
+        engine.add_schedule_callback(snapshot)
+        with engine.trace() as steps:     # (the trace counts the copies and the tokens)
+            out = llm.beam_search([prompt_ids[:BEAM_PROMPT]], BeamSearchParams(
+                beam_width=BEAM_WIDTH, max_tokens=BEAM_TOKENS, ignore_eos=True),
+                method=method)[0]
+        engine.remove_schedule_callback(snapshot)
+        for i, snap in enumerate(snapshots):
+            snap["cow"] = sum(r.num_blocks_copied for r in steps[:i + 1])
+        return {"beams": [b.tokens[BEAM_PROMPT:] for b in out.sequences],
+                "text": out.sequences[0].text, "snapshots": snapshots, "steps": len(steps),
+                "computed": sum(r.num_batched_tokens for r in steps),
+                "copies": sum(r.num_blocks_copied for r in steps)}
+
+    forked_beams, v1_beams = run_beams("fork"), run_beams("v1", caching=True)
+    print(f"beam search k={BEAM_WIDTH}, {BEAM_TOKENS} tokens: forks computed "
+          f"{forked_beams['computed']} tokens in {forked_beams['steps']} steps, "
+          f"{forked_beams['copies']} copies; V1's way {v1_beams['computed']} tokens; same "
+          f"beams: {forked_beams['beams'] == v1_beams['beams']}")
+    return BEAM_PROMPT, BEAM_TOKENS, BEAM_WIDTH, forked_beams, v1_beams
+
+
+@app.cell
+def _(BEAM_PROMPT, BEAM_TOKENS, BEAM_WIDTH, draw_block_tables, forked_beams, mo, plt,
+      v1_beams):
+    _snaps = forked_beams["snapshots"]
+    _fig, (_a, _b, _c) = plt.subplots(3, 1, figsize=(11, 7.5), height_ratios=[2, 2, 1.6])
+    for _ax, _step in ((_a, 7), (_b, len(_snaps))):
+        _snap = _snaps[_step - 1]
+        draw_block_tables(_ax, _snap, f"step {_step}: {len(_snap['tables'])} beams, "
+                          f"{_snap['shared_blocks']} shared blocks, {_snap['blocks_used']} "
+                          f"in use, {_snap['cow']} copies so far")
+    _steps = range(1, len(_snaps) + 1)
+    _c.step(_steps, [_s["blocks_unshared"] for _s in _snaps], where="post", color="tab:red",
+            label="blocks if each beam had its own copy")
+    _c.step(_steps, [_s["blocks_used"] for _s in _snaps], where="post", color="tab:blue",
+            label="blocks in use (forks)")
+    _c.set_xlabel("engine step")
+    _c.set_ylabel("KV blocks")
+    _c.set_ylim(bottom=0)
+    _c.legend(fontsize=8, loc="lower right")
+    _fig.tight_layout()
+    mo.vstack([_fig, mo.md(f"""
+    Each beam is a sample of the one request here (V0's fork makes it; the boxes call it so),
+    and the beams at step 7 are not the ones at the end: most die, and the survivors fork. In
+    {forked_beams['steps']} steps the forks computed **{forked_beams['computed']}** tokens:
+    the {BEAM_PROMPT}-token prompt once, then one token per beam per step, and made
+    {forked_beams['copies']} block copies. V1's way found the same beams
+    ({forked_beams['beams'] == v1_beams['beams']}) and computed
+    **{v1_beams['computed']}** tokens, every beam's partly filled block again each step, with
+    the prefix cache handing back the full ones. Best beam: …{forked_beams['text']!r}
+    (k = {BEAM_WIDTH}, {BEAM_TOKENS} tokens, EOS ignored).
+    """)])
+    return
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ### Exercise: predict the beams' blocks
+
+    The same search: a **40**-token prompt, 16-token blocks, `k = 4` beams, prefix caching
+    off. The first step prefills the prompt; every later step computes one new token of
+    each beam. At step 7 the beams write the K/V of their **6th** generated token. How many
+    physical blocks does the request hold at that moment (copies included)? The checker
+    reads the engine's own count from the run above.
+    """)
+    beam_blocks_answer = mo.ui.number(start=0, stop=1000, value=0, label="blocks in use")
+    beam_blocks_answer
+    return (beam_blocks_answer,)
+
+
+@app.cell
+def _(forked_beams):
+    beam_exercise_blocks = forked_beams["snapshots"][6]["blocks_used"]
+
+    def check_beam_blocks(value):
+        truth = beam_exercise_blocks
+        if value == truth:
+            return (f"Correct: {truth}. The prompt's 2 full blocks are shared by all four "
+                    "beams; every beam writes its tokens 1-6 into the third block "
+                    "(positions 40-45), and no two beams hold the same tokens, so each holds "
+                    "its own copy of it.")
+        if not value:
+            return "Enter a number of blocks."
+        if value == 3:
+            return ("That keeps the third block shared. The beams differ in the tokens they "
+                    "write there: each needs its own (copy-on-write).")
+        if value == 12:
+            return ("That gives every beam its own prompt. The two full prompt blocks are "
+                    "written by no beam, so they stay shared.")
+        if value in (5, 9):
+            return ("Count the third block once per beam: one beam may keep the original, "
+                    "the others hold copies, four blocks in all.")
+        return (f"{value} is not it. Count the shared full prompt blocks once, then one block "
+                "per beam for the block they write into.")
+    return beam_exercise_blocks, check_beam_blocks
+
+
+@app.cell
+def _(beam_blocks_answer, check_beam_blocks, mo):
+    _msg = check_beam_blocks(beam_blocks_answer.value)
+    mo.callout(mo.md(_msg), kind="success" if _msg.startswith("Correct") else "neutral")
+    return
+
+
+@app.cell
+def _(
+    BEAM_PROMPT,
+    BEAM_TOKENS,
+    BEAM_WIDTH,
+    BLOCK_SIZE,
+    beam_exercise_blocks,
+    check_beam_blocks,
+    forked_beams,
+    v1_beams,
+):
+    def test_forked_beams_are_v1_beams_and_compute_each_token_once():
+        assert forked_beams["beams"] == v1_beams["beams"]
+        assert forked_beams["steps"] == BEAM_TOKENS
+        assert forked_beams["computed"] == BEAM_PROMPT + BEAM_WIDTH * (BEAM_TOKENS - 1)
+        assert v1_beams["computed"] > forked_beams["computed"]
+
+    def test_every_beam_shares_the_full_prompt_blocks():
+        _full = BEAM_PROMPT // BLOCK_SIZE
+        for _snap in forked_beams["snapshots"][1:]:
+            _tables = _snap["tables"]
+            assert len(_tables) == BEAM_WIDTH
+            assert len({tuple(t[:_full]) for _, _, t in _tables}) == 1
+            assert all(_snap["ref_counts"][b] == BEAM_WIDTH for b in _tables[0][2][:_full])
+        _last = forked_beams["snapshots"][-1]
+        assert _last["blocks_used"] < _last["blocks_unshared"]
+        assert forked_beams["copies"] > 0
+
+    def test_beam_exercise_checker():
+        assert beam_exercise_blocks == BEAM_PROMPT // BLOCK_SIZE + BEAM_WIDTH == 6
+        assert check_beam_blocks(6).startswith("Correct")
+        for _wrong in (3, 12, 5, 9, 7):
+            assert not check_beam_blocks(_wrong).startswith("Correct")
+    return
 
 
 @app.cell
@@ -682,6 +868,7 @@ def _(
     aligned_cow_events,
     block_costs,
     exercise_blocks,
+    forked_beams,
     mo,
     paged_concurrency,
     paged_utilization,
@@ -693,6 +880,7 @@ def _(
     predicted_static_waste,
     static_concurrency,
     static_utilization,
+    v1_beams,
 ):
     findings = {
         "static_kv_utilization": float(static_utilization),
@@ -705,6 +893,8 @@ def _(
         "parallel_n4_blocks_used": int(parallel_blocks_used),
         "parallel_n4_blocks_unshared": int(parallel_blocks_unshared),
         "aligned_prompt_copy_on_write": int(aligned_cow_events),
+        "beam_k4_tokens_computed_fork": int(forked_beams["computed"]),
+        "beam_k4_tokens_computed_v1": int(v1_beams["computed"]),
         "exercise_blocks": int(exercise_blocks),
         "tail_waste_block_16": float(block_costs(16)[0]),
         "predicted_static_waste": float(predicted_static_waste),
@@ -722,6 +912,9 @@ def _(
       **{parallel_cow_events}** copy-on-write events, {parallel_blocks_used} blocks in use
       instead of {parallel_blocks_unshared}. A block-aligned prompt needs
       {aligned_cow_events} copies.
+    * Beam search on forks (k = 4, 24 tokens): **{forked_beams['computed']}** tokens
+      computed, each once; V1's one-token requests found the same beams computing
+      {v1_beams['computed']}, the partly filled block of every beam again each step.
     * Tail waste grows with the block size while the table shrinks: {block_costs(16)[0]:.1%}
       of the reserved slots at 16 tokens per block, {block_costs(2048)[0]:.1%} at 2048,
       where a block is as long as `max_model_len` and a page is a slab again.
@@ -734,8 +927,11 @@ def _(
     * `minivllm/attention/torch_attention.py`: `paged_attention` gathers each sequence's K/V through its
       block table; `write_kv_cache` scatters new K/V into slots.
     * `minivllm/worker/model_runner.py`: `copy_blocks` performs the copies `append_slots` asks for.
-    * `minivllm/core/scheduler.py`: `Scheduler._fork` (V0's n > 1) and the admission checks (`can_allocate`,
-      `can_append_slots`); `minivllm/core/kv_cache.py`: `ContiguousAllocator`, the slab baseline.
+    * `minivllm/core/scheduler.py`: `Scheduler.fork` (V0's n > 1, and beams) and the admission
+      checks (`can_allocate`, `can_append_slots`); `minivllm/core/kv_cache.py`:
+      `ContiguousAllocator`, the slab baseline.
+    * `minivllm/core/beam_group.py`: beam search on forks (V0's design), a round at a time;
+      `minivllm/beam_search.py`: V1's way and the rules both share.
     * Next: lesson 03 makes the attention over these blocks fast (FlashAttention),
       lesson 04 uses the freed memory to keep the batch full (continuous batching), and
       lesson 05 turns prefix caching back on: blocks shared across requests, with the same

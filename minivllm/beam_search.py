@@ -8,9 +8,10 @@ vllm/beam_search.py, and LLM.beam_search in vllm/entrypoints/llm.py).
 Every step, each running beam of every prompt goes to the engine as a request for one token
 with `logprobs` = the number of candidates: the beam's whole history is its prompt, and what
 the beams share (the prompt, the tokens a parent gave its children) comes back from the prefix
-cache, block by block; nothing in the engine knows the requests are beams. (V0's design, which
-forked one request's block tables inside the engine, sharing blocks copy-on-write, is the other
-way to do it: see lesson 02.)
+cache, block by block; nothing in the engine knows the requests are beams. V0's design, which
+forks one request's block tables inside the engine core, sharing blocks copy-on-write, is the
+other way (core/beam_group.py; `LLM.beam_search(..., method="fork")`): the same beams, from
+the same rules (BeamSearchInstance below), each token computed once (lesson 02).
 
 Which beams survive follows transformers' `generate(num_beams=k, do_sample=False)` (its
 `_beam_search`, transformers 5), token for token (tests/test_beam_search.py):
@@ -73,6 +74,7 @@ class BeamSearchSequence:
     """One beam: the prompt's tokens and the generated ones (vLLM's shape)."""
 
     tokens: list[int]
+    logprobs: list[dict[int, float]] = field(default_factory=list)   # each generated token's
     cum_logprob: float = 0.0
     score: float = 0.0                  # cum_logprob / generated_len ** length_penalty
     text: str = ""
@@ -95,18 +97,20 @@ class BeamSearchInstance:
     done: bool = False
 
     def advance(self, logprobs: list[dict[int, float]], params: BeamSearchParams,
-                eos_ids: set[int]) -> None:
-        """One step: `logprobs[i]` holds running beam i's top continuations."""
+                eos_ids: set[int]) -> list[int]:
+        """One step: `logprobs[i]` holds running beam i's top continuations. Returns, for each
+        new running beam, the index of the old one it extends (the fork design forks it)."""
         k, lp = params.beam_width, params.length_penalty
-        candidates = sorted(((beam.cum_logprob + logprob, i, token)
+        candidates = sorted(((beam.cum_logprob + logprob, i, token, logprob)
                              for i, beam in enumerate(self.running)
                              for token, logprob in logprobs[i].items()),
                             key=lambda c: -c[0])[:num_candidates(k, eos_ids)]
         generated = len(self.running[0].tokens) - self.prompt_len + 1
         reasons = [("stop" if token in eos_ids and not params.ignore_eos else
                     "length" if generated >= params.max_tokens else None)
-                   for _, _, token in candidates]     # None: the candidate runs on
-        running = [self.extend(c) for c, why in zip(candidates, reasons) if why is None][:k]
+                   for _, _, token, _ in candidates]  # None: the candidate runs on
+        survivors = [c for c, why in zip(candidates, reasons) if why is None][:k]
+        running = [self.extend(c) for c in survivors]
         full = len(self.finished) == k
         if self.improvable and not (full and params.early_stopping is True):
             self.finished += [self.extend(c, generated ** lp, why)       # from the top k only
@@ -120,11 +124,13 @@ class BeamSearchInstance:
         self.running = running
         self.done = (not self.improvable or not running
                      or (len(self.finished) == k and params.early_stopping is True))
+        return [i for _, i, _, _ in survivors]
 
     def extend(self, candidate, divisor: float = 1.0, reason: str | None = None):
-        cum_logprob, i, token = candidate
-        return BeamSearchSequence(self.running[i].tokens + [token], cum_logprob,
-                                  cum_logprob / divisor, finish_reason=reason)
+        cum_logprob, i, token, logprob = candidate
+        beam = self.running[i]
+        return BeamSearchSequence(beam.tokens + [token], beam.logprobs + [{token: logprob}],
+                                  cum_logprob, cum_logprob / divisor, finish_reason=reason)
 
 
 class BeamSearch:
@@ -173,6 +179,15 @@ class BeamSearch:
                 end = len(beam.tokens) - (beam.finish_reason == "stop")
                 beam.text = tokenizer.decode(beam.tokens[s.prompt_len:end])
         return [BeamSearchOutput(s.finished) for s in self.searches]
+
+
+def beam_from_output(prompt: list[int], out, length_penalty: float) -> BeamSearchSequence:
+    """A finished beam as the engine core reports it (an EngineCoreOutput: core/beam_group.py)."""
+    logprobs = list(out.new_logprobs)
+    cum_logprob = sum(logprob for entry in logprobs for logprob in entry.values())
+    return BeamSearchSequence(prompt + list(out.new_token_ids), logprobs, cum_logprob,
+                              cum_logprob / len(logprobs) ** length_penalty,
+                              finish_reason=out.finish_reason)
 
 
 def beam_search(llm, prompts: list[list[int]], params: BeamSearchParams,

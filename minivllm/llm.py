@@ -15,9 +15,13 @@ prompts.
 
 from __future__ import annotations
 
+import dataclasses
+
 from tqdm.auto import tqdm
 
-from minivllm.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
+from minivllm.beam_search import (BeamSearch, BeamSearchOutput, BeamSearchParams, beam_search,
+                                  beam_from_output)
+from minivllm.engine.core import EngineCoreRequest
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.processor import encode_prompt
 from minivllm.outputs import RequestOutput
@@ -108,10 +112,14 @@ class LLM:
                              lora_request=lora_request)
 
     def beam_search(self, prompts: list, params: BeamSearchParams, use_tqdm: bool = False,
-                    lora_request=None) -> list[BeamSearchOutput]:
+                    lora_request=None, method: str = "v1") -> list[BeamSearchOutput]:
         """The beam_width best beams of each prompt, best first (minivllm/beam_search.py).
         A prompt: a string, token ids, {"prompt": ...} or {"prompt_token_ids": [...]}, or a
-        conversation (a list of messages, through the chat template)."""
+        conversation (a list of messages, through the chat template).
+        method: "v1", vLLM V1's (one-token requests sharing through the prefix cache), or
+        "fork", V0's (the beams fork block tables inside the engine core); same beams."""
+        if method not in ("v1", "fork"):
+            raise ValueError(f"method must be 'v1' or 'fork', got {method!r}")
         ids = []
         for prompt in prompts:
             if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -123,7 +131,38 @@ class LLM:
                                                             add_generation_prompt=True)
             ids.append(encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str)
                        else list(prompt))
+        if method == "fork":
+            return self._beam_search_in_core(ids, params, lora_request)
         return beam_search(self, ids, params, use_tqdm=use_tqdm, lora_request=lora_request)
+
+    def _beam_search_in_core(self, prompts: list[list[int]], params: BeamSearchParams,
+                             lora_request=None) -> list[BeamSearchOutput]:
+        """V0's design: each prompt goes to the engine core as one request whose beams fork
+        there (core/beam_group.py); the core reports the finished beams when it is done."""
+        engine = self.engine
+        search = BeamSearch(prompts, params, engine.eos_token_ids,     # checks the prompts
+                            engine.model_config.max_model_len)
+        beam_params = dataclasses.replace(search.step_params, max_tokens=params.max_tokens)
+        if lora_request is not None:
+            engine.engine_core.add_lora(lora_request)
+        request_ids = []
+        for prompt in prompts:
+            request_ids.append(f"beams-{self._counter}")
+            self._counter += 1
+            engine.engine_core.add_request(EngineCoreRequest(
+                request_ids[-1], prompt, beam_params, lora_request, beam_search=params))
+        finished = {request_id: [] for request_id in request_ids}
+        while engine.engine_core.has_unfinished_requests():
+            for out in engine.engine_core.get_output().outputs:
+                if out.error is not None:         # the others go too, and the error says why
+                    engine.engine_core.abort_requests(request_ids)
+                    raise RuntimeError(f"beam search of {out.request_id} failed: {out.error}")
+                if out.finish_reason is not None and out.request_id in finished:
+                    finished[out.request_id].append(out)
+        for instance, prompt, request_id in zip(search.searches, prompts, request_ids):
+            instance.finished = [beam_from_output(prompt, out, params.length_penalty)
+                                 for out in sorted(finished[request_id], key=lambda o: o.index)]
+        return search.outputs(self.tokenizer)
 
     def reconfigure(self, **changes) -> LLM:
         """New engine settings over the weights already loaded (LLMEngine.reconfigure):

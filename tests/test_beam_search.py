@@ -1,6 +1,10 @@
-"""Beam search (minivllm/beam_search.py, vLLM V1's way: one-token requests with logprobs over the
-public API) against transformers' `generate(num_beams=k, do_sample=False)` on the same weights
-in fp32: the same k sequences, in the same order, with the same scores.
+"""Beam search, both designs (minivllm/beam_search.py, vLLM V1's way: one-token requests with
+logprobs over the public API; core/beam_group.py, V0's: beams forking block tables in the
+engine core), against transformers' `generate(num_beams=k, do_sample=False)` on the same
+weights in fp32: the same k sequences, in the same order, with the same scores. The fork
+design runs on half the cases (it shares the rules, and CI's time), and once more on a pool
+too small for its beams, with chunked prefill, the prefix cache, preemption and an abort,
+counting every block's references after every step.
 
 Eight prompts (four chat turns, whose answers end in EOS within the budget, and four plain
 continuations), beam widths 2 and 4, early_stopping True, False and "never", and length
@@ -8,17 +12,22 @@ penalties 0, 1 and 2. No ties were met on these prompts; a near-tie in the fp32 
 the one way the two could disagree and still both be right.
 """
 
+import collections
+
 import pytest
 import torch
 
-from minivllm import BeamSearchParams
+from minivllm import BeamSearchParams, SamplingParams
+from minivllm.beam_search import beam_from_output
+from minivllm.engine.core import EngineCoreRequest
 
-from conftest import PROMPTS
+from conftest import PROMPTS, reconfigured
 
 MAX_TOKENS = 16
 CHATS = ["What is 2+2?", "Name a color.", "Say hi.", "Is the sky blue? Answer yes or no."]
 CASES = [(2, True, 1.0), (2, False, 1.0), (2, "never", 1.0), (4, True, 1.0), (4, False, 1.0),
          (4, "never", 1.0), (4, "never", 2.0), (2, False, 0.0)]
+FORK_CASES = [CASES[i] for i in (0, 4, 6, 7)]
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +51,24 @@ def transformers_beams(model, prompt: list[int], k: int, early_stopping, length_
             for r in range(k)]
 
 
-@pytest.mark.parametrize("k, early_stopping, length_penalty", CASES)
-def test_the_beams_are_transformers_beams(smol_llm, hf_smol, prompts, k, early_stopping,
+_transformers = {}
+
+
+@pytest.mark.parametrize("method, k, early_stopping, length_penalty",
+                         [("v1", *c) for c in CASES] + [("fork", *c) for c in FORK_CASES])
+def test_the_beams_are_transformers_beams(smol_llm, hf_smol, prompts, method, k, early_stopping,
                                           length_penalty):
     eos = sorted(smol_llm.engine.eos_token_ids)
     params = BeamSearchParams(beam_width=k, max_tokens=MAX_TOKENS, early_stopping=early_stopping,
                               length_penalty=length_penalty)
-    ours = smol_llm.beam_search(prompts, params)
+    ours = smol_llm.beam_search(prompts, params, method=method)
     stopped = 0
     for prompt, out in zip(prompts, ours):
-        theirs = transformers_beams(hf_smol, prompt, k, early_stopping, length_penalty, eos)
+        key = (tuple(prompt), k, early_stopping, length_penalty)
+        if key not in _transformers:
+            _transformers[key] = transformers_beams(hf_smol, prompt, k, early_stopping,
+                                                    length_penalty, eos)
+        theirs = _transformers[key]
         assert len(out.sequences) == k
         for beam, (tokens, score) in zip(out.sequences, theirs):
             generated = beam.tokens[len(prompt):]
@@ -87,3 +104,61 @@ def test_prompt_forms_agree_and_bad_params_are_refused(smol_llm):
         smol_llm.beam_search([text], BeamSearchParams(beam_width=11, max_tokens=4))
     with pytest.raises(ValueError, match="max_model_len"):
         smol_llm.beam_search([[1] * 1020], BeamSearchParams(beam_width=2, max_tokens=8))
+    with pytest.raises(ValueError, match="method"):
+        smol_llm.beam_search([text], params, method="v0")
+    sampled = EngineCoreRequest("hot", [1, 2, 3], SamplingParams(temperature=0.7, logprobs=4),
+                                beam_search=params)
+    with pytest.raises(ValueError, match="greedily"):
+        smol_llm.engine.engine_core.add_request(sampled)
+    assert "hot" not in smol_llm.engine.requests
+
+
+def held_blocks_agree(engine) -> collections.Counter:
+    """Every block's reference count is the number of block tables that hold it, and the
+    free list is exactly the blocks none holds; returns the tables' blocks, counted."""
+    bm, sched = engine.block_manager, engine.scheduler
+    held = collections.Counter(b for r in (*sched.running, *sched.waiting) for b in r.block_table)
+    assert [bm.ref_counts[b] for b in range(bm.num_blocks)] == [
+        held[b] for b in range(bm.num_blocks)]
+    assert set(bm.free_block_ids) == {b for b in range(bm.num_blocks) if not held[b]}
+    return held
+
+
+def test_forked_beams_leak_no_block(smol_llm, prompts):
+    """Three beam searches and two plain requests in a pool too small for them all (so beam
+    groups are preempted, whole, and searched again, and plain requests swapped out),
+    chunked prefill of 32 tokens a step, the prefix cache on, one search aborted half-way:
+    after every step each block's references are the tables holding it; at the end every
+    block is free, and the two searches that ran to the end found the beams they find alone."""
+    params = BeamSearchParams(beam_width=4, max_tokens=12)
+    chosen = [prompts[0], prompts[4], prompts[5]]
+    alone = smol_llm.beam_search(chosen, params, method="fork")
+    with reconfigured(smol_llm, num_kv_blocks=16, max_num_batched_tokens=32,
+                      enable_prefix_caching=True, preemption_mode="swap") as llm:
+        engine, core = llm.engine, llm.engine.engine_core
+        beam_sampling = SamplingParams(temperature=0, max_tokens=12, logprobs=8)
+        for i, prompt in enumerate(chosen):
+            core.add_request(EngineCoreRequest(f"beams-{i}", prompt, beam_sampling,
+                                               beam_search=params))
+        for i in range(2):
+            core.add_request(EngineCoreRequest(f"plain-{i}", prompts[1 + i], SamplingParams(
+                temperature=0, max_tokens=20, ignore_eos=True)))
+        finished, shared, steps = collections.defaultdict(list), 0, 0
+        while core.has_unfinished_requests() and steps < 400:
+            outs = core.get_output().outputs
+            steps += 1
+            for out in outs:
+                if out.request_id.startswith("beams") and out.finish_reason is not None:
+                    finished[out.request_id].append(out)
+            shared = max(shared, sum(1 for n in held_blocks_agree(engine).values() if n > 1))
+            if steps == 12:
+                core.abort_requests(["beams-1"])
+        stats = engine.stats()
+        assert not core.has_unfinished_requests() and not engine.requests
+        assert stats.num_blocks_used == 0 and held_blocks_agree(engine) == {}
+        assert stats.num_preemptions > 0 and shared > 0
+        assert engine.block_manager.num_copy_on_write > 0
+    for i in (0, 2):
+        found = [beam_from_output(chosen[i], out, params.length_penalty).tokens
+                 for out in sorted(finished[f"beams-{i}"], key=lambda o: o.index)]
+        assert found == [b.tokens for b in alone[i].sequences]

@@ -45,18 +45,22 @@ def test_spec_report(capsys):
 
 
 def test_beam_report(capsys):
-    """Beam search V1's way: the prefix cache computes fewer tokens, the beams are the same,
-    and k independent sequences compute the fewest (they extend their own KV)."""
+    """Beam search both ways: the forks compute each token once (fewer than k independent
+    sequences, which compute the prompt k times), sharing blocks and copying on write; V1's
+    way computes more, less with the prefix cache than without; the beams are the same."""
     main(["beam", "--beam-width", "2", "--max-tokens", "3"])
     out = capsys.readouterr().out
-    rows = dict((name.strip(), [int(x) for x in nums.split()[:4]]) for name, nums in re.findall(
-        r"^(beam search, V1's way, cache o\w+|2 independent greedy sequences)\s+([\d ]+)", out,
-        re.MULTILINE))
-    on, off, apart = (rows["beam search, V1's way, cache on"],
-                      rows["beam search, V1's way, cache off"],
-                      rows["2 independent greedy sequences"])
-    assert on[0] == off[0] == apart[0] == 3, out                         # steps
-    assert apart[1] < on[1] < off[1] and on[2] > 0 == off[2], out        # computed, cached
+    rows = dict((name.strip(), [int(x) for x in nums.split()[:6]]) for name, nums in re.findall(
+        r"^(beam search, V0's design: forks in the core|beam search, V1's way, cache o\w+"
+        r"|2 independent greedy sequences)\s+([\d ]+)", out, re.MULTILINE))
+    fork, on, off, apart = (rows["beam search, V0's design: forks in the core"],
+                            rows["beam search, V1's way, cache on"],
+                            rows["beam search, V1's way, cache off"],
+                            rows["2 independent greedy sequences"])
+    assert fork[0] == on[0] == off[0] == apart[0] == 3, out             # steps
+    assert fork[1] < apart[1] < on[1] < off[1], out                     # computed
+    assert on[2] > 0 == off[2] == fork[2], out                          # cached
+    assert fork[4] > 0 and fork[5] > 0 == on[5] == apart[5], out        # shared, copied
     assert "identical: True" in out, out
 
 

@@ -53,8 +53,9 @@ BENCHMARKS = {
                      "agreement, bytes, KV capacity, decode tok/s", ("model",)),
     "lora": (lora, "multi-LoRA: a mixed batch of N adapters vs one adapter at a time vs the "
                    "base model; memory per adapter", ("model", "dtype")),
-    "beam": (beam, "beam search, V1's way (prefix cache on and off) vs k independent greedy "
-                   "sequences: steps, tokens computed, blocks", ("model", "dtype")),
+    "beam": (beam, "beam search on forks (V0) vs V1's way (prefix cache on and off) vs k "
+                   "independent greedy sequences: tokens computed, blocks shared and copied",
+             ("model", "dtype")),
     "ablation": (ablation, "one workload, each mechanism switched off in turn", ("model",)),
     "disagg": (disagg, "prefill/decode split vs colocated: running decodes while long prompts "
                        "arrive", ("model",)),

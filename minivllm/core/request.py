@@ -19,11 +19,12 @@ request id; here each request carries its table, which the block manager fills a
 Parallel sampling (n > 1) is vLLM V1's: the front end fans the request out into n requests of
 one sample each (engine/parallel_sampling.py), which share the prompt's blocks through the
 prefix cache. V0's way stays for a caller that hands the core an EngineCoreRequest with n > 1
-(lesson 02) and for beam search: the request starts as one sample, which prefills the prompt
-once; then `fork` makes the other n - 1 as copies that share its blocks (copy-on-write) and
-draw their first tokens from the same logits row. The samples of such a request share its
-request id and its `samples` list, and `index` tells them apart; `seq_id` (V0's name) is
-unique per sample and keys the runner's messages (core/scheduler_output.py).
+(lesson 02): the request starts as one sample, which prefills the prompt once; then `fork`
+makes the other n - 1 as copies that share its blocks (copy-on-write) and draw their first
+tokens from the same logits row. Beam search in the core (core/beam_group.py, V0's design)
+makes its beams the same way, with `copy`, a sample at a time. The samples of such a request
+share its request id and its `samples` list, and `index` tells them apart; `seq_id` (V0's
+name) is unique per sample and keys the runner's messages (core/scheduler_output.py).
 
 Plain Python only: no torch tensors here (each sample's random generator lives with the
 Sampler), so the scheduler and the block manager can be read and tested without a device.
@@ -77,6 +78,7 @@ class Request:
         self.seq_id = seq_id                     # unique per sample (see the module's doc)
         self.index = 0                           # which of the request's samples (V0's fork)
         self.samples = [self]                    # the request's samples so far (V0's fork)
+        self.beam = None                         # its BeamGroup: beam search in the core (V0)
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.status = RequestStatus.WAITING
@@ -146,12 +148,19 @@ class Request:
     @property
     def num_unforked(self) -> int:
         """Samples of an n > 1 request handed to the core whole still to fork (V0); else 0."""
-        return self.sampling_params.n - len(self.samples)
+        return max(0, self.sampling_params.n - len(self.samples))
+
+    @property
+    def num_seq_slots(self) -> int:
+        """Slots under max_num_seqs it takes: itself, and the samples or beams it will fork."""
+        width = self.beam.width if self.beam is not None else self.sampling_params.n
+        return max(1, width - len(self.samples) + 1)
 
     @property
     def all_samples_finished(self) -> bool:
-        """Is the request done: every sample it will have, finished?"""
-        return self.num_unforked == 0 and all(s.is_finished for s in self.samples)
+        """Is the request done: every sample it has, finished? (A sample forks others only
+        in the step it samples, so one that finished, or was aborted, first never will.)"""
+        return all(s.is_finished for s in self.samples)
 
     def output_since(self, num_before: int) -> EngineCoreOutput:
         """What the front end learns of this sample after a step: its tokens from num_before
@@ -184,20 +193,23 @@ class Request:
 
     def fork(self, seq_ids) -> list[Request]:
         """V0's parallel sampling: make the other n - 1 samples as copies of this first one,
-        whose prompt is now computed. They hold no blocks yet: the scheduler shares this
-        sample's blocks with them (block_manager.fork)."""
-        children = []
-        for index in range(len(self.samples), self.sampling_params.n):
-            child = Request(self.request_id, self.prompt_token_ids, self.sampling_params,
-                            next(seq_ids), self.lora_request, self.metrics.arrival_time)
-            child.token_ids = list(self.token_ids)
-            child.grammar = self.grammar
-            child.kv_transfer_params = self.kv_transfer_params
-            child.index = index
-            child.samples = self.samples                    # one list, shared
-            child.num_computed_tokens = self.num_computed_tokens
-            child.block_hashes = list(self.block_hashes)
-            child.metrics.first_scheduled_time = self.metrics.first_scheduled_time
-            children.append(child)
-        self.samples += children
-        return children
+        whose prompt is now computed."""
+        return [self.copy(next(seq_ids)) for _ in range(self.num_unforked)]
+
+    def copy(self, seq_id: int) -> Request:
+        """A new sample of this request, as this one stands now (V0's fork, for parallel
+        sampling and beam search). It holds no blocks yet: the scheduler shares this sample's
+        blocks with it (block_manager.fork)."""
+        child = Request(self.request_id, self.prompt_token_ids, self.sampling_params, seq_id,
+                        self.lora_request, self.metrics.arrival_time)
+        child.token_ids = list(self.token_ids)
+        child.grammar = self.grammar
+        child.kv_transfer_params = self.kv_transfer_params
+        child.index = len(self.samples)
+        child.samples = self.samples                        # one list, shared
+        child.beam = self.beam
+        child.num_computed_tokens = self.num_computed_tokens
+        child.block_hashes = list(self.block_hashes)
+        child.metrics.first_scheduled_time = self.metrics.first_scheduled_time
+        self.samples.append(child)
+        return child

@@ -29,7 +29,8 @@ one has finished (lesson 04's baseline). The settings are SchedulerConfig's (con
 
 After the forward pass, `update_from_output` is the one place where a step's results change
 the requests: computed tokens advance, the samples of a V0-style n > 1 request are forked
-(the front end fans n out instead, as vLLM V1 does), sampled tokens are appended (with
+(the front end fans n out instead, as vLLM V1 does), a beam group's round picks and forks its
+beams once each has its continuations (core/beam_group.py), sampled tokens are appended (with
 speculation: the accepted drafts and one more, the rejected drafts' slots rolled back), stop
 tokens and lengths are checked, and finished requests give their blocks back. It returns an
 EngineCoreOutput per sample that moved (minivllm/outputs.py): plain values, what the front end
@@ -48,27 +49,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from minivllm.config import LoRAConfig, SchedulerConfig
 from minivllm.core.scheduler_output import (CachedRequestData, NewRequestData,  # noqa: F401
                                              SchedulerOutput)
 from minivllm.core.request import Request, RequestStatus
+from minivllm.core.spec_decode_stats import SpecDecodingStats
 from minivllm.outputs import Draw, EngineCoreOutput, ModelRunnerOutput
-
-
-@dataclass(slots=True)
-class SpecDecodingStats:
-    """Speculative decoding's counters, kept by update_from_output (vLLM's SpecDecodingStats)."""
-
-    num_drafts: int = 0             # verifications: requests that proposed, summed over steps
-    num_draft_tokens: int = 0       # draft tokens verified
-    num_accepted_tokens: int = 0    # ... and accepted
-    num_accepted_this_step: int = 0
-    # [i]: verifications that accepted draft i (0-based; so i + 1 leading drafts, as vLLM's) and
-    # that judged it (proposed, 0..i-1 accepted); alpha_i = accepted[i] / judged[i].
-    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
-    num_judged_tokens_per_pos: list[int] = field(default_factory=list)
 
 
 def check_stop(request: Request, eos_token_ids: set[int], max_model_len: int
@@ -124,6 +111,8 @@ class Scheduler:
         """Schedule its next tokens (all, or what the budget allows) and its drafts (fitted
         to the budget by the caller); returns the budget left."""
         num_tokens = min(request.num_uncomputed_tokens, budget)     # of its own, drafts aside
+        if num_tokens == 0 and not request.spec_token_ids:    # a beam waiting for the others
+            return budget
         n = num_tokens + len(request.spec_token_ids)
         # Full blocks enter the prefix cache now (vLLM V1): later admissions this step reuse them.
         self.block_manager.cache_computed_blocks(request, request.num_computed_tokens + num_tokens)
@@ -167,10 +156,11 @@ class Scheduler:
                 drafts = request.spec_token_ids
                 if drafts and not bm.can_append_slots(request, len(drafts)):
                     drafts.clear()
-            while not bm.can_append_slots(request):
+            while not self._can_append(request):
                 victim = self.running.pop()          # the newest running request
                 self._preempt(victim, out)
-                if victim is request:
+                if victim is request or (victim.beam is not None
+                                         and victim.beam is request.beam):
                     break
             else:
                 out.blocks_to_copy += bm.append_slots(request, len(request.spec_token_ids))
@@ -229,13 +219,20 @@ class Scheduler:
             if request.status.finished or (errors and request.request_id in errors):
                 continue
             draws = sampled.get(request.seq_id)
+            if request.beam is not None:         # beam search in the core: a round at a time
+                if draws and request.beam.add_row(request, draws[-1][1]):
+                    outputs += request.beam.advance(self, self.seq_ids)
+                continue
             fork_draws = forked.get(request.seq_id, ())
             children = request.fork(self.seq_ids) if fork_draws else []
             if children:
-                self._fork(request, children)            # n > 1: the other samples start now
+                self.fork(request, children)             # n > 1: the other samples start now
             if draws is not None:
-                if request.spec_token_ids:
-                    self._count_accepted(request, len(draws) - 1)
+                if request.spec_token_ids:               # drafts: how many were accepted
+                    num_drafts, num_accepted = len(request.spec_token_ids), len(draws) - 1
+                    self.spec_decoding_stats.observe_draft(num_drafts, num_accepted)
+                    request.metrics.num_draft_tokens += num_drafts
+                    request.metrics.num_accepted_tokens += num_accepted
                 outputs.append(self._append(request, draws))
             for child, draw in zip(children, fork_draws):
                 outputs.append(self._append(child, [draw]))
@@ -275,24 +272,6 @@ class Scheduler:
                 break
         return request.output_since(num_before)
 
-    def _count_accepted(self, request: Request, num_accepted: int) -> None:
-        """Speculative decoding's counters, for a request that verified drafts this step."""
-        stats = self.spec_decoding_stats
-        stats.num_drafts += 1
-        stats.num_draft_tokens += len(request.spec_token_ids)
-        stats.num_accepted_tokens += num_accepted
-        stats.num_accepted_this_step += num_accepted
-        accepted = stats.num_accepted_tokens_per_pos
-        judged = stats.num_judged_tokens_per_pos
-        for per_pos in (accepted, judged):
-            per_pos.extend([0] * (len(request.spec_token_ids) - len(per_pos)))
-        for i in range(num_accepted):
-            accepted[i] += 1
-        for i in range(min(num_accepted + 1, len(request.spec_token_ids))):
-            judged[i] += 1
-        request.metrics.num_draft_tokens += len(request.spec_token_ids)
-        request.metrics.num_accepted_tokens += num_accepted
-
     def add_prefilled(self, request: Request, first_token: Draw) -> bool:
         """Admit a request whose prompt another engine prefilled (prefill/decode
         disaggregation): the admission checks of `schedule` (a request slot, free blocks, an
@@ -323,8 +302,8 @@ class Scheduler:
     def _has_seq_slots(self, request: Request) -> bool:
         """Room under max_num_seqs for it and the samples running requests will still fork
         (V0's n > 1; the GPU's decode buffers hold max_num_seqs rows)."""
-        reserved = sum(1 + s.num_unforked for s in self.running)
-        return reserved + 1 + request.num_unforked <= self.scheduler_config.max_num_seqs
+        reserved = sum(s.num_seq_slots for s in self.running)
+        return reserved + request.num_seq_slots <= self.scheduler_config.max_num_seqs
 
     def _lora_fits(self, request: Request) -> bool:
         """At most max_loras distinct adapters run at once: each needs a slot in the model."""
@@ -333,18 +312,38 @@ class Scheduler:
         active = {s.lora_int_id for s in self.running} - {0}
         return request.lora_int_id in active or len(active) < self.lora_config.max_loras
 
-    def _fork(self, parent: Request, children: list[Request]) -> None:
-        """Parallel sampling: `children` join running, sharing every block of `parent`."""
+    def _can_append(self, request: Request) -> bool:
+        """Room for its next tokens; for a beam, for its whole group's (a group is preempted
+        whole, before any of its beams is scheduled, and its beams sit together in running)."""
+        if request.beam is None:
+            return self.block_manager.can_append_slots(request)
+        needed = sum(map(self.block_manager.num_blocks_to_append, request.beam.beams))
+        return needed <= self.block_manager.num_free_blocks
+
+    def fork(self, parent: Request, children: list[Request]) -> None:
+        """Parallel sampling and beam search: `children` join running, sharing every block of
+        `parent` (a beam's right after its group's others)."""
+        at = len(self.running)
+        if parent.beam is not None:
+            at = 1 + max(i for i, r in enumerate(self.running) if r.beam is parent.beam)
         for child in children:
             self.block_manager.fork(parent, child)
             child.status = RequestStatus.RUNNING
-            self.running.append(child)
+            self.running.insert(at, child)
+            at += 1
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         bm = self.block_manager
         cpu = self.cpu_block_manager
         request.spec_token_ids.clear()                   # drafts are proposed again when it runs
-        if self.scheduler_config.preemption_mode == "swap" and bm.can_swap_out(request, cpu):
+        if request.beam is not None:   # the whole group, by recompute (core/beam_group.py)
+            for beam in request.beam.restart():
+                self.finish(beam, RequestStatus.FINISHED_STOPPED)
+            request = request.beam.first
+            if request in self.running:
+                self.running.remove(request)
+        swap = self.scheduler_config.preemption_mode == "swap" and request.beam is None
+        if swap and bm.can_swap_out(request, cpu):
             # Swap: keep the KV, in host memory.
             pairs = bm.swap_out(request, cpu)
             out.blocks_to_swap_out += pairs

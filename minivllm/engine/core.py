@@ -28,8 +28,9 @@ executor with no model.
 Parallel sampling: the front end fans n > 1 out into n requests of one sample (vLLM V1,
 engine/parallel_sampling.py), so what reaches the core from LLMEngine has n = 1. The core still
 takes an EngineCoreRequest with n > 1 from a caller who builds one: then its samples fork
-inside it after one prefill, sharing blocks by copy-on-write (vLLM V0's way, kept for lesson 02
-and for beam search).
+inside it after one prefill, sharing blocks by copy-on-write (vLLM V0's way, kept for lesson 02),
+and an EngineCoreRequest with `beam_search` set runs V0's beam search: its beams fork inside
+the core (core/beam_group.py) and the finished ones come out together at the end.
 
 The core's unit is vLLM V1's Request (core/request.py), made from each EngineCoreRequest.
 
@@ -46,6 +47,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from minivllm.config import VllmConfig
+from minivllm.core.beam_group import BeamGroup
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.kv_cache import ContiguousAllocator
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
@@ -69,6 +71,7 @@ class EngineCoreRequest:
     grammar: object | None = None           # the compiled guided-decoding constraint, if any
     arrival_time: float = field(default_factory=time.perf_counter)
     kv_transfer_params: dict | None = None  # disaggregation (kv_transfer/kv_connector.py)
+    beam_search: object | None = None       # BeamSearchParams: beams forked in the core (V0)
 
 
 class EngineCore:
@@ -141,7 +144,13 @@ class EngineCore:
 
     # ---------------------------------------------------------------- requests in and out
     def add_request(self, request: EngineCoreRequest) -> None:
-        self.scheduler.add(Request.from_engine_core_request(request, next(self.seq_ids)))
+        core_request = Request.from_engine_core_request(request, next(self.seq_ids))
+        if request.beam_search is not None:        # V0's beam search (core/beam_group.py)
+            if self.vllm_config.speculative_config is not None:
+                raise ValueError("beam search in the core does not run with speculative "
+                                 "decoding")
+            BeamGroup(core_request, request.beam_search, self.eos_token_ids)
+        self.scheduler.add(core_request)
 
     def add_prefilled_request(self, request: EngineCoreRequest, first_token
                               ) -> EngineCoreOutputs | None:
