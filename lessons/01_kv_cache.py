@@ -458,16 +458,100 @@ def _(answer, check_kv_answer, mo):
 
 
 @app.cell
+def _(mo):
+    # Headless, the right answer is filled in so that the checker's verdict is tested below.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    PREDICT_REQUESTS = 20
+    steps_guess = mo.ui.number(start=0, stop=1000, value=24 if _headless else 0,
+                               label="engine steps until the last request finishes")
+    mo.vstack([mo.md(f"""
+    ## Predict, then the engine checks
+
+    Back to the 8 slabs (`kv_layout="contiguous"`, room for 8 requests of 2048 slots). A
+    burst of **{PREDICT_REQUESTS}** requests arrives at once, each an 8-token prompt asking
+    for 8 tokens (the prefill's step gives the first one). How many **engine steps** until the
+    last of them finishes? Write your number first; the engine then serves the burst and its
+    own step count decides.
+    """), steps_guess])
+    return PREDICT_REQUESTS, steps_guess
+
+
+@app.cell
+def _(PREDICT_REQUESTS, Request, SLABS, SamplingParams, llm, serve):
+    # The truth: the slab engine serves the burst, and we count its steps.
+    _ids = llm.tokenizer.encode("The key to fast inference is")
+    _run = serve(llm.reconfigure(**SLABS),
+                 [Request(_ids, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))]
+                 * PREDICT_REQUESTS)
+    predict_truth = {"steps": len(_run.steps),
+                     "max_running": max(_s.stats.num_running for _s in _run.steps),
+                     "max_waiting": max(_s.stats.num_waiting for _s in _run.steps)}
+
+    def check_steps_guess(value):
+        """The learner's step count against the engine's."""
+        steps, ran, waited = (predict_truth[_k] for _k in ("steps", "max_running",
+                                                           "max_waiting"))
+        if not value:
+            return "Enter a number of engine steps."
+        if value == steps:
+            return (f"Correct: the engine took {steps} steps. At most {ran} requests held a "
+                    f"slab, so the {PREDICT_REQUESTS} went through in waves of {ran}, each "
+                    f"wave 8 steps long, however little of its slabs it used.")
+        if value == 8:
+            return (f"That is the time for all {PREDICT_REQUESTS} at once, which pages would "
+                    f"allow. The engine counted {steps}: only {ran} slabs, so {waited} "
+                    "requests waited for one to free.")
+        if value == 8 * PREDICT_REQUESTS:
+            return (f"That is one request at a time. The engine ran {ran} at once and took "
+                    f"{steps} steps.")
+        if value < steps:
+            return (f"Too few: the engine took {steps}. A wave that is not full still takes "
+                    "all 8 steps of its longest request.")
+        return f"Too many: the engine took {steps} steps, with up to {ran} running at once."
+    return check_steps_guess, predict_truth
+
+
+@app.cell
+def _(check_steps_guess, mo, steps_guess):
+    _msg = check_steps_guess(steps_guess.value)
+    mo.callout(mo.md(f"Your prediction: **{steps_guess.value}** steps. {_msg}"),
+               kind="success" if _msg.startswith("Correct") else "neutral")
+    return
+
+
+@app.cell
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** The bytes of one block are `page_size_bytes` of the layer's
+    `KVCacheSpec` (`vllm/v1/kv_cache_interface.py`: 2 x block_size x KV heads x head size x
+    dtype bytes, this lesson's formula per block). `Worker.determine_available_memory`
+    (`vllm/v1/worker/gpu_worker.py`) profiles a forward pass and gives the KV cache what
+    `gpu_memory_utilization` leaves; `get_kv_cache_config` (`vllm/v1/core/kv_cache_utils.py`)
+    turns those bytes into a number of blocks, which `GPUModelRunner.initialize_kv_cache`
+    (`vllm/v1/worker/gpu_model_runner.py`) allocates. Blocks are then handed out by
+    `KVCacheManager.allocate_slots` (`vllm/v1/core/kv_cache_manager.py`). V1 has no slab
+    layout: it is paged from the start. minivllm keeps `kv_layout="contiguous"` only as this
+    lesson's "before", and sizes its pool from `kv_cache_memory` or `num_kv_blocks` rather
+    than by profiling, so that a CPU run and a lesson get the same pool every time.
+    """), kind="info")
+    return (v1_box,)
+
+
+@app.cell
 def _(
     batch_sizes,
     burst,
     bytes_table,
     check_kv_answer,
+    check_steps_guess,
     decode_tokens_per_step,
     num_steps,
     peaks,
+    predict_truth,
     roofline_steps,
     static_utilization,
+    steps_guess,
 ):
     def test_static_preallocation_wastes_most_of_the_cache():
         assert static_utilization < 0.2
@@ -501,6 +585,13 @@ def _(
         assert check_kv_answer(327680).startswith("Correct")
         assert "query heads" in check_kv_answer(327680 * 8)
         assert "K and V" in check_kv_answer(327680 // 2)
+
+    def test_the_engine_checks_the_step_prediction():
+        # The headless run answered 24 (3 waves of 8 steps); the engine's count decides.
+        assert check_steps_guess(steps_guess.value).startswith("Correct")
+        assert predict_truth["max_running"] == 8
+        assert check_steps_guess(8).startswith("That is the time for all")
+        assert not check_steps_guess(20).startswith("Correct")
     return
 
 
@@ -514,6 +605,7 @@ def _(
     roofline_steps,
     static_utilization,
     step_time_growth,
+    v1_box,
     weight_bytes,
 ):
     findings = {
@@ -526,7 +618,7 @@ def _(
         "decode_step_time_growth": step_time_growth,
     }
     print("findings:", findings)
-    mo.md(f"""
+    mo.vstack([mo.md(f"""
     ## What we found
 
     * A token of context costs 2 x layers x KV heads x head dim x bytes: 45 KiB for SmolLM2
@@ -556,7 +648,7 @@ def _(
       `LLMEngine` in `minivllm/engine/llm_engine.py`, reaches them through its client);
       `minivllm/benchmarks/workloads.py`: `lognormal_requests` and `serve` (the step trace), used above.
     * Next: lesson 02 replaces the slab with pages (`minivllm/core/block_manager.py`).
-    """)
+    """), v1_box])
     return (findings,)
 
 

@@ -172,9 +172,13 @@ def _(inline_ticks, inline_worst, mo, num_steps, step_s, threaded_ticks, threade
     inside its kernels, so the event loop runs *during* the forward pass.
 
     Why a thread and not a process: one process keeps one copy of the weights and the KV
-    cache, and outputs cross over as Python objects. A process (vLLM's V1 engine core) also
-    frees the scheduler and detokenizer from the lock, at the price of serializing every
-    request and output over a socket.
+    cache, and outputs cross over as Python objects. vLLM V1 puts its `EngineCore` (scheduler,
+    model runner, sampler) in a process of its own, which frees the core's Python from the
+    lock the server holds, at the price of serializing every request and output over a
+    socket. Detokenizing stays in the front-end process, in V1 as here: V1's
+    `OutputProcessor` turns the core's token ids into text beside the HTTP handlers, and so
+    does minivllm's (`minivllm/engine/output_processor.py`), on this engine thread.
+    `minivllm serve` moves the core to its own process too (`minivllm/engine/multiproc/`).
     """)
     return
 
@@ -299,6 +303,25 @@ def _(NUM_REQUESTS, RATE_FACTORS, mo, sweep):
 
 
 @app.cell
+def _(MAX_NUM_SEQS, OUTPUT_LEN, mo):
+    # Headless, the right answer is filled in so that the checker's verdict is tested below.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    knee_guess = mo.ui.number(start=0, stop=100, step=0.005,
+                              value=MAX_NUM_SEQS / OUTPUT_LEN if _headless else 0,
+                              label="requests finished per engine step, at most")
+    mo.vstack([mo.md(f"""
+    ## Predict, then the engine checks: the knee in steps
+
+    Before the next run: an engine with **{MAX_NUM_SEQS}** slots (`max_num_seqs`) is handed
+    far more requests than it can hold, each asking for **{OUTPUT_LEN}** tokens. Once it is
+    saturated, how many requests does it finish **per engine step**, on average? That rate is
+    the knee: arrivals faster than it must queue. Write a number; the engine then serves a
+    saturating burst and its own count (requests finished / steps) decides.
+    """), knee_guess])
+    return (knee_guess,)
+
+
+@app.cell
 def _(mo):
     mo.md(r"""
     ## The same knee, counted in engine steps
@@ -344,6 +367,34 @@ def _(LLM, MAX_NUM_SEQS, OUTPUT_LEN, Request, SamplingParams, make_prompts, mo, 
                 "second_half": float(np.mean(arrivals[half:])),
                 "done": sum(o.finished for o in run.outputs)}
 
+    # Saturated: every request arrives at step 0, so a slot never waits for work; the engine's
+    # finishing rate is then its capacity, counted in steps.
+    _params = SamplingParams(temperature=0, max_tokens=OUTPUT_LEN, ignore_eos=True)
+    print(f"engine steps: {STEP_REQUESTS} requests at once (saturated) ...", flush=True)
+    _sat = serve(step_llm, [Request(p, _params) for p in make_prompts(STEP_REQUESTS, 16, 0)])
+    saturated = {"done": sum(len(_s.finished) for _s in _sat.steps), "steps": len(_sat.steps)}
+    saturated["per_step"] = saturated["done"] / saturated["steps"]
+
+    def check_knee_guess(value):
+        """The learner's knee (requests per step) against the saturated engine's count."""
+        rate = saturated["per_step"]
+        if not value:
+            return "Enter a number of requests per step."
+        if abs(value / rate - 1) <= 0.1:
+            return (f"Correct: saturated, the engine finished {saturated['done']} requests in "
+                    f"{saturated['steps']} steps, {rate:.3f} per step. Each slot holds a "
+                    f"request for {OUTPUT_LEN} steps, so {MAX_NUM_SEQS} slots finish "
+                    f"{MAX_NUM_SEQS} requests every {OUTPUT_LEN} steps.")
+        if abs(value - MAX_NUM_SEQS) < 1e-9:
+            return (f"That is tokens per step ({MAX_NUM_SEQS} slots, a token each). A request "
+                    f"needs {OUTPUT_LEN} of them: the engine finished {rate:.3f} per step.")
+        if abs(value * rate - 1) <= 0.1:
+            return (f"Upside down: that is steps per request. The engine finished "
+                    f"{rate:.3f} requests per step.")
+        return (f"{'Too high' if value > rate else 'Too low'}: the engine finished "
+                f"{saturated['done']} requests in {saturated['steps']} steps, {rate:.3f} per "
+                "step.")
+
     step_sweep = {_f: queue_in_steps(_f) for _f in STEP_FACTORS}
     for _f, _q in step_sweep.items():
         print(f"{_f}x the knee ({_f * knee_per_step:.2f} req/step): {_q['steps']} steps, "
@@ -351,8 +402,18 @@ def _(LLM, MAX_NUM_SEQS, OUTPUT_LEN, Request, SamplingParams, make_prompts, mo, 
               f"{_q['first_half']:.2f}, second half {_q['second_half']:.2f}), "
               f"most {max(_q['waiting'])}")
     mo.md(f"knee: {MAX_NUM_SEQS} slots / {OUTPUT_LEN} tokens = **{knee_per_step} requests "
-          f"per step**")
-    return STEP_FACTORS, STEP_REQUESTS, knee_per_step, step_sweep
+          f"per step**; the saturated engine counted **{saturated['per_step']:.3f}** "
+          f"({saturated['done']} requests in {saturated['steps']} steps)")
+    return (STEP_FACTORS, STEP_REQUESTS, check_knee_guess, knee_per_step, saturated,
+            step_sweep)
+
+
+@app.cell
+def _(check_knee_guess, knee_guess, mo):
+    _msg = check_knee_guess(knee_guess.value)
+    mo.callout(mo.md(f"Your prediction: **{knee_guess.value:g}** requests per step. {_msg}"),
+               kind="success" if _msg.startswith("Correct") else "neutral")
+    return
 
 
 @app.cell
@@ -455,9 +516,13 @@ def _(
     STEP_FACTORS,
     STEP_REQUESTS,
     aengine,
+    check_knee_guess,
     check_saturation_rate,
     inline_ticks,
+    knee_guess,
+    knee_per_step,
     num_steps,
+    saturated,
     step_sweep,
     sweep,
     threaded_ticks,
@@ -473,6 +538,11 @@ def _(
         assert (s.num_running, s.num_waiting, s.num_blocks_used) == (0, 0, 0)
 
     def test_the_queue_grows_only_past_the_knee():
+        # The server's rates were set from knee_per_step / step_s. The seconds half moves with
+        # the machine; the count half must hold: saturated, the engine finishes within 10% of
+        # knee_per_step requests per step, so a knee mispredicted 2x (either way) fails here.
+        assert saturated["done"] == STEP_REQUESTS
+        assert abs(saturated["per_step"] / knee_per_step - 1) <= 0.1
         lo, hi = sweep[RATE_FACTORS[0]], sweep[RATE_FACTORS[-1]]
         assert hi["max_waiting"] > lo["max_waiting"]
         assert hi["max_waiting"] >= MAX_NUM_SEQS // 2
@@ -491,7 +561,36 @@ def _(
         assert check_saturation_rate(lambda s, n, o: n / (s * o)).startswith("correct")
         assert "tokens per second" in check_saturation_rate(lambda s, n, o: n / s)
         assert "not answered" in check_saturation_rate(lambda s, n, o: None)
+
+    def test_the_engine_checks_the_knee_prediction():
+        # The headless run answered MAX_NUM_SEQS / OUTPUT_LEN; the saturated engine's count
+        # decides, and a knee off by 2x either way is turned down.
+        assert check_knee_guess(knee_guess.value).startswith("Correct")
+        assert not check_knee_guess(2 * knee_guess.value).startswith("Correct")
+        assert not check_knee_guess(knee_guess.value / 2).startswith("Correct")
+        assert check_knee_guess(MAX_NUM_SEQS).startswith("That is tokens per step")
     return
+
+
+@app.cell
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** The server is `vllm/entrypoints/openai/api_server.py`, with the
+    completions endpoint in `serving_completion.py` beside it. It hands requests to `AsyncLLM`
+    (`vllm/v1/engine/async_llm.py`): `generate` yields one stream per request, and its
+    `output_handler` task reads the core's `EngineCoreOutputs` through `AsyncMPClient`
+    (`vllm/v1/engine/core_client.py`, ZMQ sockets) and passes them to
+    `OutputProcessor.process_outputs` (`vllm/v1/engine/output_processor.py`, detokenizing
+    with `vllm/v1/engine/detokenizer.py`) in the front-end process. The core runs
+    `EngineCoreProc.run_busy_loop` (`vllm/v1/engine/core.py`) in its own process: drain the
+    input queue, `step()`, send outputs. minivllm splits the same way (AsyncLLMEngine's queues,
+    LLMEngine's OutputProcessor, the EngineCore behind a client) but by default keeps the
+    core on a thread of the same process: one copy of everything and no serialization, which
+    a lesson can step and look into; `minivllm serve` uses the process split
+    (`minivllm/engine/multiproc/`), as V1 always does.
+    """), kind="info")
+    return (v1_box,)
 
 
 @app.cell
@@ -506,6 +605,7 @@ def _(
     step_sweep,
     sweep,
     threaded_ticks,
+    v1_box,
 ):
     findings = {
         "step_ms": step_s * 1000,
@@ -520,7 +620,7 @@ def _(
                                       for _f, _q in step_sweep.items()},
     }
     print("findings:", findings)
-    mo.md(r"""
+    mo.vstack([mo.md(r"""
     ## What we found
 
     * An engine stepping inside the event loop freezes the server for a whole forward pass;
@@ -540,7 +640,7 @@ def _(
       of text that may become a stop string; `minivllm/entrypoints/openai/api_server.py`: the app, errors, `/metrics`.
     * `minivllm/benchmarks/serve.py`: `minivllm bench serve`, the open-loop load generator used
       here. `uv run minivllm serve` serves the same thing from a terminal.
-    """)
+    """), v1_box])
     return (findings,)
 
 

@@ -171,6 +171,24 @@ def _(mo):
 
 
 @app.cell
+def _(mo):
+    # Headless, the right answer is filled in so that the checker's verdict is tested below.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    forwards_guess = mo.ui.number(start=0, stop=100, value=11 if _headless else 0,
+                                  label="forwards for 48 tokens, copying, k = 4")
+    mo.vstack([mo.md(r"""
+    ### Predict, then the engine checks
+
+    Without speculation, 48 output tokens take 48 forwards: the prefill (which samples the
+    first token), then one decode per token. The request below asks the model to repeat a
+    passage that is in its prompt, so prompt lookup can propose the very tokens the model
+    will choose. With k = 4, how many forwards will the engine need for the same 48 tokens?
+    Write your number first; the engine's step trace decides (within one forward).
+    """), forwards_guess])
+    return (forwards_guess,)
+
+
+@app.cell
 def _(PASSAGE, Request, SamplingParams, llm, serve):
     OUTPUT_LEN = 48
 
@@ -208,13 +226,42 @@ def _(PASSAGE, Request, SamplingParams, llm, serve):
             # 1 for a plain step) per token they produced. Plain decoding: exactly 1.
             "rows_per_token": sum(s.num_batched_tokens for s in decode) / (OUTPUT_LEN - 1),
             "drafted": stats.spec_decode_num_draft_tokens,
+            # vLLM's logged "per-position acceptance rate": accepted at i / verifications.
+            "vllm_per_pos": [a / stats.spec_decode_num_drafts if stats.spec_decode_num_drafts
+                             else 0.0 for a in stats.spec_decode_num_accepted_tokens_per_pos],
             "seconds": sum(s.duration for s in res.steps),
         }
 
     base = run("copy a passage", 0)
     spec = run("copy a passage", 4)
     same_tokens = base["tokens"] == spec["tokens"]
-    return OUTPUT_LEN, PROMPTS, base, run, same_tokens, spec
+
+    def check_forwards_guess(value):
+        """The learner's forward count against the engine's, for the copy request at k = 4."""
+        truth, verifications = spec["forwards"], len(spec["drafts"])
+        if not value:
+            return "Enter a number of forwards."
+        if abs(value - truth) <= 1:
+            return (f"Correct: the engine took {truth} forwards, the prefill and "
+                    f"{verifications} verifications of {spec['per_forward']:.2f} tokens each "
+                    "on average (5 at most: four accepted drafts and the model's own token).")
+        if value == base["forwards"]:
+            return (f"That is decoding without speculation. The engine took {truth}: each "
+                    "verification kept every draft the model agreed with.")
+        if value == 1 + -(-(OUTPUT_LEN - 1) // 4):
+            return (f"That counts 4 tokens per verification. Each also yields the model's own "
+                    f"token after the last accepted draft: the engine took {truth}.")
+        return (f"{'Too many' if value > truth else 'Too few'}: the engine took {truth} "
+                f"forwards, {spec['per_forward']:.2f} tokens per verification.")
+    return OUTPUT_LEN, PROMPTS, base, check_forwards_guess, run, same_tokens, spec
+
+
+@app.cell
+def _(check_forwards_guess, forwards_guess, mo):
+    _msg = check_forwards_guess(forwards_guess.value)
+    mo.callout(mo.md(f"Your prediction: **{forwards_guess.value}** forwards. {_msg}"),
+               kind="success" if _msg.startswith("Correct") else "neutral")
+    return
 
 
 @app.cell
@@ -255,14 +302,23 @@ def _(mo):
     $$E[\text{tokens per forward}] = 1 + \alpha + \alpha^2 + \dots + \alpha^k =
     \frac{1 - \alpha^{k+1}}{1 - \alpha}.$$
 
-    The easy number to log is not $\alpha$: accepted / drafted (vLLM's and our
-    `acceptance_rate`) divides by drafts that were never judged on their own, because an
-    earlier rejection ended the step. At $\alpha$ = 0.8, k = 4, with perfectly independent
-    guesses, accepted / drafted is (0.8 + 0.64 + 0.51 + 0.41) / 4 = 0.59, and the formula at
-    0.59 predicts 2.27 tokens per forward where the truth is 3.36. So the engine records, like
-    vLLM, the accepted drafts *per position* (`spec_decode_num_accepted_tokens_per_pos`), and
-    $\alpha_i$ = accepted at position i / accepted at position i - 1
-    (`EngineStats.spec_decode_acceptance_per_pos`).
+    The easy number to log is not $\alpha$: accepted / drafted (vLLM's "draft acceptance
+    rate" and our `acceptance_rate`) divides by drafts that were never judged on their own,
+    because an earlier rejection ended the step. At $\alpha$ = 0.8, k = 4, with perfectly
+    independent guesses, accepted / drafted is (0.8 + 0.64 + 0.51 + 0.41) / 4 = 0.59, and the
+    formula at 0.59 predicts 2.27 tokens per forward where the truth is 3.36.
+
+    Per position, the engine keeps two counters. Like vLLM it counts the drafts accepted at
+    position i (`spec_decode_num_accepted_tokens_per_pos`, vLLM's counter of that name);
+    unlike vLLM it also counts the drafts *judged* there, proposed with every draft before
+    them accepted (`spec_decode_num_judged_tokens_per_pos`). Their ratio is Leviathan's
+    conditional $\alpha_i$ (`EngineStats.spec_decode_acceptance_per_pos`). vLLM logs a
+    different per-position rate (`vllm/v1/spec_decode/metrics.py`, `SpecDecodingLogging`):
+    accepted at i / number of verifications, the share of verifications that got i drafts in.
+    When every proposal has k drafts that is the product $\alpha_1 \alpha_2 \cdots
+    \alpha_i$, which falls with i even when every $\alpha_i$ is the same; a proposal
+    shorter than k lowers it too, with no draft rejected. Both give the same mean acceptance
+    length, 1 + (sum of the accepted counts) / verifications.
 
     A forward of k + 1 tokens costs 1 + c k plain steps (c measured above for each k), so the
     expected speedup in time is
@@ -325,7 +381,10 @@ def _(PROMPTS, base, c_of_k, np, run, spec):
 
 
 @app.cell
-def _(KS, c_of_k, ladder, mo, np, plt, rows, speedup):
+def _(KS, c_of_k, free_k8, ladder, mo, np, plt, rows, speedup):
+    _gap_a1 = abs(free_k8["formula at alpha_1"] - free_k8["tokens/forward"])
+    _gap_ad = abs(free_k8["formula at accepted/drafted"] - free_k8["tokens/forward"])
+    _copy4 = ladder["copy a passage"][4]
     _fig, _axes = plt.subplots(1, 2, figsize=(10, 3.4))
     _a = np.linspace(0, 0.99, 100)
     for _k in KS:
@@ -365,10 +424,13 @@ def _(KS, c_of_k, ladder, mo, np, plt, rows, speedup):
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         + _table + "\n\nOn the free-form story, fed accepted / drafted, the formula "
         "under-predicts the tokens per forward: that gap is the metric, not the guesses. Fed "
-        "alpha_1 it comes within a few hundredths. On the copy task every judged draft was "
-        "accepted (alpha_i = 1 at every position), and the measured length falls short of "
-        "k + 1 only because prompt lookup proposed fewer than k tokens near the end of the "
-        "passage, which the formula does not model. "
+        f"alpha_1 it comes closer (k = 8: off by {_gap_a1:.3f}, against {_gap_ad:.3f}). On "
+        "the copy task every judged draft was accepted (alpha_i = 1 at every position), and "
+        "the measured length falls short of k + 1 only because prompt lookup proposed fewer "
+        "than k tokens near the end of the passage, which the formula does not model. vLLM's "
+        "logged per-position rate (accepted at i / verifications) for the copy task at k = 4 "
+        f"would read {', '.join(f'{_v:.2f}' for _v in _copy4['vllm_per_pos'])}: those short "
+        "proposals, counted as if rejected. "
         "Wall-clock speedups on a shared machine move from run to run; the forward and row "
         "counts do not.")])
     return
@@ -499,9 +561,11 @@ def _(
     OUTPUT_LEN,
     all_identical,
     base,
+    check_forwards_guess,
     check_tokens_per_forward,
     copy_k4,
     cost_ratio,
+    forwards_guess,
     free_acceptance,
     free_k4,
     free_k8,
@@ -560,7 +624,34 @@ def _(
         assert "1 + a k" in check_tokens_per_forward(4.2)
         assert "own token" in check_tokens_per_forward(2.36)
         assert "best case" in check_tokens_per_forward(5)
+
+    def test_the_engine_checks_the_forward_prediction():
+        # The headless run answered 11 (1 + 47 / 5, rounded up: every draft accepted); the
+        # engine's trace decides, and plain decoding's count is turned down.
+        assert check_forwards_guess(forwards_guess.value).startswith("Correct")
+        assert check_forwards_guess(base["forwards"]).startswith("That is decoding without")
+        assert not check_forwards_guess(forwards_guess.value + 3).startswith("Correct")
     return
+
+
+@app.cell
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** Prompt lookup is `NgramProposer.propose` in
+    `vllm/v1/spec_decode/ngram_proposer.py` (draft models and EAGLE sit beside it in
+    `vllm/v1/spec_decode/`); `GPUModelRunner` (`vllm/v1/worker/gpu_model_runner.py`) asks the
+    proposer for drafts after sampling and hands them back to the scheduler. The
+    scheduler (`vllm/v1/core/sched/scheduler.py`) puts a request's drafts into the next step,
+    reserves their slots through `KVCacheManager.allocate_slots`, and in `update_from_output`
+    keeps the accepted ones and records `SpecDecodingStats`
+    (`vllm/v1/spec_decode/metrics.py`). The acceptance rule is `RejectionSampler` in
+    `vllm/v1/sample/rejection_sampler.py`. minivllm follows the same path (proposer in the
+    runner, drafts scheduled as lookahead slots, one rejection sampler) in plain torch on
+    Python lists, with n-gram and draft-model proposers only, and it counts the drafts judged
+    at each position, which vLLM does not, so that the conditional alpha above can be read.
+    """), kind="info")
+    return (v1_box,)
 
 
 @app.cell
@@ -575,6 +666,7 @@ def _(
     rows,
     same_tokens,
     spec,
+    v1_box,
 ):
     findings = {
         "forward_cost_ratio": {str(T): round(r, 3) for T, r in cost_ratio.items()},
@@ -599,7 +691,7 @@ def _(
     print("findings:", findings)
     _fit = (f"c = {c_of_k[4]:.2f} of a step per draft token at k = 4" if c_of_k
             else "cost fit refused: not monotone")
-    mo.md(f"""
+    mo.vstack([mo.md(f"""
     ## What we found
 
     * One forward of 5 tokens cost **{cost_ratio[5]:.2f}x** a one-token step on this
@@ -632,7 +724,7 @@ def _(
     * `minivllm/worker/model_runner.py`: a sequence with k drafts returns k + 1 logits rows.
     * `minivllm/config/speculative.py`: `SpeculativeConfig` (vLLM's `speculative_config` dict).
     * `minivllm/benchmarks/spec.py`: `minivllm bench spec`, batch 1 against batch 8.
-    """)
+    """), v1_box])
     return (findings,)
 
 

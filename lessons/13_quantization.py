@@ -308,10 +308,16 @@ def _(POOL, capacity, mo):
     mo.md(f"""
     ## A quantized KV cache: more sequences in the same memory
 
-    With `kv_cache_dtype="int8"` (or `"fp8"`) the pool stores each token's K and V row per
-    head as 64 one-byte values plus its fp32 scale: 68 bytes instead of 256 in fp32 (or 128
-    in bf16). Rows are quantized when written and dequantized inside attention (the torch
-    backend after its gather, the Triton kernels tile by tile). The same {POOL >> 20} MiB:
+    With `kv_cache_dtype="int8"` (or `"fp8"`) minivllm's pool stores each token's K and V
+    row per head as 64 one-byte values plus its own fp32 scale: 68 bytes instead of 256 in
+    fp32 (or 128 in bf16). Rows are quantized when written and dequantized inside attention
+    (the torch backend after its gather, the Triton kernels tile by tile). That per-row int8
+    is minivllm's format, not vLLM's. vLLM's quantized KV cache is fp8
+    (`kv_cache_dtype="fp8"`, which means e4m3, or `"fp8_e4m3"` / `"fp8_e5m2"`) with
+    per-tensor scales: one `k_scale` and one `v_scale` per attention layer, read from the
+    checkpoint, computed once (`calculate_kv_scales`) or left at 1.0, so a K/V element costs
+    exactly one byte. A scale per row costs 4 bytes in 68 here and needs no calibration,
+    which is why minivllm chose it. The same {POOL >> 20} MiB:
 
     | KV cache | tokens in the pool | peak running sequences | engine steps | preemptions |
     |---|---|---|---|---|
@@ -375,7 +381,10 @@ def _(mo):
     pool gets whole blocks only. With `kv_cache_dtype="int8"` and
     `kv_cache_memory=64 MiB` (64 x 2^20 bytes), how many **tokens** does the pool hold?
     """)
-    kv_answer = mo.ui.number(start=0, stop=100000, value=0, label="tokens")
+    # Headless, the right answer is filled in so that the checker's verdict is tested below.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    kv_answer = mo.ui.number(start=0, stop=100000, value=5472 if _headless else 0,
+                             label="tokens")
     kv_answer
     return (kv_answer,)
 
@@ -409,7 +418,8 @@ def _(KV_MEMORY, llm):
 @app.cell
 def _(check_kv_tokens, kv_answer, mo):
     _msg = check_kv_tokens(kv_answer.value)
-    mo.callout(mo.md(_msg), kind="success" if _msg.startswith("Correct") else "neutral")
+    mo.callout(mo.md(f"Your answer: **{kv_answer.value:,}** tokens. {_msg}"),
+               kind="success" if _msg.startswith("Correct") else "neutral")
     return
 
 
@@ -419,6 +429,7 @@ def _(
     check_kv_tokens,
     exercise_truth,
     fp32_weight_bytes,
+    kv_answer,
     q4_1_matches_file,
     refusals,
     table,
@@ -426,12 +437,19 @@ def _(
     widget_error,
 ):
     def test_int8_weights_within_one_percent_of_fp32_perplexity():
-        assert table["int8"]["ppl"] < 1.01 * table["fp32"]["ppl"]
+        # Two-sided: the int8 weights changed the perplexity (an int8 path that kept the float
+        # weights would score fp32's exactly), and by less than 1%.
+        _r = table["int8"]["ppl"] / table["fp32"]["ppl"]
+        assert 1e-6 < abs(_r - 1) < 0.01, _r
 
     def test_kv_caches_cost_little_perplexity():
         # Measured on the first 256 tokens: int8 +0.6%, fp8 +2.7% (whole text: +0.5%, +0.6%).
-        assert table["kv int8"]["ppl"] < 1.02 * table["fp32"]["ppl"]
-        assert table["kv fp8"]["ppl"] < 1.05 * table["fp32"]["ppl"]
+        # Two-sided: a KV quantizer that did nothing would score fp32's perplexity exactly
+        # (the same kernels on the same numbers), so each must move it measurably, and not far.
+        _int8 = table["kv int8"]["ppl"] / table["fp32"]["ppl"]
+        _fp8 = table["kv fp8"]["ppl"] / table["fp32"]["ppl"]
+        assert 5e-4 < abs(_int8 - 1) < 0.02, _int8
+        assert 1e-3 < abs(_fp8 - 1) < 0.05, _fp8
 
     def test_weights_shrink_with_bits():
         _mb = {n: r["weight_MB"] for n, r in table.items()}
@@ -459,14 +477,34 @@ def _(
         assert _q["peak_running"] > _a["peak_running"] and _q["steps"] < _a["steps"]
 
     def test_exercise_truth_and_checker():
+        # The engine's pool decides; the headless run answered 5472.
         assert exercise_truth == (64 << 20) // (12240 * 16) * 16 == 5472
-        assert check_kv_tokens(5472).startswith("Correct")
+        assert check_kv_tokens(kv_answer.value).startswith("Correct")
         assert "scale" in check_kv_tokens(5824)
     return
 
 
 @app.cell
-def _(base_tok_s, bf16_values_0_4, capacity, mo, table, weight_error):
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** Weight formats live in `vllm/model_executor/layers/quantization/`: a
+    `QuantizationConfig` per format (`fp8.py`, `gptq_marlin.py`, `awq_marlin.py`, `gguf.py`,
+    ...) gives each linear layer of `vllm/model_executor/layers/linear.py` a quant method
+    whose `create_weights` shapes the stored tensors and whose `apply` runs the matmul. The
+    KV cache's format is `cache_dtype` in `vllm/config/cache.py`; its per-layer `k_scale` and
+    `v_scale` are set up by `BaseKVCacheMethod`
+    (`vllm/model_executor/layers/quantization/kv_cache.py`) and used by the attention backend
+    when it writes and reads the cache. vLLM mostly loads checkpoints that were quantized
+    offline (GPTQ, AWQ, llm-compressor), with fp8 also quantized at load time. minivllm
+    quantizes the float weights at load time for every format (`quantize_model`), so one
+    checkpoint shows them all side by side, and its KV formats carry a scale per row.
+    """), kind="info")
+    return (v1_box,)
+
+
+@app.cell
+def _(base_tok_s, bf16_values_0_4, capacity, mo, table, v1_box, weight_error):
     _fp, _g32, _g64 = (table[n]["ppl"] for n in ("fp32", "int4-g32", "int4-g64"))
     _a, _q = capacity["auto"], capacity["int8"]
     findings = {
@@ -483,7 +521,7 @@ def _(base_tok_s, bf16_values_0_4, capacity, mo, table, weight_error):
         "bf16_values_in_0_4": bf16_values_0_4,
     }
     print("findings:", findings)
-    mo.md(f"""
+    mo.vstack([mo.md(f"""
     ## What we found
 
     * A 16 MiB KV pool held **{_q['pool_tokens']:,}** tokens in int8 against
@@ -521,7 +559,7 @@ def _(base_tok_s, bf16_values_0_4, capacity, mo, table, weight_error):
       `kernels/flash_attention.py` dequantizes on the way out, for both attention kernels.
     * `minivllm/core/kv_cache.py`: `kv_bytes_per_token` and `allocate_kv_cache` with
       `kv_cache_dtype`; `minivllm/benchmarks/quant.py`: `minivllm bench quant`.
-    """)
+    """), v1_box])
     return (findings,)
 
 

@@ -412,6 +412,24 @@ def _(break_run, mo):
 
 @app.cell
 def _(mo):
+    # Headless, the right answer is filled in so that the checker's verdict is tested below.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    first_mask_guess = mo.ui.number(start=0, stop=49152, value=5 if _headless else 0,
+                                    label="tokens the first mask allows")
+    mo.vstack([mo.md(r"""
+    ## Predict, then the engine checks: the first mask of a choice
+
+    `GuidedDecodingParams(choice=["yes", "no"])` allows exactly two outputs. At the first
+    step of such a request, how many of the 49,152 vocabulary tokens does the engine's mask
+    let through? Write a number; the grammar the engine compiles for that request
+    (`StructuredOutputManager.compile`, the same cached object its matchers use every step)
+    decides, by its bitmask.
+    """), first_mask_guess])
+    return (first_mask_guess,)
+
+
+@app.cell
+def _(mo):
     mo.md(r"""
     ## Exercise: the first mask of a choice
 
@@ -447,7 +465,32 @@ def _(GuidedDecodingParams, allowed_ids, fresh_matcher, llm, so):
         return (f"Not quite: missing {sorted(token_texts[_i] for _i in missing)[:8]}, "
                 f"not allowed {sorted(token_texts[_i] for _i in extra)[:8]}. A token is "
                 "allowed if its whole text is a prefix of a choice (not the other way round).")
-    return CHOICES, check_allowed_first_tokens, choice_truth, token_texts
+
+    def check_first_mask_guess(value):
+        """The learner's count against the engine's compiled grammar's first bitmask."""
+        truth = len(choice_truth)
+        shown = sorted(token_texts[_i] for _i in choice_truth)
+        if not value:
+            return "Enter a number of tokens."
+        if value == truth:
+            return (f"Correct: {truth} tokens, {shown}. Every token whose text begins a "
+                    "choice may come first; the grammar then allows only its continuation.")
+        if value == len(CHOICES):
+            return (f"That counts the choices, not the tokens. The mask allowed {truth}: "
+                    f"{shown}. The tokenizer also has pieces of the words, and a first token "
+                    "that is only a piece still leads to a valid output.")
+        return (f"{'Too many' if value > truth else 'Too few'}: the mask allowed {truth}, "
+                f"{shown}.")
+    return (CHOICES, check_allowed_first_tokens, check_first_mask_guess, choice_truth,
+            token_texts)
+
+
+@app.cell
+def _(check_first_mask_guess, first_mask_guess, mo):
+    _msg = check_first_mask_guess(first_mask_guess.value)
+    mo.callout(mo.md(f"Your prediction: **{first_mask_guess.value}** tokens. {_msg}"),
+               kind="success" if _msg.startswith("Correct") else "neutral")
+    return
 
 
 @app.cell
@@ -465,8 +508,10 @@ def _(
     allowed_per_step,
     argmax_allowed,
     check_allowed_first_tokens,
+    check_first_mask_guess,
     choice_truth,
     cost,
+    first_mask_guess,
     counts,
     forced_steps,
     hot_free_ws,
@@ -507,10 +552,41 @@ def _(
         assert check_allowed_first_tokens(reference).startswith("Correct")
         assert len(choice_truth) >= len(CHOICES)
         assert check_allowed_first_tokens(lambda t, c: set()).startswith("Not yet")
+        # Whole choices only: the mask also allows the tokens that begin one ('y', 'n', ...).
+        _whole = check_allowed_first_tokens(lambda t, c: {_i for _i, _s in enumerate(t)
+                                                          if _s in c})
+        assert _whole.startswith("Not quite") and "missing []" not in _whole, _whole
+        # The other way round (a choice is a prefix of the token): 'yesterday' is not allowed.
         assert check_allowed_first_tokens(
-            lambda t, c: {_i for _i, _s in enumerate(t) if _s in c}).startswith(
-                ("Not quite", "Correct"))
+            lambda t, c: {_i for _i, _s in enumerate(t) if _s and any(_s.startswith(_c)
+                                                                     for _c in c)}
+        ).startswith("Not quite")
+
+    def test_the_engine_checks_the_first_mask_prediction():
+        # The headless run answered 5 ('y', 'ye', 'yes', 'n', 'no' for SmolLM2's tokenizer);
+        # the engine's compiled grammar decides, and the count of whole choices is turned down.
+        assert check_first_mask_guess(first_mask_guess.value).startswith("Correct")
+        assert check_first_mask_guess(len(CHOICES)).startswith("That counts the choices")
     return
+
+
+@app.cell
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** `StructuredOutputManager` (`vllm/v1/structured_output/__init__.py`)
+    compiles each request's grammar on a thread pool while the request waits in the
+    scheduler (status `WAITING_FOR_FSM`), with one backend per library
+    (`backend_xgrammar.py`, `backend_guidance.py`, `backend_outlines.py` beside it). The
+    scheduler (`vllm/v1/core/sched/scheduler.py`) lists the step's guided requests in its
+    output, the manager fills their rows of one bitmask (`grammar_bitmask`), and the model
+    runner (`vllm/v1/worker/gpu_model_runner.py`) applies it to the logits before sampling;
+    `update_from_output` advances each request's matcher with its new tokens. minivllm keeps
+    the same shape with xgrammar only: `AsyncLLMEngine` compiles on a worker thread, and the
+    sampler applies the bitmask through `apply_logits_processors`, on the same process and
+    thread as the forward pass, where vLLM fills the bitmask while the GPU is busy.
+    """), kind="info")
+    return (v1_box,)
 
 
 @app.cell
@@ -525,6 +601,7 @@ def _(
     mass_removed,
     mo,
     unconstrained_failure_rate,
+    v1_box,
 ):
     _big = cost[(BATCHES[-1], True)]
     findings = {
@@ -540,7 +617,7 @@ def _(
         "hot_cut_off": {"any_whitespace": hot_free_ws[1], "no_whitespace": hot_strict_ws[1]},
     }
     print("findings:", findings)
-    mo.md(f"""
+    mo.vstack([mo.md(f"""
     ## What we found
 
     * Unconstrained at temperature 1, **{unconstrained_failure_rate:.0%}** of the samples
@@ -570,7 +647,7 @@ def _(
       `guided_*` extras of the OpenAI server.
     * `minivllm/benchmarks/guided.py`: `minivllm bench guided`, compile time and mask cost at
       batch 1 and 32.
-    """)
+    """), v1_box])
     return (findings,)
 
 
