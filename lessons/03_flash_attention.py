@@ -442,26 +442,35 @@ def _(D, flash_attention, mo, naive_attention, on_gpu, random_paged_batch, torch
         finally:
             builder.create_masked_load = load
 
-    counted_traffic = {}                     # T -> (naive bytes, tiled kernel bytes loaded)
-    if not on_gpu:                           # on a GPU the kernel is compiled: no hook
-        for _t in (256, 512, 1024):
+    # T -> (naive bytes, tiled kernel bytes loaded). The naive side is counted on every
+    # device (a dispatch mode sees CUDA ops too); the kernel's loads only under the
+    # interpreter: on a GPU the kernel runs compiled, with no hook, so they stay None there.
+    counted_traffic = {}
+    for _t in (256, 512, 1024):
+        _loaded = None
+        if not on_gpu:
             _b = random_paged_batch([_t], [0], 1, 1, D, dtype=torch.float32, device="cpu")
             with kernel_loads() as _loads:
                 flash_attention(_b.q, _b.k_cache, _b.v_cache, _b.query_start_loc, _b.seq_lens,
                                 _b.block_tables, _b.max_query_len, D ** -0.5, block_m=128,
                                 block_n=64)
-            _q, _k, _v = (torch.randn(1, _t, D) for _ in range(3))
-            with OpBytes() as _naive:
-                naive_attention(_q, _k, _v, D ** -0.5)
-            counted_traffic[_t] = (_naive.bytes, _loads["bytes"])
-            print(f"T={_t:5d}: counted naive {_naive.bytes / 2**20:6.2f} MiB, tiled kernel "
-                  f"loads {_loads['bytes'] / 2**20:6.2f} MiB (calculator, reads only: "
-                  f"{4 * (hbm_elements(_t, D)[1] - _t * D) / 2**20:6.2f} MiB)")
+            _loaded = _loads["bytes"]
+        _q, _k, _v = (torch.randn(1, _t, D, device="cuda" if on_gpu else "cpu")
+                      for _ in range(3))
+        with OpBytes() as _naive:
+            naive_attention(_q, _k, _v, D ** -0.5)
+        counted_traffic[_t] = (_naive.bytes, _loaded)
+        _tiled_text = ("not countable (compiled)" if _loaded is None
+                       else f"{_loaded / 2**20:6.2f} MiB")
+        print(f"T={_t:5d}: counted naive {_naive.bytes / 2**20:6.2f} MiB, tiled kernel "
+              f"loads {_tiled_text} (calculator, reads only: "
+              f"{4 * (hbm_elements(_t, D)[1] - _t * D) / 2**20:6.2f} MiB)")
     mo.md("Counted under Triton's interpreter, one head, fp32: the kernel's loads agree with "
           "the calculator (its block-table reads aside), and doubling T multiplies them by "
-          "more than 3: quadratic, as the calculator says." if counted_traffic else
-          "On a GPU the kernel runs compiled, so its loads are not counted here; the CPU run "
-          "of this lesson counts them.")
+          "more than 3: quadratic, as the calculator says." if not on_gpu else
+          "On a GPU the kernel runs compiled, so its loads are not counted here (the CPU run "
+          "of this lesson counts them); the naive version's bytes are counted on the GPU, "
+          "against the calculator's tiled reads.")
     return (counted_traffic,)
 
 
@@ -528,8 +537,11 @@ def _(mo):
     walk one slice of a long context and return partial statistics $(m_i, \ell_i, O_i)$, with
     $O_i$ not yet divided by $\ell_i$. Complete `merge` so that it combines two partials into
     the statistics of the whole context. The starting version just adds them: it is right
-    only when both slices happened to have the same maximum. The checker below splits real
-    scores at several points, calls your `merge`, and says what is off.
+    only when both slices happened to have the same maximum. The kernel decides: the checker
+    runs minivllm's decode kernel (`paged_decode_attention`) over a 160-token context cut into
+    partitions of 16 and of 32 tokens, takes the partials each partition left in its scratch
+    buffer (`DecodeScratch`), folds them left to right with your `merge`, and compares the
+    result with the kernel's own reduction (`_reduce_partitions_kernel`), head by head.
     """)
     return
 
@@ -542,27 +554,61 @@ def merge(m1, l1, o1, m2, l2, o2):
 
 
 @app.cell
-def _(online_softmax_walk, torch, walk_exact, walk_s, walk_v):
+def _(D, H, HKV, on_gpu, random_paged_batch, torch):
+    from kernels.flash_attention import LOG2E
+    from kernels.paged_attention import DecodeScratch, paged_decode_attention
+
+    def kernel_partials(partition_size, context=160):
+        """One decode over `context` tokens, split into partitions: per head, the partials
+        (m, l, O) each partition left in the scratch, in natural-log units with O not yet
+        divided by l, and the kernel's own reduced output."""
+        _dev = "cuda" if on_gpu else "cpu"
+        _b = random_paged_batch([1], [context - 1], H, HKV, D, device=_dev, seed=3)
+        _scratch = DecodeScratch.allocate(1, H, D, context, _dev, partition_size)
+        _out = paged_decode_attention(_b.q, _b.k_cache, _b.v_cache, _b.seq_lens,
+                                      _b.block_tables, context, D ** -0.5, scratch=_scratch,
+                                      partition_size=partition_size)       # (1, H, D)
+        _parts = -(-context // partition_size)
+        _m = _scratch.part_m[0, :, :_parts].double() / LOG2E     # the kernel works in log2
+        _l = _scratch.part_l[0, :, :_parts].double()
+        _o = _scratch.part_o[0, :, :_parts, :D].double() * _l[..., None]   # un-normalised
+        return ([[(_m[h, i], _l[h, i], _o[h, i]) for i in range(_parts)] for h in range(H)],
+                _out[0].double())
+
+    # Two splits of the same kind of context: 10 and 5 partitions (the interpreter runs them).
+    kernel_splits = {ps: kernel_partials(ps) for ps in (16, 32)}
+    return (kernel_splits,)
+
+
+@app.cell
+def _(kernel_splits, torch):
     def check_merge(fn):
-        """(ok, message): run `fn` on partials of the walk's scores, split at several points."""
-        for _cut in (16, 24, 40):
-            _a = online_softmax_walk(walk_s[:_cut], walk_v[:_cut], 16)[-1]
-            _b = online_softmax_walk(walk_s[_cut:], walk_v[_cut:], 16)[-1]
-            _m, _l, _o = fn(*_a, *_b)
-            _full_l = torch.exp(walk_s - walk_s.max()).sum()
-            if abs(float(_m) - float(walk_s.max())) > 1e-5:
-                return False, "m should be the larger of the two maxima."
-            if torch.allclose(_o / _l, walk_exact, atol=1e-5):
-                if abs(float(_l) - float(_full_l)) > 1e-3 * float(_full_l):
+        """(ok, message): fold the kernel's partials with `fn`; the kernel's reduce decides."""
+        for _ps, (_heads, _kernel_out) in kernel_splits.items():
+            for _h, _parts in enumerate(_heads):
+                _m, _l, _o = _parts[0]
+                _first = True
+                for _part in _parts[1:]:
+                    _new = fn(_m, _l, _o, *_part)
+                    if _first and torch.allclose(torch.as_tensor(_new[1]), _l + _part[1]):
+                        if not torch.allclose(_m, _part[0]):
+                            return False, ("l and O were added without rescaling: multiply "
+                                           "each side by exp(m_i - m) first.")
+                    _m, _l, _o = (torch.as_tensor(x, dtype=torch.float64) for x in _new)
+                    _first = False
+                _m_true = max(float(p[0]) for p in _parts)
+                if abs(float(_m) - _m_true) > 1e-6:
+                    return False, "m should be the larger of the two maxima."
+                _err = float((_o / _l - _kernel_out[_h]).abs().max())
+                if _err > 1e-4:
+                    return False, (f"O / l differs from the kernel's own reduction by {_err:.3f} "
+                                   f"(head {_h}, partitions of {_ps}): check the sign of the "
+                                   "exponent, exp(m_i - m) <= 1.")
+                _l_true = sum(float(p[1]) * torch.exp(p[0] - _m_true).item() for p in _parts)
+                if abs(float(_l) - _l_true) > 1e-6 * _l_true:
                     return False, "O / l is right, but l is not the sum under the new max."
-                continue
-            if torch.allclose(_l, _a[1] + _b[1]):
-                return False, ("l and O were added without rescaling: multiply each side by "
-                               "exp(m_i - m) first.")
-            return False, (f"O / l differs from the exact softmax by "
-                           f"{float((_o / _l - walk_exact).abs().max()):.3f} at cut {_cut}: "
-                           "check the sign of the exponent, exp(m_i - m) <= 1.")
-        return True, "Correct: exp(m_i - m) moves each partial to the common maximum."
+        return True, ("Correct: exp(m_i - m) moves each partial to the common maximum, and "
+                      "your merge reproduces the kernel's reduction on every head.")
     return (check_merge,)
 
 
@@ -640,8 +686,8 @@ def _(
         "naive_largest_buffer_mib": largest_buffer[_t_long][0] / 2**20,
         "fused_largest_buffer_mib": largest_buffer[_t_long][1] / 2**20,
         "tiled_traffic_ratio_4k": float(traffic_ratio_4k),
-        "counted_traffic_mib": {str(t): [round(x / 2**20, 3) for x in v]
-                                for t, v in counted_traffic.items()},
+        "counted_traffic_mib": {str(t): [None if x is None else round(x / 2**20, 3)
+                                         for x in v] for t, v in counted_traffic.items()},
         "max_kernel_error": float(max(kernel_errors.values())),
     }
     print("findings:", findings)
@@ -681,26 +727,36 @@ def _(
         assert f1 / f0 == t1 / t0 and f1 < n1 / 4
 
     def test_counted_traffic_agrees_with_the_calculator():
-        # Measured (CPU): the kernel's loads, counted in Triton's interpreter, are the
-        # calculator's reads (Q once, K/V per query tile) plus its block-table reads (< 5%);
-        # the naive version, counted by a dispatch mode (S and P, the mask, every op's inputs
-        # and outputs), moves over 10x the bytes of 128-row tiles (16-row tiles: only ~4x).
+        # Measured: the kernel's loads, counted in Triton's interpreter (CPU only: compiled
+        # on a GPU), are the calculator's reads (Q once, K/V per query tile) plus its
+        # block-table reads (< 5%); the naive version, counted by a dispatch mode on either
+        # device (S and P, the mask, every op's inputs and outputs), moves over 10x the
+        # bytes of 128-row tiles (16-row tiles: only ~4x).
+        assert sorted(counted_traffic) == [256, 512, 1024]
         for _t, (_naive, _tiled) in counted_traffic.items():
             _reads = 4 * (hbm_elements(_t, D)[1] - _t * D)           # fp32, less O's write
-            assert _reads <= _tiled < 1.05 * _reads, (_t, _tiled, _reads)
-            assert _naive > 10 * _tiled, (_t, _naive, _tiled)
+            assert (_tiled is None) == on_gpu, (_t, _tiled)
+            if _tiled is not None:
+                assert _reads <= _tiled < 1.05 * _reads, (_t, _tiled, _reads)
+            assert _naive > 10 * (_tiled or _reads), (_t, _naive, _tiled, _reads)
 
     def test_each_dropped_line_breaks_fp16_softmax():
         assert break_errors["exact"][0] < 1e-2 and break_errors["exact"][1] == 0
         assert break_errors["no max subtraction"][1] > 0          # inf / NaN
         assert break_errors["no rescale"][1] == 0 and break_errors["no rescale"][0] > 0.05
 
-    def test_tiled_traffic_is_still_quadratic():
-        # Counted, not computed: doubling T multiplied the kernel's loads by more than 3
-        # (linear traffic would double them).
+    def test_traffic_is_still_quadratic():
+        # Counted, not computed: doubling T multiplied the naive version's bytes (on either
+        # device) and the kernel's loads (interpreter) by more than 3; linear traffic would
+        # double them.
         _ts = sorted(counted_traffic)
+        assert len(_ts) == 3
         for _a, _b in zip(_ts, _ts[1:]):
-            assert counted_traffic[_b][1] > 3 * counted_traffic[_a][1], counted_traffic
+            for _side in (0, 1):
+                _x, _y = counted_traffic[_a][_side], counted_traffic[_b][_side]
+                assert (_x is None) == (_side == 1 and on_gpu), counted_traffic
+                if _x is not None:
+                    assert _y > 3 * _x, counted_traffic
 
     def test_checker_accepts_the_rescaling_and_rejects_the_bugs():
         assert checker_verdicts == {"solution": True, "added": False, "wrong sign": False}
@@ -733,6 +789,24 @@ def _(kernel_errors, mo, traffic_ratio_4k):
       to the fast path, `minivllm/attention/cpu_attention.py`, unless `USE_REFERENCE` is set).
     * `python -m kernels.bench` (GPU): this kernel against torch SDPA's flash backend.
     """)
+    return
+
+
+@app.cell
+def _(mo):
+    mo.callout(mo.md(r"""
+    **In vLLM V1.** The attention backends are in `vllm/v1/attention/backends/`: on NVIDIA
+    GPUs the default is `flash_attn.py` (`FlashAttentionImpl.forward`), which calls
+    `flash_attn_varlen_func` from vLLM's fork of Dao's FlashAttention, a CUDA kernel that
+    reads K/V through the block table as ours does. The Triton twin of our kernel is
+    `triton_attn.py` over `vllm/attention/ops/triton_unified_attention.py`:
+    `unified_attention` runs prefill, chunks over cached context and decode in one kernel,
+    and for long decodes splits the context into segments whose partials `reduce_segments`
+    merges with this lesson's rescaling. minivllm keeps two kernels (FlashAttention for
+    prefill and chunks, flash-decoding in `kernels/paged_attention.py`) because each is one
+    idea a reader can hold; it has no CUDA kernel, so every kernel also runs under Triton's
+    interpreter on a CPU, where this page counts its loads.
+    """), kind="info")
     return
 
 

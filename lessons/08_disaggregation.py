@@ -192,6 +192,8 @@ def _(llm, pair, serve, summarize, workload):
     split_consumer = pair.consumer_report()     # the decode side's own counters, now
     split_bytes = pair.stats()["bytes_sent"] - _before["bytes_sent"]
     split_cached = pair.stats()["cached_tokens_not_sent"] - _before["cached_tokens_not_sent"]
+    split_transfers = pair.stats()["num_transfers"] - _before["num_transfers"]
+    split_transfer_s = pair.stats()["transfer_seconds"] - _before["transfer_seconds"]
     prompt_tokens = sum(len(r.prompt) for r in requests)
     for _name, _r in (("colocated", colocated), ("disaggregated", split)):
         print(f"{_name:14s}: decode ITL mean {_r['itl_mean_ms']:6.0f} ms, max "
@@ -201,7 +203,8 @@ def _(llm, pair, serve, summarize, workload):
           "them already in the consumer's prefix cache (not sent); outputs identical: "
           f"{colocated['tokens'] == split['tokens']}")
     return (LONG, NUM_DECODES, colocated, colocated_run, prompt_tokens, requests, split,
-            split_bytes, split_cached, split_consumer, split_run)
+            split_bytes, split_cached, split_consumer, split_run, split_transfer_s,
+            split_transfers)
 
 
 @app.cell
@@ -234,9 +237,15 @@ def _(mo):
     mo.md(r"""
     ## Goodput per device: colocated, split, or chunked
 
+    Two terms arrive here before the lessons that teach them. **Goodput** (glossary) counts
+    only the requests that met their SLOs; **chunked prefill** (lesson 10) cuts a long prompt
+    into pieces that fit each step's token budget, so a step never grows past it.
+
     DistServe (Zhong et al., OSDI 2024) and Splitwise (Patel et al., ISCA 2024) judge a
-    deployment by **goodput per device**: the requests that meet both a TTFT SLO and an ITL
-    SLO, divided by the GPUs it takes. Throughput alone hides the trade: colocated serving
+    deployment by **goodput per device**: DistServe's is a rate, the most requests per second
+    a deployment serves with (say) 90% of them meeting both a TTFT SLO and an ITL SLO,
+    divided by the GPUs it takes. Here the workload is a fixed set of requests, so we count
+    how many of them met both SLOs, per device. Throughput alone hides the trade: colocated serving
     finishes the same tokens on one device, but a long prefill in a decode's step stretches
     that decode's ITL. Splitting gives each phase its own device, so each SLO is met by
     a device tuned for it; the question is whether the second device pays for itself.
@@ -251,6 +260,9 @@ def _(mo):
     - **SLO** (in steps and tokens, glossary terms): TTFT within 4 engine steps of arrival,
       and ITL: no decode step larger than 64 tokens.
     - **Goodput per device**: requests meeting both, over the devices (1, 2, 1).
+    - **The transfer**: the split pair's first token is sampled by the producer, so its TTFT
+      does not include sending the KV; the transfer delays the *second* token instead. It is
+      no engine step, so the step counts leave it out: its seconds are measured beside them.
     """)
     return
 
@@ -265,6 +277,8 @@ def _(
     serve,
     split_consumer,
     split_run,
+    split_transfer_s,
+    split_transfers,
     summarize,
 ):
     SLO_TTFT_STEPS, SLO_STEP_TOKENS = 4, 64
@@ -308,6 +322,8 @@ def _(
               f"{goodput[_k]}/{len(requests)} requests met the SLO on {devices[_k]} device(s): "
               f"goodput {goodput_per_device[_k]:.1f} per device")
     print(f"chunked: outputs identical to colocated: {chunked['tokens'] == colocated['tokens']}")
+    print(f"split: {split_transfers} KV transfers, {1e3 * split_transfer_s:.1f} ms sending in all "
+          "(between each request's first and second token; not in its TTFT)")
     return (SLO_STEP_TOKENS, SLO_TTFT_STEPS, chunked, goodput, goodput_per_device,
             interference)
 
@@ -364,9 +380,12 @@ def _(mo):
     how that transfer compares with the prefill it follows: both grow with P, so the ratio is
     set by the model (KV bytes per token against FLOPs per token) and by the link against the
     GPU. Below, link speeds from data sheets (one direction), the KV bytes per token from
-    each model's shape, and prefill time on one H100 estimated as FLOPs / (989 TFLOP/s x 50%
-    utilization). These are computed, not measured; the measured part is the loopback
-    transfer of this run.
+    each model's shape, and prefill time on H100s estimated as FLOPs / (989 TFLOP/s x 50%
+    utilization) per GPU. The 135M and the 8B fit one H100. The 70B does not: its 140 GB of
+    bf16 weights need at least two 80 GB H100s, so it runs tensor parallel over four (TP=4,
+    lesson 15), each GPU computing a quarter of the prefill and sending its quarter of the KV
+    heads over a link of its own. These are computed, not measured; the measured part is the
+    loopback transfer of this run.
     """)
     return
 
@@ -377,19 +396,25 @@ def _(kv_bytes_per_token, llm, prompt_tokens, reference_config, split_bytes, spl
     LINKS = {"NVLink 4 (H100)": 450e9, "PCIe 5 x16": 63e9, "InfiniBand NDR 400G": 50e9,
              "100 GbE": 12.5e9}
     _shape = llm.engine.model_config.hf_config
+    # model -> (KV bytes per token, parameters, H100s it runs on)
     MODELS = {"SmolLM2-135M (fp32, this run)": (kv_bytes_per_token(_shape, llm.engine.dtype),
-                                                0.135e9),
+                                                0.135e9, 1),
               "Llama-3-8B (bf16)": (kv_bytes_per_token(reference_config("Llama-3-8B"),
-                                                       torch.bfloat16), 8e9),
-              "Llama-3-70B (bf16)": (kv_bytes_per_token(reference_config("Llama-3-70B"),
-                                                        torch.bfloat16), 70e9)}
+                                                       torch.bfloat16), 8e9, 1),
+              "Llama-3-70B (bf16, TP=4)": (kv_bytes_per_token(reference_config("Llama-3-70B"),
+                                                              torch.bfloat16), 70e9, 4)}
     H100_FLOPS = 0.5 * 989e12
+    H100_BYTES = 80e9
+    for _name, (_, _params, _gpus) in MODELS.items():     # bf16 weights fit their GPUs
+        assert 2 * _params < _gpus * H100_BYTES, _name
     measured_bytes_per_token = split_bytes / (prompt_tokens - split_cached)
 
     def transfer_vs_prefill(model, link, num_tokens):
-        """(transfer seconds, estimated H100 prefill seconds) for a prompt of num_tokens."""
-        per_token, params = MODELS[model]
-        return num_tokens * per_token / LINKS[link], 2 * params * num_tokens / H100_FLOPS
+        """(transfer seconds, estimated prefill seconds) for a prompt of num_tokens, on the
+        model's H100s: each computes 1/gpus of the prefill and sends 1/gpus of the KV."""
+        per_token, params, gpus = MODELS[model]
+        return (num_tokens * per_token / (gpus * LINKS[link]),
+                2 * params * num_tokens / (gpus * H100_FLOPS))
     return LINKS, MODELS, measured_bytes_per_token, transfer_vs_prefill
 
 
@@ -398,7 +423,7 @@ def _(LINKS, MODELS, mo):
     prompt_len = mo.ui.slider(start=256, stop=32768, step=256, value=4096, show_value=True,
                               label="prompt tokens")
     link = mo.ui.dropdown(options=list(LINKS), value="100 GbE", label="link")
-    model = mo.ui.dropdown(options=list(MODELS), value="Llama-3-70B (bf16)", label="model")
+    model = mo.ui.dropdown(options=list(MODELS), value="Llama-3-8B (bf16)", label="model")
     mo.md(f"""
     ### Try it: find where splitting stops paying
 
@@ -430,7 +455,7 @@ def _(LINKS, SamplingParams, link, mo, model, np, pair, plt, prompt_len, llm,
         _ax.loglog(_lens, [1e3 * transfer_vs_prefill(model.value, _name, n)[0] for n in _lens],
                    "-", lw=2.5 if _name == link.value else 1, label=f"transfer, {_name}")
     _ax.loglog(_lens, [1e3 * transfer_vs_prefill(model.value, link.value, n)[1] for n in _lens],
-               "k--", label="prefill, one H100 (estimate)")
+               "k--", label="prefill on H100s (estimate)")
     _ax.axvline(prompt_len.value, color="gray", ls=":")
     _ax.set_xlabel("prompt tokens")
     _ax.set_ylabel("ms")
@@ -527,6 +552,8 @@ def _(
     split_bytes,
     split_cached,
     split_consumer,
+    split_transfer_s,
+    split_transfers,
 ):
     def test_prefill_is_far_more_intense_than_decode():
         # FLOPs and bytes counted from the shapes of the two steps; the achieved FLOP/s are
@@ -553,6 +580,12 @@ def _(
 
     def test_split_outputs_equal_colocated():
         assert colocated["tokens"] == split["tokens"]
+
+    def test_every_split_request_crossed_once():
+        # Counted by the producer's connector: one transfer per request, and it took time
+        # the split's TTFT (the producer's first token) does not include.
+        assert split_transfers == len(requests)
+        assert split_transfer_s > 0
 
     def test_connector_sends_exactly_the_prompt_kv():
         per_token = kv_bytes_per_token(llm.engine.model_config.hf_config, llm.engine.dtype)
@@ -581,6 +614,8 @@ def _(
     mo,
     pair,
     split,
+    split_transfer_s,
+    split_transfers,
     transfer_vs_prefill,
 ):
     consumer = pair.consumer_report()           # the consumer's counters, right now
@@ -595,8 +630,10 @@ def _(
         "worst_decode_gap_ms": {"colocated": colocated["itl_max_ms"],
                                 "disaggregated": split["itl_max_ms"]},
         "kv_bytes_per_prompt_token": measured_bytes_per_token,
-        "llama70b_4k_100gbe_transfer_ms": 1e3 * transfer_vs_prefill(
-            "Llama-3-70B (bf16)", "100 GbE", 4096)[0],
+        "split_kv_transfers": split_transfers,
+        "split_transfer_ms": round(1e3 * split_transfer_s, 1),
+        "llama70b_tp4_4k_100gbe_transfer_ms": 1e3 * transfer_vs_prefill(
+            "Llama-3-70B (bf16, TP=4)", "100 GbE", 4096)[0],
     }
     print("findings:", findings)
     mo.md(f"""
@@ -615,10 +652,13 @@ def _(
       split {goodput_per_device['split']:.1f}, chunked {goodput_per_device['chunked']:.1f}
       (DistServe and Splitwise's measure; the milliseconds are shown above, beside).
     * The connector sent **{measured_bytes_per_token:,.0f} bytes per prompt token**, exactly
-      the KV of the prompt tokens the consumer did not already cache. For a 70B model in
-      bf16 a 4,096-token prompt is 1.3 GB: about
-      **{findings['llama70b_4k_100gbe_transfer_ms']:.0f} ms** over 100 GbE, a few ms over
-      NVLink.
+      the KV of the prompt tokens the consumer did not already cache, in **{split_transfers}**
+      transfers that took **{1e3 * split_transfer_s:.0f} ms** here (loopback, on this
+      machine): time that falls between each request's first and second token, not in its
+      TTFT. For a 70B model in bf16 a 4,096-token prompt's KV is 1.3 GB; on four H100s
+      (TP=4), each sending its quarter over its own 100 GbE link, about
+      **{findings['llama70b_tp4_4k_100gbe_transfer_ms']:.0f} ms**, a few ms over NVLink
+      (computed from data sheets).
 
     ## Where the code lives
 
@@ -635,6 +675,26 @@ def _(
     * `minivllm/benchmarks/disagg.py`: `minivllm bench disagg`, the same comparison with more load.
     """)
     return (findings,)
+
+
+@app.cell
+def _(mo):
+    mo.callout(mo.md(r"""
+    **In vLLM V1.** Open `vllm/distributed/kv_transfer/kv_connector/v1/base.py`:
+    `KVConnectorBase_V1`, with a scheduler side (`get_num_new_matched_tokens`,
+    `update_state_after_alloc`, `build_connector_meta`, `request_finished`) and a worker
+    side (`start_load_kv`, `wait_for_layer_load`, `save_kv_layer`, `wait_for_save`,
+    `get_finished`); ours keeps four of those names (`update_state_after_alloc`,
+    `build_connector_meta`, `start_load_kv`, `wait_for_save`). Then `nixl_connector.py`
+    beside it, the connector used in production, and `vllm/v1/core/sched/scheduler.py`,
+    where the scheduler calls them. minivllm differs in how the bytes move: the producer
+    pushes the whole prompt's KV as one tensor over `torch.distributed` after the last
+    layer, where vLLM can save layer by layer and NIXL lets the decode side read the
+    prefill GPU's blocks over RDMA with no copy through the host. One tensor over a plain
+    socket is something a reader can count byte for byte on a CPU; the layer-by-layer
+    overlap only pays on a GPU.
+    """), kind="info")
+    return
 
 
 if __name__ == "__main__":

@@ -533,11 +533,13 @@ def _(
     with_chunks,
     without,
 ):
-    def test_every_chunk_is_past_the_roofline_knee_on_cpu():
-        # The knee (tokens where a step's FLOPs per byte reach the measured ridge) is below
-        # the smallest chunk on a CPU: there is no idle arithmetic for a chunk to fill.
-        if not torch.cuda.is_available():
-            assert 1 < knee_tokens < min(sweep), knee_tokens
+    def test_the_roofline_knee_sits_where_the_page_says():
+        # The knee (tokens where a step's FLOPs per byte reach the ridge measured on this
+        # device). On a CPU it is below the smallest chunk: no idle arithmetic for a chunk to
+        # fill. On a GPU it is above it: a chunk of that size rides along with the decodes.
+        on_gpu = torch.cuda.is_available()
+        assert knee_tokens > 1, knee_tokens
+        assert (knee_tokens < min(sweep)) == (not on_gpu), (knee_tokens, min(sweep), on_gpu)
 
     def test_chunked_steps_stay_within_budget():
         assert with_chunks["total"].max() <= BUDGET
@@ -620,6 +622,24 @@ def _(BUDGET, knee_tokens, mo, predicted_chunks, sweep, with_chunks, without):
       the check that without chunking the budget covers `max_model_len`.
     """)
     return (findings,)
+
+
+@app.cell
+def _(mo):
+    mo.callout(mo.md(r"""
+    **In vLLM V1.** Open `vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`: one
+    `token_budget` (`max_num_batched_tokens`) spent first on the running requests, each
+    given `num_tokens_with_spec - num_computed_tokens` capped by what is left, then on
+    waiting ones. A prefill is simply a request with many tokens still to compute, so
+    chunking is no special mode: it is on by default, and the knobs in
+    `vllm/config/scheduler.py` (`long_prefill_token_threshold`,
+    `max_num_partial_prefills`) only limit how much of the budget long prompts may take.
+    minivllm's `Scheduler.schedule` (`minivllm/core/scheduler.py`) spends its budget by the
+    same rule, running requests first, then waiting ones; it differs in marking each
+    scheduled request as prefill or decode (`is_prefill` in the `SchedulerOutput`), which V1
+    does not need, so that a page like this one can colour the steps and count the chunks.
+    """), kind="info")
+    return
 
 
 if __name__ == "__main__":

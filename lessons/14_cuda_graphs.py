@@ -17,7 +17,8 @@ def _():
     from minivllm import LLM, SamplingParams
     from minivllm.benchmarks.compile import decode_step_seconds, profile_decode_step
     from minivllm.worker.compilation import capture_sizes
-    return (LLM, SamplingParams, capture_sizes, decode_step_seconds, mo, plt,
+    from torch._dynamo.utils import counters as dynamo_counters
+    return (LLM, SamplingParams, capture_sizes, decode_step_seconds, dynamo_counters, mo, plt,
             profile_decode_step, time, torch)
 
 
@@ -139,14 +140,14 @@ def _(mo):
     operations between the matmuls (RMSNorm's square, mean, rsqrt, multiply and cast into
     one loop; SiLU and the multiply by `up` into one; the residual adds and rotary with
     them) and calls the matmuls itself, so no Python runs between ops inside the graph. The
-    first step pays for the compilation: one graph for a single token, one for any other
-    count.
+    first steps pay for the compilation: a graph for a single token, and graphs whose token
+    count is a symbol for the rest (the exercise below has you count them).
     """)
     return
 
 
 @app.cell
-def _(BATCHES, SamplingParams, llm, profiled, time):
+def _(BATCHES, SamplingParams, dynamo_counters, llm, profiled, time):
     _params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     _prompts = ["The capital of France is", "def fibonacci(n):\n    "]
     eager_tokens = [o.outputs[0].token_ids for o in llm.generate(_prompts, _params,
@@ -154,19 +155,28 @@ def _(BATCHES, SamplingParams, llm, profiled, time):
     print("torch.compile: compiling the forward around attention (Inductor builds C++; tens "
           "of seconds "
           "on a CPU) ...", flush=True)
+    dynamo_counters.clear()               # torch's own tally of the graphs Dynamo builds
     _t0 = time.perf_counter()
     llm.reconfigure(compilation_config=3)
-    compiled_tokens = [o.outputs[0].token_ids for o in llm.generate(_prompts, _params,
-                                                                     use_tqdm=False)]
-    compile_s = time.perf_counter() - _t0
-    compiled = {}
-    for _b in BATCHES:
-        print(f"compiled decode step, batch {_b}: timing and profiling ...", flush=True)
-        compiled[_b] = profiled(_b)
+    with llm.engine.trace() as _compiled_steps:
+        compiled_tokens = [o.outputs[0].token_ids for o in llm.generate(_prompts, _params,
+                                                                         use_tqdm=False)]
+        compile_s = time.perf_counter() - _t0
+        compiled = {}
+        for _b in BATCHES:
+            print(f"compiled decode step, batch {_b}: timing and profiling ...", flush=True)
+            compiled[_b] = profiled(_b)
+    # Counted by torch, not by this page: the graphs Dynamo compiled for every step above,
+    # and the token counts those steps had (each a different input shape).
+    graphs_compiled = int(dynamo_counters["stats"]["unique_graphs"])
+    token_counts_seen = sorted({_s.num_batched_tokens for _s in _compiled_steps})
     llm.reconfigure(compilation_config=0)
     same_tokens = compiled_tokens == eager_tokens
     compiled_ops = {_b: _r["ops"] for _b, _r in compiled.items()}
-    return compile_s, compiled, compiled_ops, same_tokens
+    print(f"Dynamo compiled {graphs_compiled} graph(s) for steps of "
+          f"{len(token_counts_seen)} different token counts: {token_counts_seen}")
+    return (compile_s, compiled, compiled_ops, graphs_compiled, same_tokens,
+            token_counts_seen)
 
 
 @app.cell
@@ -190,7 +200,7 @@ def _(breakdown, compile_s, compiled, llm, mo, same_tokens):
     asks for is the matmuls the graph calls, attention's own ops inside its opaque op, and
     the engine's few ops around the forward; the elementwise work between the matmuls became
     fused loops, which are not ops at all. The count is the same at every batch size above
-    1 (one graph, a dynamic token count; torch compiles batch 1 apart). What that saves in
+    1 (a symbolic token count; torch compiles batch 1 apart). What that saves in
     time depends on how much of the step those ops and the Python between them were: the
     most at batch 1, and in the quantized formats, whose matmuls read the fewest bytes
     (`minivllm bench cpu --compile` measures every format; docs/benchmarks.md has the
@@ -208,13 +218,32 @@ def _(mo):
 
     A CUDA graph records every kernel a piece of code launches, with its arguments and
     buffer addresses, and replays the whole sequence with a single launch. minivllm
-    captures the decode forward once per **batch-size bucket** (1, 2, 4, 8, ... up to
-    `max_num_seqs`) when the KV pool is built; a decode step copies its token ids,
-    positions, slot mapping and block tables into the static buffers the graph reads, pads
-    the batch up to its bucket (padded rows write their K/V to slot -1, which the kernel
-    skips), and replays. Everything must keep its address and shape, so the paged decode
-    kernel runs with a fixed partition count and a scratch buffer allocated once. Prefill
-    and mixed steps run eagerly; `enforce_eager=True` turns graphs off.
+    captures the whole decode forward as one *full* graph per **batch-size bucket** (powers
+    of two below `max_num_seqs`, then `max_num_seqs` itself) when the KV pool is built; a
+    decode step copies its token ids, positions, slot mapping and block tables into the
+    static buffers the graph reads, pads the batch up to its bucket (padded rows write their
+    K/V to slot -1, which the kernel skips), and replays. Everything must keep its address
+    and shape, so the paged decode kernel runs with a fixed partition count and a scratch
+    buffer allocated once. Prefill and mixed steps run eagerly; `enforce_eager=True` turns
+    graphs off.
+
+    **That is vLLM V0's scheme, not V1's.** V0 captured full graphs of decode batches only
+    and ran every other step eagerly, as minivllm does. V1 chooses with
+    `CompilationConfig.cudagraph_mode` (`vllm/config/compilation.py`):
+
+    - `PIECEWISE`: the compiled graph is split at each attention op (the `splitting_ops`),
+      and the pieces between them are captured. Attention runs eagerly between two
+      replays, so prefill and mixed batches, whose attention layout changes every step,
+      still replay everything else.
+    - `FULL_DECODE_ONLY`: minivllm's and V0's scheme.
+    - `FULL_AND_PIECEWISE`, V1's default: a full graph for a pure decode batch, piecewise
+      graphs for every other batch.
+
+    The buckets differ too. V1 captures sizes 1, 2, 4, then every multiple of 8 up to 256,
+    then every 16th up to `max_cudagraph_capture_size` (by default min(2 x `max_num_seqs`,
+    512)); V0's list was 1, 2, 4 and multiples of 8 up to 256. Steps of 8 pad a batch by at
+    most 7 rows; minivllm's powers of two can pad it by nearly half, in exchange for
+    a handful of graphs that capture in seconds. The slider below shows both.
 
     **GPU measurements: none recorded yet.** docs/benchmarks.md has no graph timing, and this
     page will not invent one; `bash scripts/gpu_check.sh graphs` measures eager against
@@ -241,7 +270,8 @@ def _(BATCHES, llm, mo):
 
 
 @app.cell
-def _(batch_pick, breakdown, capture_sizes, compiled, llm, mo, plt, profiled):
+def _(batch_pick, breakdown, capture_sizes, compiled, llm, mo, plt, profiled,
+      v1_capture_sizes):
     _n = batch_pick.value
     if _n in breakdown:
         _eager, _comp = breakdown[_n], compiled[_n]
@@ -252,6 +282,8 @@ def _(batch_pick, breakdown, capture_sizes, compiled, llm, mo, plt, profiled):
         llm.reconfigure(compilation_config=0)
     _sizes = capture_sizes(llm.engine.vllm_config.scheduler_config.max_num_seqs)
     _bucket = next(s for s in _sizes if s >= _n)
+    _v1 = v1_capture_sizes(llm.engine.vllm_config.scheduler_config.max_num_seqs)
+    _v1_bucket = next(s for s in _v1 if s >= _n)
     _fig, _ax = plt.subplots(figsize=(5.5, 2.6))
     for _i, (_name, _r) in enumerate((("eager", _eager), ("compiled", _comp))):
         _ax.bar(_i, _r["op_ms"], color="tab:blue", label="inside the ops" if not _i else None)
@@ -269,54 +301,76 @@ def _(batch_pick, breakdown, capture_sizes, compiled, llm, mo, plt, profiled):
         f"step; compiled **{_comp['ops']}** ops, Python {_share(_comp):.0f}%. On a GPU with "
         f"graphs captured for {_sizes}, this batch replays the {_bucket} graph: "
         f"{_bucket - _n} padded row(s), {100 * (_bucket - _n) / _bucket:.0f}% of the step's "
-        "rows computed for nothing."),
+        f"rows computed for nothing. vLLM V1's default sizes for this `max_num_seqs` "
+        f"({_v1}) would replay the {_v1_bucket} graph: {_v1_bucket - _n} padded row(s)."),
         kind="warn" if _bucket - _n > _n / 2 else "success")])
     return
 
 
-@app.cell
-def _(mo):
-    mo.md(r"""
-    ## Exercise: buckets
+@app.function
+def v1_capture_sizes(max_num_seqs: int) -> list[int]:
+    """vLLM V1's default CUDA-graph sizes, as vllm/config/compilation.py documents them
+    (not minivllm's: for the comparison on this page)."""
+    largest = min(2 * max_num_seqs, 512)                 # max_cudagraph_capture_size
+    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, largest + 1, 16))
+    return [n for n in sizes if n <= largest]
 
-    An engine runs with `max_num_seqs=48`. How many CUDA graphs does it capture, and which
-    bucket does a decode batch of **33** sequences replay? Enter `graphs,bucket`, two integers
-    separated by a comma.
+
+@app.cell
+def _(mo, token_counts_seen):
+    mo.md(f"""
+    ## Exercise: how many graphs did torch.compile build?
+
+    The compiled engine above ran steps of **{len(token_counts_seen)}** different token
+    counts ({", ".join(map(str, token_counts_seen))}): the two prompts' prefill and
+    decodes, then the prefills and decode steps of batches 1, 4 and 16. A graph Dynamo
+    compiles holds only for inputs that pass its guards (checks on shapes, dtypes and the
+    Python values it read); `dynamic=True` makes the token count a symbol instead of a
+    constant. How many graphs did Dynamo compile for all those steps? Enter a number; torch's
+    own counter (`torch._dynamo.utils.counters`), kept while the engine ran, decides.
     """)
-    answer = mo.ui.text(value="", label="graphs,bucket")
-    answer
-    return (answer,)
+    graphs_guess = mo.ui.text(value="", label="graphs compiled")
+    graphs_guess
+    return (graphs_guess,)
 
 
 @app.cell
-def _(capture_sizes):
-    def check_buckets(text):
-        sizes = capture_sizes(48)
-        truth = (len(sizes), next(s for s in sizes if s >= 33))
+def _(graphs_compiled, token_counts_seen):
+    def check_graphs(text, truth=graphs_compiled, shapes=len(token_counts_seen)):
+        """The learner's count against the one Dynamo kept while the engine ran."""
         try:
-            graphs, bucket = (int(x) for x in text.split(","))
+            guess = int(text)
         except ValueError:
-            return "Enter two integers separated by a comma, e.g. 3,12."
-        if (graphs, bucket) == truth:
-            return (f"Correct: {sizes}, {truth[0]} graphs; 33 pads up to {truth[1]}, "
-                    f"{truth[1] - 33} rows of padding.")
-        if bucket == 64:
-            return "No graph is larger than max_num_seqs: the last bucket is 48 itself."
-        if graphs == 6:
-            return "Count max_num_seqs itself as a bucket: powers of two below 48, then 48."
-        return "Powers of two below 48, then 48; then the smallest bucket >= 33."
-    return (check_buckets,)
+            return "Enter a whole number, e.g. 5."
+        if guess == truth:
+            return (f"Correct: Dynamo compiled {truth} graph(s) for {shapes} token counts. A "
+                    "symbolic token count lets a graph serve many sizes, except a count of 1, "
+                    "which Dynamo always specializes: batch-1 decode has a graph of its own.")
+        if guess == shapes:
+            return (f"That is one graph per token count; Dynamo compiled {truth}. With "
+                    "dynamic=True the count is a symbol, so one graph serves many sizes.")
+        if guess == 1 and truth > 1:
+            return (f"Dynamo compiled {truth}: a single token is a special size (0 and 1 are "
+                    "always specialized), so batch-1 decode gets a graph of its own.")
+        return (f"Dynamo compiled {truth} graph(s), not {guess}: a single token is a size of "
+                "its own, and the other token counts share graphs with a symbolic count.")
+    return (check_graphs,)
 
 
 @app.cell
-def _(answer, check_buckets, mo):
-    _msg = check_buckets(answer.value)
+def _(check_graphs, graphs_compiled, graphs_guess, mo):
+    # The headless run answers with the count itself, so its page shows the checker's verdict.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    _answer = graphs_guess.value or (str(graphs_compiled) if _headless else "")
+    _msg = check_graphs(_answer)
+    print(f"exercise: answered {_answer!r} - {_msg}")
     mo.callout(mo.md(_msg), kind="success" if _msg.startswith("Correct") else "neutral")
     return
 
 
 @app.cell
-def _(BATCHES, check_buckets, compiled_ops, llm, ops_per_step, same_tokens):
+def _(BATCHES, check_graphs, compiled_ops, graphs_compiled, llm, ops_per_step, same_tokens,
+      token_counts_seen):
     def test_op_count_hardly_depends_on_batch():
         counts = sorted(ops_per_step[_b] for _b in BATCHES if _b > 1)   # > 10 ops per layer,
         assert counts[0] > 30 * 10 and counts[-1] <= 1.05 * counts[0]   # the same at each batch
@@ -328,21 +382,32 @@ def _(BATCHES, check_buckets, compiled_ops, llm, ops_per_step, same_tokens):
 
     def test_compile_fuses_ops_at_every_batch():
         # Counted by the profiler: the fused elementwise ops save at least 10 ops per layer,
-        # and one graph with a dynamic token count serves every batch size above 1.
+        # and a symbolic token count serves every batch size above 1 alike.
         _layers = llm.engine.model_config.hf_config.num_hidden_layers
         for _b in BATCHES:
             assert compiled_ops[_b] <= ops_per_step[_b] - 10 * _layers
         assert len({compiled_ops[_b] for _b in BATCHES if _b > 1}) == 1
 
+    def test_dynamic_shapes_keep_the_graph_count_small():
+        # Counted by Dynamo: at least one graph (the forward was compiled), and fewer than
+        # the token counts the steps had (a graph per shape would mean no dynamic shapes).
+        assert len(token_counts_seen) >= 6
+        assert 1 <= graphs_compiled < len(token_counts_seen)
+
     def test_exercise_checker():
-        assert check_buckets("7,48").startswith("Correct")
-        assert "48 itself" in check_buckets("7,64")
-        assert "comma" in check_buckets("seven")
+        # The headless run answers with Dynamo's own count; the checker takes it, and
+        # refuses one more, one less, and a graph per shape.
+        assert check_graphs(str(graphs_compiled)).startswith("Correct")
+        assert not check_graphs(str(graphs_compiled + 1)).startswith("Correct")
+        assert not check_graphs(str(graphs_compiled - 1)).startswith("Correct")
+        assert "per token count" in check_graphs(str(len(token_counts_seen)))
+        assert "whole number" in check_graphs("seven")
     return
 
 
 @app.cell
-def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, mo, ops_per_step, same_tokens):
+def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, graphs_compiled, mo, ops_per_step,
+      same_tokens, token_counts_seen):
     findings = {
         "ops_per_decode_step": ops_per_step[BATCHES[0]],
         "ops_per_decode_step_compiled": compiled_ops[BATCHES[0]],
@@ -354,6 +419,8 @@ def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, mo, ops_per_step, s
         "compiled_ms": {str(b): round(r["step_ms"], 1) for b, r in compiled.items()},
         "compile_s": round(compile_s, 1),
         "compiled_tokens_identical": same_tokens,
+        "dynamo_graphs_compiled": graphs_compiled,
+        "token_counts_compiled_for": len(token_counts_seen),
         "gpu_graph_numbers": "none recorded yet",
     }
     print("findings:", findings)
@@ -369,7 +436,11 @@ def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, mo, ops_per_step, s
       profiler, the same at every batch size above 1), kept the tokens
       **{'identical' if same_tokens else 'different'}**, and changed the step time by the
       ratios above, for **{compile_s:.0f} s** of compiling at start-up: off by default here.
+      Dynamo compiled **{graphs_compiled}** graph(s) for steps of {len(token_counts_seen)}
+      different token counts (torch's own counter).
     * CUDA graphs need a GPU; no GPU timing of them has been recorded for this course yet.
+      minivllm's are full graphs of decode steps only, V0's scheme; V1 defaults to full
+      graphs for decode and piecewise graphs for everything else.
 
     ## Where the code lives
 
@@ -386,6 +457,26 @@ def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, mo, ops_per_step, s
       --decode-modes` (the GPU measurement).
     """)
     return (findings,)
+
+
+@app.cell
+def _(mo):
+    mo.callout(mo.md(r"""
+    **In vLLM V1.** Start at `vllm/config/compilation.py`: `CUDAGraphMode` (`NONE`,
+    `PIECEWISE`, `FULL`, `FULL_DECODE_ONLY`, `FULL_AND_PIECEWISE`), and in
+    `CompilationConfig` the fields `cudagraph_mode`, `cudagraph_capture_sizes`,
+    `max_cudagraph_capture_size` and `splitting_ops`. Then `vllm/compilation/backends.py`
+    (`VllmBackend`, which splits the Dynamo graph at the attention ops),
+    `vllm/compilation/cuda_graph.py` (`CUDAGraphWrapper`, capture and replay),
+    `vllm/v1/cudagraph_dispatcher.py` (`CudagraphDispatcher`, which picks full, piecewise
+    or none for each batch), and `capture_model` in `vllm/v1/worker/gpu_model_runner.py`.
+    minivllm keeps V0's decode-only full graphs and power-of-two buckets: one
+    `CUDAGraphRunner` of about fifty lines a reader can follow, where piecewise graphs need
+    a custom Dynamo backend that splits and wraps the graph. Its `torch.compile` already
+    leaves attention opaque (`minivllm::unified_attention`), the same cut V1's piecewise
+    graphs make.
+    """), kind="info")
+    return
 
 
 if __name__ == "__main__":

@@ -155,9 +155,19 @@ def _(mo):
     `LLM(tensor_parallel_size=3)` starts two worker processes (rank 1 and 2) next to this
     one (rank 0). Every rank builds the model, swaps its layers for their shards, and loads
     only its slice of each weight. The scheduler and the block manager exist once, in the
-    `EngineCore`; each step its executor hands the same `SchedulerOutput` to every rank's
-    `Worker`, and all three `ModelRunner`s run the forward pass together, meeting in the
-    all-reduces (gloo over TCP here, NCCL on GPUs). First, the size that does *not* work:
+    `EngineCore`, and no rank's worker owns them: each step the core's `MultiprocExecutor`
+    puts the same `SchedulerOutput` (a few KB of ints) on every rank's queue, all three
+    `Worker`s run the same `ModelRunner.execute_model` on it, meeting in the all-reduces
+    (gloo over TCP here, NCCL on GPUs), and rank 0's sampled tokens go back to the scheduler.
+
+    That is vLLM V1's layout, with one difference in where rank 0 sits. In V1 the
+    `EngineCore` process holds the scheduler, and its `MultiprocExecutor` starts a worker
+    process for *every* rank, rank 0 included, broadcasting each `SchedulerOutput` over a
+    shared-memory message queue. Here rank 0's worker lives in the core's process (one copy
+    of its output saved; a plain multiprocessing queue per worker instead of shared memory).
+    vLLM V0 had a different layout again: the scheduler ran beside a *driver* worker on rank
+    0, which prepared the batch's tensors and broadcast them to the other ranks. First, the
+    size that does *not* work:
     """)
     return
 
@@ -489,6 +499,25 @@ def _(TP, all_reduce_bytes, all_reduce_per_step, gloo_us_small, kv_heads_per_ran
     * `minivllm/benchmarks/tp.py`: `minivllm bench tp` (all-reduce sizes, tp=1 against tp=3).
     """)
     return (findings,)
+
+
+@app.cell
+def _(mo):
+    mo.callout(mo.md(r"""
+    **In vLLM V1.** Open `vllm/v1/executor/multiproc_executor.py`: `MultiprocExecutor`
+    starts a `WorkerProc` for every rank, and `collective_rpc` enqueues each call on
+    `rpc_broadcast_mq`, a shared-memory `MessageQueue`
+    (`vllm/distributed/device_communicators/shm_broadcast.py`); `execute_model` waits only
+    for the output rank's `ModelRunnerOutput`. The split layers are in
+    `vllm/model_executor/layers/linear.py` (`ColumnParallelLinear`, `QKVParallelLinear`,
+    `MergedColumnParallelLinear`, `RowParallelLinear`) and `vocab_parallel_embedding.py`;
+    the groups in `vllm/distributed/parallel_state.py`. minivllm differs in three ways, each
+    to stay small and run on a CPU: rank 0 shares the core's process, the messages go over
+    plain multiprocessing queues, and the all-reduce is `torch.distributed`'s (gloo or NCCL)
+    where vLLM has its own custom all-reduce kernel for NVLink
+    (`device_communicators/custom_all_reduce.py`). There is no pipeline parallelism.
+    """), kind="info")
+    return
 
 
 if __name__ == "__main__":
