@@ -554,7 +554,23 @@ def _(
 
 
 @app.cell
-def _(continuous_run, grid, mo, static_run, step_ratio, sweep):
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** `EngineCore.step` (`vllm/v1/engine/core.py`) calls `Scheduler.schedule`
+    (`vllm/v1/core/sched/scheduler.py`), runs the model, and passes the result to
+    `update_from_output`, which appends the tokens and frees finished requests' slots and blocks.
+    The schedule is one token-level pass, running requests first, then waiting ones: each gets a
+    number of new tokens (its `num_computed_tokens` catching up with its tokens) under one budget,
+    `max_num_batched_tokens`, with at most `max_num_seqs` running (both in `SchedulerConfig`).
+    There is no static mode and no prefill or decode phase. minivllm keeps V0's three queues with a
+    pass each, easier to watch, and the one `scheduling="static"` line, so both policies share it.
+    """), kind="info")
+    return (v1_box,)
+
+
+@app.cell
+def _(continuous_run, grid, mo, static_run, step_ratio, sweep, v1_box):
     findings = {
         "two_by_two_steps": {f"{_l}/{_s}": _r["steps"] for (_l, _s), _r in grid.items()},
         "static_steps": static_run["steps"],
@@ -569,7 +585,7 @@ def _(continuous_run, grid, mo, static_run, step_ratio, sweep):
                                  for _x, (_s, _c) in sweep.items()},
     }
     print("findings:", findings)
-    mo.md(f"""
+    mo.vstack([mo.md(f"""
     ## What we found
 
     * With 4 slots and varied output lengths, static batching kept
@@ -588,18 +604,14 @@ def _(continuous_run, grid, mo, static_run, step_ratio, sweep):
 
     * `minivllm/core/scheduler.py`: `Scheduler.schedule`, the three passes (running, swapped,
       waiting) and the one line that makes `scheduling="static"` wait for an empty batch. Three
-      queues with a pass each is **vLLM V0's** scheduler; **V1's** (vllm/v1/core/sched/)
-      keeps a running list and a waiting queue and gives every request, prefill or decode,
-      a number of new tokens under one token budget (`num_computed_tokens` catching up with
-      the request's tokens), so chunked prefill and speculative tokens need no pass of their
-      own; swapping to CPU is gone from V1 (a preempted request is recomputed).
+      queues with a pass each is **vLLM V0's** scheduler; V1's is in the box below.
     * `minivllm/engine/core.py`: `EngineCore.step`, one scheduling decision and one forward pass per
       call; `minivllm/engine/llm_engine.py`: `LLMEngine.step` turns the core's outputs into a
       `RequestOutput` for every request that moved.
     * `minivllm/config/scheduler.py`: `max_num_seqs` (the slots) and `scheduling`.
     * Next: lesson 10 (chunked prefill) looks at what a newcomer's prompt costs the requests
       already decoding; lesson 11 at what happens when their memory runs out.
-    """)
+    """), v1_box])
     return (findings,)
 
 

@@ -643,8 +643,32 @@ def _(check_hits_answer, conv_cached, conv_computed_cached, conv_computed_uncach
 
 
 @app.cell
-def _(conv_computed_cached, conv_computed_uncached, conv_ttft_ratio, conv_work_ratio,
-      docs_prefix_skip, mo, turn_hit_rate):
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** At admission `KVCacheManager.get_computed_blocks`
+    (`vllm/v1/core/kv_cache_manager.py`) walks the request's block hashes, chained by
+    `hash_block_tokens` (`vllm/v1/core/kv_cache_utils.py`), to the first miss; `allocate_slots`
+    adds the new blocks, and `BlockPool.cache_full_blocks` (`vllm/v1/core/block_pool.py`) names
+    each block a step fills. A freed block keeps its hash in the pool's `free_block_queue`, oldest
+    at the head, until `get_new_blocks` hands it out again: the free list is the LRU, as here.
+    minivllm also checks a hit's tokens and parent, not only its hash, and puts unnamed blocks at
+    the front of its free list, so that named ones are the last reused.
+    """), kind="info")
+    return (v1_box,)
+
+
+@app.cell
+def _(
+    conv_computed_cached,
+    conv_computed_uncached,
+    conv_ttft_ratio,
+    conv_work_ratio,
+    docs_prefix_skip,
+    mo,
+    turn_hit_rate,
+    v1_box,
+):
     findings = {
         "turn_hit_rate": [round(_r, 4) for _r in turn_hit_rate],
         "conversation_prompt_tokens_computed": (conv_computed_uncached, conv_computed_cached),
@@ -653,7 +677,7 @@ def _(conv_computed_cached, conv_computed_uncached, conv_ttft_ratio, conv_work_r
         "docs_prefix_skipped": docs_prefix_skip,
     }
     print("findings:", findings)
-    mo.md(f"""
+    mo.vstack([mo.md(f"""
     ## What we found
 
     * A shared prefix's K/V is bit-identical in every layer of two requests; the same tokens
@@ -679,7 +703,7 @@ def _(conv_computed_cached, conv_computed_uncached, conv_ttft_ratio, conv_work_r
       caching, side by side.
 
     The site's Optimization catalog ranks prefix caching beside the other lessons' findings.
-    """)
+    """), v1_box])
     return
 
 

@@ -550,14 +550,30 @@ def _(
 
 
 @app.cell
-def _(DEC_B, DEC_L, capacity, decode_rows, live, mo, smol_bytes):
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** `LlamaAttention` (`vllm/model_executor/models/llama.py`) reads `num_kv_heads`
+    from the config, projects Q, K and V with one `QKVParallelLinear`, and builds an `Attention`
+    layer (`vllm/attention/layer.py`) with `num_heads` and `num_kv_heads`. That layer's
+    `get_kv_cache_spec` returns a `FullAttentionSpec` (`vllm/v1/kv_cache_interface.py`) whose page
+    size counts KV heads only: the pool is sized by them, as here. Under tensor parallelism each
+    GPU holds `num_kv_heads / tp` heads, and when tp exceeds the KV heads each head is replicated
+    so every GPU has one. minivllm splits and replicates the same way (`minivllm/distributed/`,
+    lesson 15) but has one kind of layer, so no spec: `kv_bytes_per_token` sizes its pool.
+    """), kind="info")
+    return (v1_box,)
+
+
+@app.cell
+def _(DEC_B, DEC_L, capacity, decode_rows, live, mo, smol_bytes, v1_box):
     findings = {"smol_bytes_per_token": smol_bytes, "capacity_1k_sequences": capacity,
                 "mha_blocks": live["MHA"]["blocks"], "gqa_blocks": live["GQA"]["blocks"],
                 "mqa_blocks": live["MQA"]["blocks"],
                 "decode_ms": {n: ms for n, _, ms, _ in decode_rows},
                 "decode_kv_bytes_gathered": {n: b for n, b, *_ in decode_rows}}
     print("findings:", findings)
-    mo.md(f"""
+    mo.vstack([mo.md(f"""
     ## What we found
 
     * SmolLM2's KV per token: {smol_bytes['MHA']:,} B as MHA, {smol_bytes['GQA']:,} B as
@@ -580,7 +596,7 @@ def _(DEC_B, DEC_L, capacity, decode_rows, live, mo, smol_bytes):
     * `minivllm/attention/torch_attention.py`: `paged_attention` (torch, `enable_gqa=True`).
     * `kernels/paged_attention.py` and `kernels/flash_attention.py`: `NUM_QUERIES_PER_KV`, the
       group size; in the decode kernel a group's query heads are the rows of one tile.
-    """)
+    """), v1_box])
     return (findings,)
 
 

@@ -505,7 +505,23 @@ def _(
 
 
 @app.cell
-def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sweep):
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** Preemption is by recompute only. When `KVCacheManager.allocate_slots` finds no
+    free block, `Scheduler.schedule` (`vllm/v1/core/sched/scheduler.py`) pops the newest running
+    request (the lowest priority one under priority scheduling) and calls
+    `Scheduler._preempt_request`: its blocks are freed, `num_computed_tokens` goes back to 0, its
+    status becomes `RequestStatus.PREEMPTED`, and it goes to the front of the waiting queue. There
+    is no swap space and no swapped queue; with prefix caching on, the freed blocks keep their
+    hashes, so the recompute may find part of its own prefix still cached. minivllm keeps V0's swap
+    beside recompute to show the trade-off: bytes over the host link against tokens computed twice.
+    """), kind="info")
+    return (v1_box,)
+
+
+@app.cell
+def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sweep, v1_box):
     _small, _large = sweep[POOLS[0]], sweep[POOLS[-1]]
     _rc, _sw = compared[("recompute", POOLS[0])], compared[("swap", POOLS[0])]
     findings = {
@@ -524,7 +540,7 @@ def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sw
         "smallest_pool_steps": {"recompute": _rc["num_steps"], "swap": _sw["num_steps"]},
     }
     print("findings:", findings)
-    mo.md(f"""
+    mo.vstack([mo.md(f"""
     ## What we found
 
     * From a pool of {knee} blocks up (the peak concurrent demand is {peak_demand}), nothing
@@ -555,7 +571,7 @@ def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sw
     * `minivllm/worker/model_runner.py`: `ModelRunner.swap_out` / `swap_in`, the block copies
       between the device pool and the host pool.
     * `minivllm/config/`: `num_kv_blocks` and `swap_space` (cache.py), `preemption_mode` (scheduler.py).
-    """)
+    """), v1_box])
     return (findings,)
 
 

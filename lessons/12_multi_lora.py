@@ -377,6 +377,22 @@ def _(
 
 
 @app.cell
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** `LoRAModelManager` (`vllm/lora/model_manager.py`; `vllm/lora/models.py` in
+    older releases) wraps each target linear in a layer of `vllm/lora/layers/` that stacks
+    `max_loras` GPU slots, and keeps up to `max_cpu_loras` adapters in host memory, both LRU. The
+    model runner's `LoRAModelRunnerMixin` (`vllm/v1/worker/lora_model_runner_mixin.py`) sets each
+    step's adapters and token-to-slot map; the punica wrapper then runs the Triton kernels
+    `lora_shrink` and `lora_expand` (`vllm/lora/ops/triton_ops/`), and the scheduler lets at most
+    `max_loras` adapters into a step. minivllm has the same slots, LRU and check, but keeps the
+    older kernel pair, BGMV for decode and SGMV for prefill segments, to show both batch shapes.
+    """), kind="info")
+    return (v1_box,)
+
+
+@app.cell
 def _(
     adapter_bytes,
     adapters_per_step,
@@ -387,6 +403,7 @@ def _(
     mixed_steps,
     mo,
     slot_bytes,
+    v1_box,
 ):
     findings = {
         "merged_copy_over_slot": round(merged_over_slot, 1),
@@ -400,7 +417,7 @@ def _(
         "refused_at_rank_8": sorted(low_rank["refused"]),
     }
     print("findings:", findings)
-    mo.md(f"""
+    mo.vstack([mo.md(f"""
     ## What we found
 
     * A merged copy of the model costs **{merged_over_slot:.0f}x** a rank-16 adapter slot;
@@ -422,7 +439,7 @@ def _(
     * `minivllm/engine/llm_engine.py`: `add_request(..., lora_request)` checks the adapter and puts its
       id into the prefix-cache key (`Request.extra_keys`).
     * `scripts/lora_adapters.py`: how the four adapters were trained with PEFT.
-    """)
+    """), v1_box])
     return (findings,)
 
 

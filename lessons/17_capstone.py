@@ -587,8 +587,24 @@ def _(
 
 
 @app.cell
-def _(disagree, mo, pairs, ranking_here, solved, start):
-    mo.md(f"""
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** The knobs are fields of `EngineArgs` (`vllm/engine/arg_utils.py`), which builds
+    the engine's config: `max_num_seqs`, `max_num_batched_tokens` and `enable_chunked_prefill` land
+    in `SchedulerConfig` (`vllm/config/scheduler.py`); `block_size`, `enable_prefix_caching`,
+    `kv_cache_dtype` and `gpu_memory_utilization` in `CacheConfig` (`vllm/config/cache.py`). The
+    pool is no knob (`num_gpu_blocks_override` aside): vLLM fills the memory left after the weights.
+    A deployment measures with `vllm bench serve` (`vllm/benchmarks/serve.py`), where
+    `--goodput ttft:500 tpot:50` counts the requests that met every SLO, in milliseconds where this
+    lesson counts steps, and tunes the same knobs, plus `tensor_parallel_size`, to its own traffic.
+    """), kind="info")
+    return (v1_box,)
+
+
+@app.cell
+def _(disagree, mo, pairs, ranking_here, solved, start, v1_box):
+    mo.vstack([mo.md(f"""
     ## What we found
 
     * The starting configuration served everything, token for token the same as the tuned
@@ -623,7 +639,7 @@ def _(disagree, mo, pairs, ranking_here, solved, start):
     * `minivllm/benchmarks/ablation.py`: the ladder's rungs (`RUNGS`, each with the row it is
       measured against) and `ablation_ladder`; Part II's pairs (`PAIRS`, `part_two_pairs`).
     * Lesson 06 measures TTFT and ITL in seconds over HTTP (`minivllm bench serve`).
-    """)
+    """), v1_box])
     return
 
 
