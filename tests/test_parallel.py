@@ -176,7 +176,7 @@ def test_dead_worker_makes_the_engine_raise(tiny_llama_tp2):
     worker = tp2.engine.model_executor.workers[0]
     worker.kill()
     worker.join(timeout=10)
-    with pytest.raises(RuntimeError, match=r"worker\(s\) died: minivllm-tp-rank1 .*exit code -9"):
+    with pytest.raises(RuntimeError, match=r"worker\(s\) died: minivllm-rank1 .*exit code -9"):
         tp2.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
     with pytest.raises(RuntimeError, match="died"):   # and stays broken, it does not hang
         tp2.generate(PROMPTS[:1], GREEDY, use_tqdm=False)

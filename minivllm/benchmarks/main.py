@@ -21,7 +21,7 @@ import minivllm.platforms  # noqa: F401, I001  (first: Triton's interpreter swit
 import kernels.bench as kernels_bench
 from minivllm.benchmarks import ablation, beam, cpu, disagg, gpu, guided, latency, load, lora
 from minivllm.benchmarks import compile as compile_bench     # (not the builtin `compile`)
-from minivllm.benchmarks import prefix_caching, quant, serve, spec, throughput, tp
+from minivllm.benchmarks import parallel, prefix_caching, quant, serve, spec, throughput, tp
 
 # The flags more than one benchmark takes, each defined once.
 SHARED_ARGS = {
@@ -45,6 +45,9 @@ BENCHMARKS = {
     "spec": (spec, "speculative decoding (n-gram) on vs off: repetitive and free-form text, "
                    "batch 1 and 8", ("model", "dtype")),
     "tp": (tp, "tensor parallelism: gloo all-reduce vs size; tp=1 vs tp=N", ("model",)),
+    "parallel": (parallel, "pipeline parallelism: one process vs pp stages, 1 and pp batches "
+                           "in flight; data parallelism: round-robin vs V1's score",
+                 ("model",)),
     "compile": (compile_bench, "decode step: op time vs Python, eager vs torch.compile",
                 ("model",)),
     "guided": (guided, "guided decoding: grammar compile time, bitmask cost per step at batch 1 "

@@ -49,20 +49,18 @@ class VllmConfig:
 # knows (worker/model_runner.py, use_cuda_graphs). (Whether tp = N splits a given model depends
 # on the model's shapes: distributed/parallel_state.py's check_tensor_parallel.)
 TP = "tensor_parallel_size > 1"
+PP = "pipeline_parallel_size > 1"
 PER_REQUEST = "guided_decoding, penalties or min_tokens"
 CUDA_GRAPHS = "CUDA graphs"      # on CUDA unless enforce_eager: the runner checks this row
 INCOMPATIBLE = (
-    (TP, "quantization", "quantization with tensor_parallel_size > 1 is not supported by "
-     "minivllm; leave quantization unset with tp > 1"),
-    (TP, "enable_lora", "enable_lora with tensor_parallel_size > 1 is not supported by "
-     "minivllm; leave enable_lora unset with tp > 1"),
-    (TP, "compilation_config", "compilation_config with tensor_parallel_size > 1 is not "
-     "supported by minivllm (its graphs would break at every all-reduce); use "
-     "compilation_config=0"),
-    (TP, "speculative_config", "speculative_config with tensor_parallel_size > 1 is not "
-     "supported by minivllm; leave speculative_config unset with tp > 1"),
-    (TP, "kv_transfer_config", "kv_transfer_config with tensor_parallel_size > 1 is not "
-     "supported by minivllm; leave kv_transfer_config unset with tp > 1"),
+    *((split, option, f"{option} with {split} is not supported by minivllm{why}")
+      for split in (TP, PP) for option, why in (
+        ("quantization", "; leave quantization unset"),
+        ("enable_lora", "; leave enable_lora unset"),
+        ("compilation_config", " (its graphs would break at every collective); use "
+                               "compilation_config=0"),
+        ("speculative_config", "; leave speculative_config unset"),
+        ("kv_transfer_config", "; leave kv_transfer_config unset"))),
     ("enable_lora", "compilation_config", "enable_lora with compilation_config is not "
      "supported by minivllm: the adapters' per-step layout is Python state a compiled graph "
      "would guard on and recompile for; use compilation_config=0 with enable_lora"),
@@ -87,6 +85,7 @@ INCOMPATIBLE = (
 def check_compatibility(config: VllmConfig) -> None:
     """Raise the message of the first INCOMPATIBLE row whose two settings config both sets."""
     on = {TP: config.parallel_config.tensor_parallel_size > 1,
+          PP: config.parallel_config.pipeline_parallel_size > 1,
           "quantization": config.model_config.quantization is not None,
           "enable_lora": config.lora_config is not None,
           "compilation_config": config.compilation_config.level != 0,

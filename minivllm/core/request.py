@@ -213,3 +213,18 @@ class Request:
         child.metrics.first_scheduled_time = self.metrics.first_scheduled_time
         self.samples.append(child)
         return child
+
+
+def check_stop(request: Request, eos_token_ids: set[int], max_model_len: int
+               ) -> RequestStatus | None:
+    """After appending a token: a stop token ends the request, so do max_tokens, max_model_len
+    (stop strings need the text: engine/output_processor.py checks them). vLLM twin:
+    vllm/v1/core/sched/utils.py."""
+    params = request.sampling_params
+    token = request.token_ids[-1]
+    if token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids):
+        return RequestStatus.FINISHED_STOPPED
+    num_tokens = len(request.token_ids)
+    if num_tokens - request.num_prompt_tokens >= params.max_tokens or num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH_CAPPED
+    return None

@@ -8,13 +8,13 @@ max_num_batched_tokens, and a cap, max_num_seqs. Running requests go first, olde
 decode costs 1 token of budget, a prompt still being prefilled the rest of its prompt (or what
 the budget has left: chunked prefill). Then waiting requests are admitted, first come first
 served, while the budget, the cap and the free blocks allow. One forward pass can therefore
-carry decodes and prefill chunks together.
+carry decodes and prefill chunks together. Under pipeline parallelism several batches are in
+flight at once (engine/core.py): a request in one is not scheduled again until it is back.
 
-With speculative decoding a decoding request may bring draft tokens (its spec_token_ids: the
-model runner proposed them after its last step, and the engine core handed them to
-`update_draft_token_ids`): they are verified in the same forward, each costing a token of
-budget and a lookahead slot. Drafts get only what the budget leaves once every later running
-request has its one token, and only free blocks: speculation never preempts.
+With speculative decoding a decoding request may bring draft tokens (its spec_token_ids, from
+the model runner via `update_draft_token_ids`): they are verified in the same forward, each
+costing a token of budget and a lookahead slot. Drafts get only what the budget leaves once
+every later running request has its one token, and only free blocks: speculation never preempts.
 
 When a running request needs a block and none is free, the newest running request is
 preempted (as in vLLM, so the oldest requests keep making progress), by one of two policies:
@@ -27,21 +27,17 @@ preempted (as in vLLM, so the oldest requests keep making progress), by one of t
 `scheduling="static"` turns continuous batching off: a batch is admitted only when the last
 one has finished (lesson 04's baseline). The settings are SchedulerConfig's (config/).
 
-After the forward pass, `update_from_output` is the one place where a step's results change
-the requests: computed tokens advance, the samples of a V0-style n > 1 request are forked
-(the front end fans n out instead, as vLLM V1 does), a beam group's round picks and forks its
-beams once each has its continuations (core/beam_group.py), sampled tokens are appended (with
-speculation: the accepted drafts and one more, the rejected drafts' slots rolled back), stop
-tokens and lengths are checked, and finished requests give their blocks back. It returns an
-EngineCoreOutput per sample that moved (minivllm/outputs.py): plain values, what the front end
-needs and nothing it could mutate. Stop *strings* need text, so the front end finds them
-(engine/output_processor.py) and finishes the sample through EngineCore, which calls
-`finish_requests` here, as vLLM V1 does.
+`update_from_output` is the one place where a step's results change the requests: computed
+tokens advance, a V0-style n > 1 request's samples fork, a beam group's round picks and forks
+its beams (core/beam_group.py), sampled tokens are appended (with speculation: the accepted
+drafts and one more, the rejected drafts' slots rolled back), stop tokens and lengths are
+checked, and finished requests give their blocks back. It returns an EngineCoreOutput per
+sample that moved (minivllm/outputs.py): plain values. Stop *strings* need text, so the front
+end finds them and finishes the sample through `finish_requests`, as vLLM V1 does.
 
 Left out, compared with vLLM: priority scheduling, V1's single token-level schedule (V1 treats
 prefill and decode alike as "tokens to compute"; minivllm keeps V0's running / swapped /
-waiting, easier to watch), async scheduling that overlaps the next schedule with the current
-forward pass, and V1's token-level budget for drafts.
+waiting, easier to watch), async scheduling, and V1's token-level budget for drafts.
 """
 
 from __future__ import annotations
@@ -53,23 +49,9 @@ from collections import deque
 from minivllm.config import LoRAConfig, SchedulerConfig
 from minivllm.core.scheduler_output import (CachedRequestData, NewRequestData,  # noqa: F401
                                              SchedulerOutput)
-from minivllm.core.request import Request, RequestStatus
+from minivllm.core.request import Request, RequestStatus, check_stop
 from minivllm.core.spec_decode_stats import SpecDecodingStats
 from minivllm.outputs import Draw, EngineCoreOutput, ModelRunnerOutput
-
-
-def check_stop(request: Request, eos_token_ids: set[int], max_model_len: int
-               ) -> RequestStatus | None:
-    """After appending a token: a stop token ends the request, so do max_tokens, max_model_len
-    (stop strings need the text: engine/output_processor.py checks them)."""
-    params = request.sampling_params
-    token = request.token_ids[-1]
-    if token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids):
-        return RequestStatus.FINISHED_STOPPED
-    num_tokens = len(request.token_ids)
-    if num_tokens - request.num_prompt_tokens >= params.max_tokens or num_tokens >= max_model_len:
-        return RequestStatus.FINISHED_LENGTH_CAPPED
-    return None
 
 
 class Scheduler:
@@ -91,6 +73,7 @@ class Scheduler:
         self.swapped: deque[Request] = deque()
         self.requests: dict[str, Request] = {}   # request id -> the request (unfinished)
         self.runner_holds: dict[int, int] = {}   # seq_id -> tokens the runner has of it
+        self.in_flight: set[int] = set()   # seq_ids scheduled, their batch not back yet (PP)
         self.finished_requests: list[Request] = []          # since the last take_finished()
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
@@ -149,6 +132,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            if request.seq_id in self.in_flight:     # pipeline: its last batch is not back
+                i += 1
+                continue
             if request.spec_token_ids:
                 # Drafts: what the budget leaves once each later running request has one
                 # token, and only if their lookahead slots are free (speculation never preempts).
@@ -157,7 +143,7 @@ class Scheduler:
                 if drafts and not bm.can_append_slots(request, len(drafts)):
                     drafts.clear()
             while not self._can_append(request):
-                victim = self.running.pop()          # the newest running request
+                victim = self._pop_victim()          # the newest running request
                 self._preempt(victim, out)
                 if victim is request or (victim.beam is not None
                                          and victim.beam is request.beam):
@@ -201,6 +187,7 @@ class Scheduler:
             budget = self._run(request, out, budget)
         if self.kv_connector is not None:    # disaggregation: which blocks' K/V move this step
             out.kv_connector_metadata = self.kv_connector.build_connector_meta(out)
+        self.in_flight.update(out.seq_ids)
         return out
     # --8<-- [end:schedule]
 
@@ -211,6 +198,7 @@ class Scheduler:
         new tokens (forked samples included) or was failed, for the front end."""
         so = scheduler_output
         errors, sampled, forked = runner_output.errors, runner_output.sampled, runner_output.forked
+        self.in_flight.difference_update(so.seq_ids)
         self.spec_decoding_stats.num_accepted_this_step = 0
         for request, n in zip(so.scheduled_requests, so.num_new_tokens):
             request.num_computed_tokens += n - len(request.spec_token_ids)  # drafts: if accepted
@@ -331,6 +319,12 @@ class Scheduler:
             child.status = RequestStatus.RUNNING
             self.running.insert(at, child)
             at += 1
+
+    def _pop_victim(self) -> Request:
+        """The newest running request whose batch is back (pipeline parallelism: one in flight
+        has its blocks being written); the one being scheduled always is."""
+        return self.running.pop(max(i for i, r in enumerate(self.running)
+                                    if r.seq_id not in self.in_flight))
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         bm = self.block_manager

@@ -1,20 +1,28 @@
-"""The tensor-parallel process group and its collectives (vLLM twins:
-vllm/distributed/parallel_state.py and vllm/distributed/communication_op.py).
+"""The process groups and their collectives (vLLM twins: vllm/distributed/parallel_state.py
+and vllm/distributed/communication_op.py).
 
-One TensorParallelGroup per process: its rank, the group's size, and the three collectives the
-split model needs (all_reduce after a row-parallel layer or the vocab-parallel embedding,
-all_gather of the logits, all_reduce_min to agree on the KV pool's size). Over
-torch.distributed: gloo on CPU, NCCL on GPUs. Also here: which tp sizes a model's shapes allow,
-and which KV heads a rank holds.
+Ranks are numbered as vLLM numbers them: with tp ranks a stage and pp stages, rank r is tensor
+rank r % tp of pipeline stage r // tp. Each process holds
 
-Left out, compared with vLLM: the world / pipeline / data / expert groups (one tp group is the
-only kind here), custom all-reduce kernels, the shared-memory message queue, and the global
-`get_tp_group()` (the group is passed to whoever needs it).
+    TensorParallelGroup      the tp ranks of its stage: all_reduce after a row-parallel layer or
+                             the vocab-parallel embedding, all_gather of the logits,
+                             all_reduce_min to agree on the KV pool's size
+    PipelineParallelGroup    every rank (the world), when pp > 1: a stage's hidden states sent
+                             to the same tensor rank of the next stage, and all_reduce_min over
+                             every stage's pool
+
+over torch.distributed: gloo on CPU, NCCL on GPUs. Also here: which tp sizes a model's shapes
+allow, and which KV heads a rank holds.
+
+Left out, compared with vLLM: the data and expert groups, custom all-reduce kernels, the
+shared-memory message queue, and the global `get_tp_group()` / `get_pp_group()` (the groups
+are passed to whoever needs them).
 """
 
 from __future__ import annotations
 
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
@@ -25,19 +33,13 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)   # a hung peer fails the st
 
 
 class TensorParallelGroup:
-    """This process's rank among the tp ranks, and the collectives the model needs.
-
-    A process-group object of its own, not torch.distributed's default group (one per process,
-    set by init_process_group): a process may hold several engines, as tests and lessons do."""
+    """This process's rank among its stage's tp ranks, and the collectives the model needs."""
 
     def __init__(self, rank: int, size: int, store, backend: str):
         self.rank = rank
         self.size = size
         self.device = "cuda" if backend == "nccl" else "cpu"   # where its tensors must live
-        if backend == "nccl":
-            self.pg = dist.ProcessGroupNCCL(store, rank, size)
-        else:
-            self.pg = dist.ProcessGroupGloo(store, rank, size, COLLECTIVE_TIMEOUT)
+        self.pg = process_group(store, rank, size, backend)
         self.num_all_reduce = 0     # counted, for lesson 15
         self.all_reduce_bytes = 0   # bytes of the tensors summed (each rank's own copy)
         self.num_all_gather = 0
@@ -57,11 +59,73 @@ class TensorParallelGroup:
         return torch.cat(parts, dim=-1)
 
     def all_reduce_min(self, n: int) -> int:
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MIN
-        t = torch.tensor([n], device=self.device)
-        self.pg.allreduce([t], opts).wait()
-        return int(t.item())
+        return all_reduce_min(self.pg, n, self.device)
+
+
+class PipelineParallelGroup:
+    """This process's place in the pipeline: its stage, and point-to-point sends of the hidden
+    states between a stage and the next (the same tensor rank in each)."""
+
+    def __init__(self, rank: int, tp_size: int, pp_size: int, store, backend: str):
+        self.rank = rank                    # in the world of tp x pp ranks
+        self.tp_size = tp_size
+        self.size = pp_size                 # stages
+        self.stage = rank // tp_size        # vLLM: get_pp_group().rank_in_group
+        self.is_first = self.stage == 0
+        self.is_last = self.stage == pp_size - 1
+        self.device = "cuda" if backend == "nccl" else "cpu"
+        self.pg = process_group(store, rank, tp_size * pp_size, backend)
+        self.num_sends = self.send_bytes = 0     # counted, for lesson 19 and bench parallel
+        self.num_recvs = self.recv_bytes = 0     # (the driver, the last stage, only receives)
+        self.recv_wait_seconds = 0.0             # idle: waiting for the previous stage
+
+    def send(self, x: torch.Tensor) -> None:
+        """To the same tensor rank of the next stage."""
+        self.num_sends += 1
+        self.send_bytes += x.numel() * x.element_size()
+        self.pg.send([x.contiguous()], self.rank + self.tp_size, 0).wait()
+
+    def recv(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """From the same tensor rank of the previous stage (the receiver knows the shape: every
+        rank prepared the same step)."""
+        x = torch.empty(shape, dtype=dtype, device=self.device)
+        t0 = time.perf_counter()
+        self.pg.recv([x], self.rank - self.tp_size, 0).wait()
+        self.recv_wait_seconds += time.perf_counter() - t0
+        self.num_recvs += 1
+        self.recv_bytes += x.numel() * x.element_size()
+        return x
+
+    def all_reduce_min(self, n: int) -> int:
+        return all_reduce_min(self.pg, n, self.device)
+
+
+def process_group(store, rank: int, size: int, backend: str):
+    """A process group of its own, not torch.distributed's default one (one per process, set by
+    init_process_group): a process may hold several engines, as tests and lessons do."""
+    if backend == "nccl":
+        return dist.ProcessGroupNCCL(store, rank, size)
+    return dist.ProcessGroupGloo(store, rank, size, COLLECTIVE_TIMEOUT)
+
+
+def all_reduce_min(pg, n: int, device: str) -> int:
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MIN
+    t = torch.tensor([n], device=device)
+    pg.allreduce([t], opts).wait()
+    return int(t.item())
+
+
+def init_groups(rank: int, tp: int, pp: int, store, backend: str):
+    """This rank's groups, (tensor, pipeline): a TensorParallelGroup over its stage's tp ranks
+    (None when tp = 1) and the PipelineParallelGroup (None when pp = 1). Every rank makes
+    them in the same order: each is a rendezvous on the store."""
+    stage = rank // tp
+    tp_group = (TensorParallelGroup(rank % tp, tp, dist.PrefixStore(f"tp{stage}/", store),
+                                    backend) if tp > 1 else None)
+    pp_group = (PipelineParallelGroup(rank, tp, pp, dist.PrefixStore("pp/", store), backend)
+                if pp > 1 else None)
+    return tp_group, pp_group
 
 
 def check_tensor_parallel(config: HfConfig, tp: int) -> None:

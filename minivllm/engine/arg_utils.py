@@ -54,6 +54,8 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"          # CacheConfig.cache_dtype
     kv_layout: str = "paged"
     tensor_parallel_size: int = 1         # ParallelConfig
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
     distributed_executor_backend: str | None = None
     enable_lora: bool = False             # LoRAConfig, or None without enable_lora
     max_loras: int = 1
@@ -106,6 +108,8 @@ class EngineArgs:
                 preemption_mode=self.preemption_mode, scheduling=self.scheduling),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,
+                pipeline_parallel_size=self.pipeline_parallel_size,
+                data_parallel_size=self.data_parallel_size,
                 distributed_executor_backend=self.distributed_executor_backend),
             lora_config=lora_config,
             speculative_config=_parse("speculative_config", self.speculative_config,
@@ -144,9 +148,14 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--num-gpu-blocks-override", type=int, default=None,
                    help="KV pool size in blocks, instead of the memory rule")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="split the model across this many processes (GPUs)")
+                   help="split each layer across this many processes (GPUs)")
+    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                   help="split the layers into this many stages, each -tp processes")
+    g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="this many replicas of the engine (each -tp x -pp processes) behind "
+                        "one front end, requests balanced between them")
     g.add_argument("--distributed-executor-backend", choices=("uni", "mp"), default=None,
-                   help="uni: one process; mp: a process per rank (default with -tp > 1)")
+                   help="uni: one process; mp: a process per rank (default with -tp or -pp > 1)")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
     return parser
 
@@ -161,5 +170,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
                 gpu_memory_utilization=args.gpu_memory_utilization,
                 num_kv_blocks=args.num_gpu_blocks_override,
-                tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
+                tensor_parallel_size=args.tensor_parallel_size,
+                pipeline_parallel_size=args.pipeline_parallel_size,
+                data_parallel_size=args.data_parallel_size,
+                enforce_eager=args.enforce_eager,
                 distributed_executor_backend=args.distributed_executor_backend)

@@ -109,6 +109,12 @@ class AsyncLLMEngine:
         s = self.engine.stats() if self._live_stats else self._stats
         return replace(s, num_waiting=s.num_waiting + self.num_grammars_pending)
 
+    def replica_stats(self) -> list[EngineStats]:
+        """Data parallelism: each replica's last snapshot (read without stopping the loop);
+        one engine: [stats()]."""
+        client = self.engine.engine_core
+        return client.replica_stats() if hasattr(client, "replica_stats") else [self.stats()]
+
     def _snapshot(self) -> None:
         self._stats = self.engine.stats()
 

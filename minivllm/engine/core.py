@@ -34,7 +34,15 @@ the core (core/beam_group.py) and the finished ones come out together at the end
 
 The core's unit is vLLM V1's Request (core/request.py), made from each EngineCoreRequest.
 
-Left out, compared with vLLM: batch queues for pipeline parallelism.
+Pipeline parallelism: the executor's stages can work on up to `max_concurrent_batches`
+batches at once, so `step` becomes `step_with_batch_queue` (vLLM V1's): schedule and start a
+batch while there is room in the queue, else wait for the oldest and apply it. A request in a
+batch in flight is not scheduled again until that batch is back (Scheduler.in_flight), so the
+batches in flight are different requests: micro-batches.
+
+Left out, compared with vLLM: splitting the running requests into pp micro-batches when they
+would all fit in one (V0's virtual engines did; here, as in V1, micro-batches form when the
+token budget or arrivals split the work, and a decode-only batch of everything waits alone).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -136,6 +145,10 @@ class EngineCore:
                                    kv_connector, vllm_config.lora_config)
         self.num_steps = 0
         self.last_scheduler_output: SchedulerOutput | None = None
+        depth = getattr(self.model_executor, "max_concurrent_batches", 1)
+        # (pending output, SchedulerOutput, start time) of each batch in flight (pp > 1)
+        self.batch_queue = deque(maxlen=depth) if depth > 1 else None
+        self.pending_free: list[int] = []    # finished samples still in a batch in flight
 
     @property
     def requests(self) -> dict[str, Request]:
@@ -146,9 +159,9 @@ class EngineCore:
     def add_request(self, request: EngineCoreRequest) -> None:
         core_request = Request.from_engine_core_request(request, next(self.seq_ids))
         if request.beam_search is not None:        # V0's beam search (core/beam_group.py)
-            if self.vllm_config.speculative_config is not None:
+            if self.vllm_config.speculative_config is not None or self.batch_queue is not None:
                 raise ValueError("beam search in the core does not run with speculative "
-                                 "decoding")
+                                 "decoding or pipeline parallelism")
             BeamGroup(core_request, request.beam_search, self.eos_token_ids)
         self.scheduler.add(core_request)
 
@@ -181,7 +194,7 @@ class EngineCore:
         """Finish requests (only sample `index`, if given) with `status`: the front end's stop
         strings and aborts. Called right after a step, they count in that step's record."""
         outputs = self.scheduler.finish_requests(list(request_ids), status, index)
-        self.model_executor.free([r.seq_id for r in self.scheduler.take_finished()])
+        self._free(self.scheduler.take_finished())
         if self._traces and self.last_record is not None:
             done = [o.request_id for o in outputs if o.request_id not in self.requests]
             self.last_record.finished += [r for r in dict.fromkeys(done)
@@ -196,30 +209,68 @@ class EngineCore:
     # ---------------------------------------------------------------- one iteration
     # --8<-- [start:step]
     def step(self) -> EngineCoreOutputs:
-        t0 = self.clock()
         self.last_record = None
+        if self.batch_queue is not None:
+            return self.step_with_batch_queue()
+        t0 = self.clock()
         # 1. Schedule: which requests run, how many tokens each, which blocks move.
-        scheduler_output = self.scheduler.schedule()
-        self.last_scheduler_output = scheduler_output
-        for callback in self.schedule_callbacks:    # a long prefill shows as running meanwhile
-            callback()
+        scheduler_output = self._schedule()
         # 2. Execute: block copies, one forward pass, the sampled tokens (and drafts).
         runner_output = self.model_executor.execute_model(scheduler_output)
         if not scheduler_output.scheduled_requests:
-            if self.scheduler.has_unfinished():      # admission checks make this unreachable
-                raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
-            return EngineCoreOutputs(timestamp=self.clock())
+            return self._nothing_to_run()
+        # 3. and 4.: update the requests from the output, fit the drafts.
+        return self._update(scheduler_output, runner_output, t0)
+
+    def _update(self, scheduler_output: SchedulerOutput, runner_output, t0: float
+                ) -> EngineCoreOutputs:
         # 3. Update: append, fork (V0), accept drafts, stop on tokens and length, free blocks.
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         # 4. The drafts the runner proposed, for the next schedule to fit (vLLM V1's order).
         self.scheduler.update_draft_token_ids(runner_output.draft_token_ids)
-        finished = self.scheduler.take_finished()            # the workers forget them
-        self.model_executor.free([r.seq_id for r in finished])
+        self._free(self.scheduler.take_finished())           # the workers forget them
         self.num_steps += 1
         if self._traces:
             self._record(scheduler_output, outputs, runner_output.errors, t0)
         return EngineCoreOutputs(outputs, timestamp=self.clock())
     # --8<-- [end:step]
+
+    def step_with_batch_queue(self) -> EngineCoreOutputs:
+        """Pipeline parallelism (vLLM V1's twin of the same name): while fewer batches than
+        the executor's stages are in flight and the scheduler finds work, start a batch and
+        return no outputs; else wait for the oldest batch and apply it."""
+        queue = self.batch_queue
+        if len(queue) < queue.maxlen:
+            t0 = self.clock()
+            scheduler_output = self._schedule()
+            if scheduler_output.scheduled_requests or scheduler_output.blocks_to_swap_out:
+                pending = self.model_executor.execute_model(scheduler_output, non_block=True)
+                queue.append((pending, scheduler_output, t0))
+                return EngineCoreOutputs(timestamp=self.clock())
+        if not queue:
+            return self._nothing_to_run()
+        pending, scheduler_output, t0 = queue.popleft()
+        return self._update(scheduler_output, pending.result(), t0)
+
+    def _schedule(self) -> SchedulerOutput:
+        scheduler_output = self.scheduler.schedule()
+        self.last_scheduler_output = scheduler_output
+        for callback in self.schedule_callbacks:    # a long prefill shows as running meanwhile
+            callback()
+        return scheduler_output
+
+    def _nothing_to_run(self) -> EngineCoreOutputs:
+        if self.scheduler.has_unfinished():          # admission checks make this unreachable
+            raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
+        return EngineCoreOutputs(timestamp=self.clock())
+
+    def _free(self, finished: list[Request]) -> None:
+        """The workers forget finished samples: now, or, for one still in a batch in flight
+        (an abort under pipeline parallelism), once that batch is back."""
+        in_flight = self.scheduler.in_flight
+        seq_ids = self.pending_free + [r.seq_id for r in finished]
+        self.pending_free = [s for s in seq_ids if s in in_flight]
+        self.model_executor.free([s for s in seq_ids if s not in in_flight])
 
     # ---------------------------------------------------------------- what it reports
     def stats(self) -> EngineStats:

@@ -12,8 +12,11 @@ besides (stats, reconfigure, LoRA adapters, prompt logits for scoring, traces) i
 InprocClient; SyncMPClient sends its name and arguments as a utility call (vLLM's
 `call_utility`), which the core's process answers by calling that very InprocClient method.
 
+Data parallelism puts several cores behind one front end: DPLBClient
+(engine/multiproc/dp_client.py), the same methods over several SyncMPClients.
+
 Left out, compared with vLLM: AsyncMPClient (AsyncLLMEngine drives the sync client from its
-engine thread) and the data-parallel clients that balance several cores.
+engine thread).
 """
 
 from __future__ import annotations

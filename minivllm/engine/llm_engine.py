@@ -60,6 +60,7 @@ from minivllm.engine.arg_utils import LOAD_TIME_ARGS, EngineArgs
 from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.engine.core_client import InprocClient
 from minivllm.engine.multiproc.client import SyncMPClient
+from minivllm.engine.multiproc.dp_client import DPLBClient
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.engine.processor import encode_prompt, validate_request
@@ -94,11 +95,16 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(Path(config.model_config.model))
         self.multiprocess_mode = (multiprocessing_enabled() if multiprocess_mode is None
                                   else bool(multiprocess_mode))
+        dp = config.parallel_config.data_parallel_size
+        if dp > 1 and multiprocess_mode is False:
+            raise ValueError("data_parallel_size > 1 runs each replica's engine core in a "
+                             "process of its own: not with multiprocess_mode=False")
+        self.multiprocess_mode = self.multiprocess_mode or dp > 1
         if self.multiprocess_mode:
             if config.kv_transfer_config is not None:
                 raise ValueError("kv_transfer_config needs the engine core in this process: "
                                  "use multiprocess_mode=False")
-            self.engine_core = SyncMPClient(config)
+            self.engine_core = DPLBClient(config) if dp > 1 else SyncMPClient(config)
             self.structured_output = StructuredOutputManager(   # the front end's, to check
                 self.tokenizer, config.model_config.hf_config.vocab_size,   # and compile; the
                 self.engine_core.info.eos_token_ids)            # core loads what it compiled
@@ -202,6 +208,10 @@ class LLMEngine:
         EngineArgs.check_names(changes, fixed=LOAD_TIME_ARGS)
         args = dataclasses.replace(self.engine_args, **changes)
         config = args.create_engine_config(self.model_config.hf_config)
+        dp = self.vllm_config.parallel_config.data_parallel_size
+        if config.parallel_config.data_parallel_size != dp:
+            raise ValueError(f"data_parallel_size is fixed when the engine starts (here {dp}): "
+                             "start a new LLM for another size")
         self.engine_core.reconfigure(config)    # the old settings back if the new fail
         self.engine_args = args
         return self

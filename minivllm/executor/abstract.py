@@ -7,8 +7,11 @@ every worker. Each is one `collective_rpc`: the same Worker method on every rank
 answer returned. `executor_class` (minivllm/executor/__init__.py) picks the executor from
 `distributed_executor_backend` (vLLM: Executor.get_class).
 
-Left out, compared with vLLM: the Ray executor, pipeline parallelism's batch queue, and
-asynchronous (non-blocking) execute_model.
+Pipeline parallelism: `max_concurrent_batches` (pp; 1 otherwise) says how many steps the
+core may keep in flight, and `execute_model(so, non_block=True)` starts one and returns what
+its `.result()` finishes (MultiprocExecutor).
+
+Left out, compared with vLLM: the Ray executor, and non-blocking steps on one process.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from minivllm.config import VllmConfig
 
 
 class Executor:
-    driver_worker = None                     # rank 0's Worker, in the core's process
+    driver_worker = None                     # the sampling rank's Worker, in the core's process
+    max_concurrent_batches = 1               # steps in flight at once (pp under pipelining)
 
     def collective_rpc(self, method: str, *args):
         """Run Worker.method(*args) on every worker; the driver's result."""
@@ -32,7 +36,13 @@ class Executor:
         return self.driver_worker.model_runner.num_cpu_blocks
 
     def initialize_cache(self, vllm_config: VllmConfig) -> None:
-        """Set vllm_config on every worker's loaded weights: format, state, pool, compilation."""
+        """Set vllm_config on every worker's loaded weights: format, state, pool, compilation.
+        The split is fixed at start (checked here, before any worker sees the config)."""
+        runner = self.driver_worker.model_runner
+        for kind, size in (("tensor", runner.tp_size), ("pipeline", runner.pp_size)):
+            if getattr(vllm_config.parallel_config, f"{kind}_parallel_size") != size:
+                raise ValueError(f"{kind}_parallel_size is fixed when the engine starts (here "
+                                 f"{size}): start a new LLM for another size")
         self.collective_rpc("initialize_cache", vllm_config)
         self.collective_rpc("compile_or_warm_up_model")
 

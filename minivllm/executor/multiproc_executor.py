@@ -1,20 +1,26 @@
-"""MultiprocExecutor: tensor parallelism, a Worker per rank (vLLM twin:
+"""MultiprocExecutor: tensor and pipeline parallelism, a Worker per rank (vLLM twin:
 vllm/v1/executor/multiproc_executor.py).
 
-`LLM(tensor_parallel_size=N)` gets this executor. It spawns ranks 1..N-1
-(torch.multiprocessing), each a Worker over its shard of the weights, and keeps rank 0's Worker
-in the engine core's process as the driver. Every rank runs the same code on the same
-messages: `collective_rpc(method, *args)` puts the call on every worker's queue (a step's
-SchedulerOutput is a few KB of ints: token ids, block tables, counts), then runs it on the
-driver, and all ranks meet in the forward's collectives (parallel_state.py). The scheduler
-lives in the core only; every rank keeps its own state of each sample from the messages, and
-only the driver samples. A worker that dies breaks the next collective (or is seen dead before
-the step) and the driver raises, saying which; a worker that hangs makes the collective time
-out.
+`LLM(tensor_parallel_size=tp, pipeline_parallel_size=pp)` gets this executor, with tp x pp
+ranks numbered as vLLM does (parallel_state.py). One of them, the driver, runs in the engine
+core's process: vLLM's output rank, tensor rank 0 of the last stage (rank 0 when pp = 1), the
+one that samples. It spawns the others (torch.multiprocessing), each a Worker over its shard of
+its stage's weights. Every rank runs the same code on the same messages: `collective_rpc(method,
+*args)` puts the call on every worker's queue (a step's SchedulerOutput is a few KB of ints:
+token ids, block tables, counts), then runs it on the driver, and the ranks meet in the
+forward's collectives and the stages' sends. The scheduler lives in the core only; every rank
+keeps its own state of each sample from the messages. A worker that dies breaks the next
+collective (or is seen dead before the step) and the driver raises, saying which; a worker
+that hangs makes the collective time out.
 
-Left out, compared with vLLM: rank 0 in a process of its own too (vLLM's driver is a worker
-process like the others; here it shares the core's process, which saves a copy of the step's
-output), pipeline, data and expert parallelism, and the shared-memory message queue (here a
+Pipelined steps: `execute_model(so, non_block=True)` puts the step on the workers' queues and
+returns at once, so the first stage starts on it while the driver, the last stage, is still
+finishing an earlier step; the step's output comes from `.result()`, which runs the driver's
+part. The core keeps up to `max_concurrent_batches` (pp) such steps in flight.
+
+Left out, compared with vLLM: the driver in a process of its own too (vLLM's output rank is a
+worker process like the others; here it shares the core's process, which saves a copy of the
+step's output), data and expert parallelism, and the shared-memory message queue (here a
 multiprocessing queue per worker).
 """
 
@@ -34,15 +40,17 @@ import torch.distributed as dist
 
 from minivllm.config import VllmConfig
 from minivllm.distributed.layers import weight_bytes
-from minivllm.distributed.parallel_state import TensorParallelGroup, check_tensor_parallel
+from minivllm.distributed.parallel_state import check_tensor_parallel, init_groups
+from minivllm.distributed.pipeline import check_pipeline_parallel
 from minivllm.executor.abstract import Executor
 from minivllm.worker.worker import Worker
 
 START_TIMEOUT = 600.0      # seconds for workers to start and load their shard
 
 
-def _worker_main(rank, size, port, backend, vllm_config, num_threads, commands, results):
-    """Rank 1..N-1: load this rank's shard, then run what the driver sends until told to stop."""
+def _worker_main(rank, tp, pp, port, backend, vllm_config, num_threads, commands, results):
+    """A rank but the driver: load this rank's shard, then run what the driver sends until told
+    to stop."""
     try:
         parent = os.getppid()
         torch.set_num_threads(num_threads)
@@ -50,12 +58,12 @@ def _worker_main(rank, size, port, backend, vllm_config, num_threads, commands, 
         device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        store = dist.TCPStore("127.0.0.1", port, size, False,
+        store = dist.TCPStore("127.0.0.1", port, tp * pp, False,
                               timeout=datetime.timedelta(seconds=START_TIMEOUT))
         results.put(("started", rank, None))
-        group = TensorParallelGroup(rank, size, store, backend)
+        tp_group, pp_group = init_groups(rank, tp, pp, store, backend)
         with torch.inference_mode():
-            worker = Worker(vllm_config, device=device, tp=group)
+            worker = Worker(vllm_config, device=device, tp=tp_group, pp=pp_group)
             worker.load_model()
             results.put(("ready", rank, weight_bytes(worker.model_runner.model)))
             while True:
@@ -83,16 +91,31 @@ def _stop_workers(procs, commands) -> None:
             p.kill()
 
 
+class PendingStep:
+    """A step the workers have started; result() finishes it on the driver, once."""
+
+    def __init__(self, finish):
+        self._finish = finish
+
+    def result(self):
+        return self._finish()
+
+
 class MultiprocExecutor(Executor):
-    """Ranks 1..N-1 in processes of their own; rank 0's Worker here, as the driver."""
+    """Every rank but the driver in a process of its own; the driver's Worker here."""
 
     def __init__(self, vllm_config: VllmConfig, sampler=None):
-        n = vllm_config.parallel_config.tensor_parallel_size
+        parallel = vllm_config.parallel_config
+        tp, pp, n = (parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
+                     parallel.world_size)
+        self.driver_rank = n - tp                # vLLM's output rank
+        self.max_concurrent_batches = pp         # steps in flight: one per stage
         device = vllm_config.model_config.device
-        check_tensor_parallel(vllm_config.model_config.hf_config, n)
+        check_tensor_parallel(vllm_config.model_config.hf_config, tp)
+        check_pipeline_parallel(vllm_config.model_config.hf_config, pp)
         if device.type == "cuda" and torch.cuda.device_count() < n:
-            raise ValueError(f"tensor_parallel_size={n} needs {n} GPUs; torch sees "
-                             f"{torch.cuda.device_count()}")
+            raise ValueError(f"tensor_parallel_size x pipeline_parallel_size = {n} needs {n} "
+                             f"GPUs; torch sees {torch.cuda.device_count()}")
         self.backend = "nccl" if device.type == "cuda" else "gloo"
         self.store = dist.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=START_TIMEOUT))
@@ -109,25 +132,30 @@ class MultiprocExecutor(Executor):
         self.workers = []
         self.failure = None            # why the workers are gone, once they are
         self.rank_weight_bytes: list[dict[str, int]] = []    # each rank's, for lesson 15
-        for rank in range(1, n):
+        for rank in range(n):
+            if rank == self.driver_rank:
+                continue
             self.commands.append(ctx.Queue())
             self.workers.append(ctx.Process(
-                target=_worker_main, name=f"minivllm-tp-rank{rank}", daemon=True,
-                args=(rank, n, self.store.port, self.backend, vllm_config, threads,
+                target=_worker_main, name=f"minivllm-rank{rank}", daemon=True,
+                args=(rank, tp, pp, self.store.port, self.backend, vllm_config, threads,
                       self.commands[-1], self.results)))
             self.workers[-1].start()
         # Dropping the executor (with its engine) stops the workers.
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self.commands)
         try:
             self._wait_for("started")
-            group = TensorParallelGroup(0, n, self.store, self.backend)
-            self.driver_worker = Worker(vllm_config, tp=group, sampler=sampler)
+            tp_group, pp_group = init_groups(self.driver_rank, tp, pp, self.store, self.backend)
+            self.driver_worker = Worker(
+                vllm_config, tp=tp_group, sampler=sampler, pp=pp_group,
+                device=torch.device("cuda", self.driver_rank) if device.type == "cuda" else None)
             self.driver_worker.load_model()
-            self.rank_weight_bytes = ([weight_bytes(self.driver_worker.model_runner.model)]
-                                      + self._wait_for("ready"))
+            self.rank_weight_bytes = self._wait_for("ready")
+            self.rank_weight_bytes.insert(self.driver_rank,
+                                          weight_bytes(self.driver_worker.model_runner.model))
             self.initialize_cache(vllm_config)
         except RuntimeError as e:          # say which worker failed, and why, if one did
-            self._explain(e, "tensor-parallel start failed")
+            self._explain(e, "parallel start failed")
         except BaseException:
             self.shutdown()
             raise
@@ -137,12 +165,17 @@ class MultiprocExecutor(Executor):
         """The driver's TensorParallelGroup (its collective counters, for lesson 15)."""
         return self.driver_worker.tp
 
+    @property
+    def pp(self):
+        """The driver's PipelineParallelGroup, or None."""
+        return self.driver_worker.pp
+
     def _wait_for(self, kind: str) -> list:
         got = {}
         deadline = time.monotonic() + START_TIMEOUT
         while len(got) < len(self.workers):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"tensor-parallel workers not {kind} after "
+                raise RuntimeError(f"parallel workers not {kind} after "
                                    f"{START_TIMEOUT:.0f} s")
             try:
                 what, rank, payload = self.results.get(timeout=0.5)
@@ -150,7 +183,7 @@ class MultiprocExecutor(Executor):
                 self.check_workers()
                 continue
             if what == "error":
-                raise RuntimeError(f"tensor-parallel rank {rank} failed:\n{payload}")
+                raise RuntimeError(f"parallel rank {rank} failed:\n{payload}")
             got[rank] = payload
         return [got[r] for r in sorted(got)]
 
@@ -163,7 +196,7 @@ class MultiprocExecutor(Executor):
                 while True:
                     what, rank, payload = self.results.get_nowait()
                     reason += f"\nrank {rank}: {payload}" if what == "error" else ""
-            self.failure = ("tensor-parallel worker(s) died: " + ", ".join(
+            self.failure = ("parallel worker(s) died: " + ", ".join(
                 f"{p.name} (pid {p.pid}, exit code {p.exitcode})" for p in dead)
                 + f"; start a new LLM{reason}")
         if self.failure is not None:
@@ -173,17 +206,29 @@ class MultiprocExecutor(Executor):
         """Worker.method(*args) on every rank: put on the workers' queues (a step's
         SchedulerOutput as its messages alone), then run on the driver; its result. If a
         collective fails inside (a peer died or timed out), say which worker, and stop."""
+        self._send(method, args)
+        return self._on_driver(method, args)
+
+    def execute_model(self, scheduler_output, non_block: bool = False):
+        """One step; non_block: the workers start it now, and the returned PendingStep's
+        result() runs the driver's part (pipeline parallelism's steps in flight)."""
+        if not non_block:
+            return self.collective_rpc("execute_model", scheduler_output)
+        self._send("execute_model", (scheduler_output,))
+        return PendingStep(lambda: self._on_driver("execute_model", (scheduler_output,)))
+
+    def _send(self, method: str, args: tuple) -> None:
         self.check_workers()                   # raises once a worker died or we shut down
-        sent = args
-        if method == "execute_model":
-            sent = (args[0].for_workers(),)
+        sent = (args[0].for_workers(),) if method == "execute_model" else args
         for q in self.commands:
             q.put((method, sent))
+
+    def _on_driver(self, method: str, args: tuple):
         try:
             return getattr(self.driver_worker, method)(*args)
         except RuntimeError as e:
             what = "step" if method == "execute_model" else method
-            self._explain(e, f"tensor-parallel {what} failed")
+            self._explain(e, f"parallel {what} failed")
 
     def _explain(self, e: RuntimeError, what: str):
         for p in self.workers:
@@ -196,5 +241,5 @@ class MultiprocExecutor(Executor):
 
     def shutdown(self) -> None:
         """Stop the workers (also done when the executor is garbage-collected, or at exit)."""
-        self.failure = self.failure or "this tensor-parallel engine was shut down"
+        self.failure = self.failure or "this parallel engine was shut down"
         self._finalizer()

@@ -184,6 +184,11 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class PPMissingLayer(nn.Identity):
+    """A module another pipeline stage holds: no weights here, none loaded (vLLM twin:
+    PPMissingLayer in vllm/model_executor/models/utils.py; distributed/pipeline.py places it)."""
+
+
 class LlamaModel(nn.Module):
     def __init__(self, config: HfConfig):
         super().__init__()
@@ -192,13 +197,17 @@ class LlamaModel(nn.Module):
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
+        # The layers this process runs: all, unless a pipeline stage holds only some
+        # (minivllm/distributed/pipeline.py, which also drops the embedding and the norm).
+        self.start_layer, self.end_layer = 0, config.num_hidden_layers
 
-    def forward(self, input_ids, positions, md):
-        x = self.embed_tokens(input_ids)                                # (T, hidden)
+    def forward(self, input_ids, positions, md, hidden=None):
+        """hidden: the previous pipeline stage's output, instead of embedding input_ids."""
+        x = self.embed_tokens(input_ids) if hidden is None else hidden  # (T, hidden)
         cos_sin = self.rotary_emb(positions)
-        for layer in self.layers:
+        for layer in self.layers[self.start_layer:self.end_layer]:
             x = layer(x, md, cos_sin)
-        return self.norm(x)
+        return self.norm(x)              # a stage before the last: PPMissingLayer, x as it is
 
 
 # --8<-- [start:causal_lm]
@@ -217,10 +226,10 @@ class LlamaForCausalLM(nn.Module):
             self.attention_by_name[attn.layer_name] = attn
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                md: AttentionMetadata) -> torch.Tensor:
+                md: AttentionMetadata, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions: (T,) flat over the batch -> hidden states (T, hidden)."""
         with set_forward_context(md, self.attention_by_name):   # for a compiled self.model
-            return self.model(input_ids, positions, md)
+            return self.model(input_ids, positions, md, hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # Only the rows that will be sampled reach here: a 500-token prefill needs 1 row of
@@ -229,7 +238,9 @@ class LlamaForCausalLM(nn.Module):
 # --8<-- [end:causal_lm]
 
     def attention_layers(self) -> list[Attention]:
-        return [layer.self_attn.attn for layer in self.model.layers]
+        """This process's (a pipeline stage's layers only)."""
+        body = self.model
+        return [layer.self_attn.attn for layer in body.layers[body.start_layer:body.end_layer]]
 
 
 # The seven projections of a decoder layer (Hugging Face's names), and the submodule holding each.

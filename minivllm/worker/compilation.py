@@ -37,10 +37,11 @@ from minivllm.config import CUDA_GRAPHS, incompatibility
 
 
 def use_cuda_graphs(vllm_config, device: torch.device, tp, attention_backend: str) -> bool:
-    """Whether decode steps replay CUDA graphs (CUDA, Triton attention, tp=1, not
+    """Whether decode steps replay CUDA graphs (CUDA, Triton attention, tp=1 and pp=1, not
     enforce_eager); with LoRA on, the INCOMPATIBLE row's error instead: the graphs would
     replay the base path only (LoRA's slots are Python state a replay never reads)."""
-    if device.type != "cuda" or vllm_config.model_config.enforce_eager or tp is not None \
+    split = tp is not None or vllm_config.parallel_config.pipeline_parallel_size > 1
+    if device.type != "cuda" or vllm_config.model_config.enforce_eager or split \
             or attention_backend != "triton":
         return False
     if vllm_config.lora_config is not None:

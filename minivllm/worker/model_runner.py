@@ -15,13 +15,10 @@
     3. forward        the model once, and logits only for the last token of each sample that
                       samples this step (a prefill chunk short of its prompt's end samples
                       nothing); k + 1 rows for a sample verifying k draft tokens
-    4. sample         the Sampler draws each row (and, for a V0-style request with n > 1
-                      samples whose prompt is now computed, the other samples' first tokens from the same
-                      row); the rejection sampler keeps the accepted drafts
-    5. draft          speculative decoding: the drafter (`self.drafter`,
-                      minivllm/spec_decode/decoder.py) proposes the next step's drafts of
-                      each sample that sampled (or was forked), from the runner's state and
-                      the tokens just sampled
+    4. sample         the Sampler draws each row (and a V0 n > 1 request's other samples'
+                      first tokens); the rejection sampler keeps the accepted drafts
+    5. draft          speculative decoding: the drafter (minivllm/spec_decode/) proposes the
+                      next step's drafts from the runner's state and the tokens just sampled
 
 and returns a ModelRunnerOutput (minivllm/outputs.py) that Scheduler.update_from_output applies;
 its drafts go to Scheduler.update_draft_token_ids.
@@ -31,13 +28,12 @@ one method a thing: the weights' format (`set_weight_format`), the per-configura
 (`configure`), the pool (`initialize_kv_cache`, once the worker has sized it) and compilation
 (`compile_or_warm_up_model`), so LLMEngine.reconfigure rebuilds them over the same weights.
 
-With tensor parallelism every rank holds a ModelRunner over its shard of the weights
-(minivllm/distributed/layers.py) and its share of the KV heads, and every rank runs the same
-execute_model on the same messages (minivllm/executor/); the forward's collectives keep them
-in step, and only rank 0 samples (and drafts).
+Split across processes (minivllm/distributed/), every rank holds a ModelRunner over its shard
+of the weights (tensor parallelism) of its stage's layers (pipeline parallelism), and runs the
+same execute_model on the same messages (minivllm/executor/); collectives and the stages'
+sends keep them in step, and only the driver (tensor rank 0 of the last stage) samples.
 
-Decode steps on CUDA replay CUDA graphs, and torch.compile is an option
-(minivllm/worker/compilation.py).
+Decode steps on CUDA replay CUDA graphs; torch.compile is an option (worker/compilation.py).
 
 Left out, compared with vLLM: persistent input buffers, async scheduling, multi-modal inputs.
 """
@@ -55,8 +51,10 @@ from minivllm.config import ModelConfig, VllmConfig
 from minivllm.core.kv_cache import allocate_kv_cache, kv_bytes_per_token
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.layers import parallelize
+from minivllm.distributed.pipeline import split_for_stage
 from minivllm.lora.models import LoRAManager
 from minivllm.models import LlamaForCausalLM
+from minivllm.models.llama import PPMissingLayer
 from minivllm.models.loader import load_weights
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.quantization.weight_only import quantize_model, unquantize_model
@@ -70,20 +68,21 @@ logger = logging.getLogger("minivllm")
 
 class ModelRunner:
     def __init__(self, vllm_config: VllmConfig, device: torch.device, tp=None,
-                 sampler: Sampler | None = None):
-        """Build the model and load its weights (this rank's shard under tensor parallelism);
-        the Worker then configures it and gives it a pool. sampler: the engine's (it knows the
-        EOS tokens and the structured-output manager); a runner that never samples (a
-        tensor-parallel rank but the first, the draft model) needs none."""
+                 sampler: Sampler | None = None, pp=None):
+        """Build the model and load its weights (this rank's shard of its stage's layers when
+        split); the Worker then configures it and gives it a pool. sampler: the engine's (it
+        knows the EOS tokens and the structured-output manager); a runner that never samples
+        (a rank but the driver, the draft model) needs none."""
         model_config = vllm_config.model_config
         self.hf_config = model_config.hf_config      # the checkpoint's shape
         self.device = device                         # this rank's
         self.dtype = dtype = model_config.dtype
-        # Tensor parallelism: tp is this rank's TensorParallelGroup (None: one process). The
-        # KV pool holds this rank's KV heads only, so it is sized from kv_config.
-        self.tp = tp
-        self.tp_size = tp.size if tp else 1
-        self.is_driver = tp is None or tp.rank == 0    # the rank whose samples count
+        # Split: tp, pp its TensorParallelGroup, PipelineParallelGroup (None: not split). The
+        # KV pool holds its KV heads of its stage's layers only: sized from kv_config.
+        self.tp, self.pp = tp, pp
+        self.tp_size, self.pp_size = (tp.size if tp else 1), (pp.size if pp else 1)
+        # The rank whose samples count: tensor rank 0 of the last stage (vLLM's output rank).
+        self.is_driver = (tp is None or tp.rank == 0) and (pp is None or pp.is_last)
         self.kv_config = self.hf_config
         # Before the model is built: building it may import Triton (through torch), and on a CPU
         # Triton must see TRITON_INTERPRET=1 before that (see minivllm/platforms.py).
@@ -92,8 +91,11 @@ class ModelRunner:
             model = LlamaForCausalLM(self.hf_config)
             if tp is not None:
                 self.kv_config = parallelize(model, self.hf_config, tp)
-        model = model.to_empty(device=device).to(dtype)
-        if self.hf_config.tie_word_embeddings:  # to_empty breaks the tie: restore it
+            if pp is not None:
+                self.kv_config = split_for_stage(model, self.hf_config, pp.stage, pp.size,
+                                                 self.kv_config)
+        model = model.to_empty(device=device).to(dtype)    # this breaks a tie: restore it
+        if self.hf_config.tie_word_embeddings and not isinstance(model.lm_head, PPMissingLayer):
             model.lm_head.weight = model.model.embed_tokens.weight
         self.path = Path(model_config.model)   # read again to leave a quantized format
         load_weights(model, self.path)
@@ -253,7 +255,7 @@ class ModelRunner:
         states = [self.requests[seq_id] for seq_id in so.seq_ids]
         num_tokens = [so.num_scheduled_tokens[seq_id] for seq_id in so.seq_ids]
         sampling, logits = self.run(states, num_tokens, so.sampling)
-        if not self.is_driver:               # tensor parallelism: rank 0 samples for all
+        if not self.is_driver:               # split: the driver samples for all
             return ModelRunnerOutput()
         sampled = [states[i] for i in sampling]
         output = self.sample(sampled, logits)
@@ -298,11 +300,19 @@ class ModelRunner:
 
     def forward(self, input_ids, positions, md, rows) -> torch.Tensor | None:
         """The forward pass and the logits of `rows` (None: no logits). Under tensor
-        parallelism every rank runs this, in step, on the same inputs."""
+        parallelism every rank runs this, in step, on the same inputs; under pipeline
+        parallelism a stage after the first starts from the previous one's hidden states, and
+        one before the last sends its own on and computes no logits."""
+        hidden = None
+        if self.pp is not None and not self.pp.is_first:
+            hidden = self.pp.recv((len(input_ids), self.hf_config.hidden_size), self.dtype)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(input_ids, md):
             hidden = self.cuda_graphs.run(input_ids, positions, md)    # decode: one replay
         else:
-            hidden = self.model(input_ids, positions, md)              # (T, hidden)
+            hidden = self.model(input_ids, positions, md, hidden)      # (T, hidden)
+        if self.pp is not None and not self.pp.is_last:
+            self.pp.send(hidden)
+            return None
         return None if rows is None else self.model.compute_logits(hidden[rows])
 
     # --8<-- [start:sample]

@@ -40,27 +40,24 @@ DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30     # bytes, when nothing else sizes the p
 
 class Worker:
     def __init__(self, vllm_config: VllmConfig, device: torch.device | None = None, tp=None,
-                 sampler=None):
+                 sampler=None, pp=None):
         """device: this rank's (None: the model config's)."""
         self.vllm_config = vllm_config
         self.device = device if device is not None else vllm_config.model_config.device
         self.tp = tp                         # this rank's TensorParallelGroup, or None
+        self.pp = pp                         # ... and its PipelineParallelGroup, or None
         self.sampler = sampler
         self.model_runner: ModelRunner | None = None
         self.kv_connector = None             # the KV connector's worker side, if any
 
     def load_model(self) -> None:
         self.model_runner = ModelRunner(self.vllm_config, self.device, tp=self.tp,
-                                        sampler=self.sampler)
+                                        sampler=self.sampler, pp=self.pp)
 
     def initialize_cache(self, vllm_config: VllmConfig, num_blocks: int | None = None) -> int:
         """Set vllm_config on the loaded weights and give the runner its pool: num_blocks
         blocks, or as many as determine_num_blocks finds. Returns the blocks allocated."""
         runner = self.model_runner
-        tp = vllm_config.parallel_config.tensor_parallel_size
-        if tp != runner.tp_size:
-            raise ValueError(f"tensor_parallel_size is fixed when the engine starts (here "
-                             f"{runner.tp_size}), got {tp}: start a new LLM for another size")
         self.vllm_config = vllm_config
         runner.set_weight_format(vllm_config.model_config)
         runner.configure(vllm_config)
@@ -77,7 +74,8 @@ class Worker:
 
     def determine_num_blocks(self) -> int:
         """How many blocks this device's pool holds (the rules in the module docstring);
-        under tensor parallelism, the smallest count of any rank."""
+        split across processes, the smallest count of any rank (a pipeline stage holds its
+        layers only: more blocks in the same bytes)."""
         cache_config = self.vllm_config.cache_config
         runner = self.model_runner
         if cache_config.num_kv_blocks is not None:
@@ -94,7 +92,8 @@ class Worker:
                 raise ValueError(f"the KV budget ({budget / 2**20:.1f} MiB) holds no block of "
                                  f"{runner.block_bytes / 2**20:.2f} MiB; raise kv_cache_memory "
                                  "or lower max_model_len / block_size")
-        return self.tp.all_reduce_min(num_blocks) if self.tp is not None else num_blocks
+        group = self.pp or self.tp           # the world, or the one stage's ranks
+        return group.all_reduce_min(num_blocks) if group is not None else num_blocks
 
     @torch.inference_mode()
     def _profile_kv_budget(self) -> int:

@@ -24,8 +24,8 @@ terminates and kills it if it does not, and waits for it; a core whose front end
 by itself (core_proc.py). A core that dies is seen within POLL_MS: every waiter gets an
 EngineDeadError that says its exit code, or its traceback if it could send one.
 
-Left out, compared with vLLM: AsyncMPClient (asyncio sockets), the data-parallel clients, and
-the engine-core monitor thread (the output thread watches the process here).
+Left out, compared with vLLM: AsyncMPClient (asyncio sockets) and the engine-core monitor
+thread (the output thread watches the process here). Several cores: dp_client.py.
 """
 
 from __future__ import annotations
@@ -152,9 +152,12 @@ def _read_messages(core: CoreProcess, client_ref: weakref.ref) -> None:
 
 
 class SyncMPClient:
-    def __init__(self, vllm_config: VllmConfig, ready_timeout: float = READY_TIMEOUT_S):
+    def __init__(self, vllm_config: VllmConfig, ready_timeout: float = READY_TIMEOUT_S,
+                 outputs: queue.Queue | None = None, env: dict[str, str] | None = None):
         """Start the core's process and wait until it has built its EngineCore. It gets plain
-        arguments (the config, which names the checkpoint), never a torch model."""
+        arguments (the config, which names the checkpoint), never a torch model. outputs:
+        where its outputs go (data parallelism: one queue for every replica); env: more
+        environment for its process (a replica's GPUs)."""
         self.vllm_config = vllm_config
         self.schedule_callbacks: list[Callable[[], None]] = []
         self._call_ids = itertools.count()
@@ -166,8 +169,9 @@ class SyncMPClient:
         input_socket.setsockopt(zmq.SNDHWM, 0)   # and never block the front end
         input_socket.connect(f"ipc://{ipc_dir}/input")
         popen = subprocess.Popen([sys.executable, "-m", "minivllm.engine.multiproc.core_proc",
-                                  ipc_dir, str(os.getpid())])
-        self.process = CoreProcess(popen, ctx, input_socket, output_socket, ipc_dir)
+                                  ipc_dir, str(os.getpid())], env={**os.environ, **(env or {})})
+        self.process = CoreProcess(popen, ctx, input_socket, output_socket, ipc_dir,
+                                   outputs if outputs is not None else queue.Queue())
         self._finalizer = weakref.finalize(self, self.process.close)   # and at interpreter exit
         try:
             self.process.send("start", dict(

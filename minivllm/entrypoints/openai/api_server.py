@@ -93,6 +93,19 @@ class EngineCollector:
                 ("prefix_cache_queries", "Prompt tokens looked up.", s.prefix_cache_queried_tokens),
                 ("prefix_cache_hits", "Prompt tokens found.", s.prefix_cache_hit_tokens)]:
             yield CounterMetricFamily(f"minivllm:{name}", doc, value=value)
+        replicas = self.aengine.replica_stats()
+        if len(replicas) > 1:        # data parallelism: each replica too, labelled as in vLLM
+            for name, doc, get in [
+                    ("num_requests_running", "Sequences running, per replica.",
+                     lambda r: r.num_running),
+                    ("num_requests_waiting", "Sequences waiting, per replica.",
+                     lambda r: r.num_waiting),
+                    ("kv_cache_usage_perc", "Share of KV blocks in use, per replica.",
+                     lambda r: r.num_blocks_used / r.num_blocks_total)]:
+                family = GaugeMetricFamily(f"minivllm:{name}_by_engine", doc, labels=["engine"])
+                for i, r in enumerate(replicas):
+                    family.add_metric([str(i)], get(r))
+                yield family
 
 
 class BodyLimit:

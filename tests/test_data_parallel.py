@@ -1,0 +1,167 @@
+"""Data parallelism (engine/multiproc/dp_client.py): two replicas of the engine, each an engine
+core in its own process with its own KV pool, behind one front end. Every request's tokens are
+one engine's (greedy and seeded); a request goes to the replica with the lowest
+4 x waiting + running (vLLM V1's score) or, as the baseline, round-robin; its abort and its
+stop string reach that replica; stats are the replicas' summed.
+
+The two-replica engine starts two processes that load the weights (seconds each), so it is
+shared by the module."""
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.engine.multiproc.dp_client import sum_stats
+
+from conftest import PROMPTS, engine_config
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+SMALL = dict(max_model_len=256, num_kv_blocks=64)
+
+
+def token_ids(llm, prompts, params=GREEDY):
+    return [[o.token_ids for o in out.outputs]
+            for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def tiny_dp2(tiny_checkpoint):
+    path, _ = tiny_checkpoint("llama")
+    llm = LLM(str(path), data_parallel_size=2, **SMALL)
+    yield llm, LLM(str(path), **SMALL)
+    llm.engine.shutdown()
+
+
+def run_to_end(engine, limit: int = 500) -> dict:
+    finished = {}
+    for _ in range(limit):
+        if not engine.has_unfinished_requests():
+            return finished
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    raise AssertionError("the engine did not finish")
+
+
+def test_dp_size_is_checked_and_fixed():
+    with pytest.raises(ValueError, match="data_parallel_size must be a positive integer"):
+        engine_config(data_parallel_size=0)
+    assert engine_config(data_parallel_size=2).parallel_config.world_size == 1  # per replica
+
+
+def test_dp2_greedy_and_seeded_match_one_engine(tiny_dp2):
+    dp2, one = tiny_dp2
+    client = dp2.engine.engine_core
+    added = list(client.num_added)
+    assert token_ids(dp2, PROMPTS[:6]) == token_ids(one, PROMPTS[:6])
+    seeded = SamplingParams(n=2, temperature=0.8, seed=5, max_tokens=10)
+    assert token_ids(dp2, PROMPTS[:3], seeded) == token_ids(one, PROMPTS[:3], seeded)
+    got = [n - a for n, a in zip(client.num_added, added)]
+    assert got == [6, 6]                   # 6 + 3 x 2 samples, spread evenly at once
+    assert len(set(client.pids)) == 2 and not client.owner
+    with pytest.raises(ValueError, match="data_parallel_size is fixed"):
+        dp2.reconfigure(data_parallel_size=1)
+
+
+def test_the_score_sends_new_work_to_the_idle_replica(tiny_dp2):
+    """Long, short, long, short sent round-robin: the longs share a replica, the shorts the
+    other. Once the shorts are done that one is idle while the first still runs both longs:
+    the score (4 x waiting + running) sends the next request to the idle replica, where
+    round-robin would follow its cycle (test_round_robin_ignores_the_load)."""
+    dp2, _ = tiny_dp2
+    engine, client = dp2.engine, dp2.engine.engine_core
+    long = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    short = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    client.balance = "round_robin"
+    try:
+        for i, params in enumerate([long, short, long, short]):
+            engine.add_request(f"skew-{i}", PROMPTS[i], params)
+    finally:
+        client.balance = "score"
+    busy, idle = client.owner["skew-0"], client.owner["skew-1"]
+    assert busy != idle and client.owner["skew-2"] == busy and client.owner["skew-3"] == idle
+    done = {}
+    for _ in range(200):
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+        if {"skew-1", "skew-3"} <= set(done) and client.replicas[idle].stats().num_running == 0:
+            break
+    assert client.replicas[busy].stats().num_running == 2
+    assert client.score(idle) == 0 < client.score(busy)
+    engine.add_request("next", PROMPTS[4], short)
+    assert client.owner["next"] == idle
+    run_to_end(engine)
+    assert not client.owner and all(not u for u in client.unseen)
+
+
+def test_round_robin_ignores_the_load(tiny_dp2):
+    dp2, _ = tiny_dp2
+    engine, client = dp2.engine, dp2.engine.engine_core
+    client.balance = "round_robin"
+    try:
+        ranks = []
+        for i in range(5):
+            engine.add_request(f"rr-{i}", PROMPTS[i], GREEDY)
+            ranks.append(client.owner[f"rr-{i}"])
+        assert all(a != b for a, b in zip(ranks, ranks[1:]))    # 0, 1, 0, ... whatever runs
+        run_to_end(engine)
+    finally:
+        client.balance = "score"
+
+
+def test_abort_and_stop_strings_reach_the_right_replica(tiny_dp2):
+    dp2, one = tiny_dp2
+    engine, client = dp2.engine, dp2.engine.engine_core
+    engine.add_request("a0", PROMPTS[0], SamplingParams(temperature=0, max_tokens=30,
+                                                        ignore_eos=True))
+    engine.add_request("a1", PROMPTS[1], SamplingParams(temperature=0, max_tokens=200,
+                                                        ignore_eos=True))
+    engine.step()
+    victim = client.owner["a1"]
+    engine.abort_request("a1")
+    assert "a1" not in client.owner
+    done = run_to_end(engine)
+    assert list(done) == ["a0"]
+    # Lost, the abort would leave a1 running there for 170 more tokens.
+    assert client.replicas[victim].stats(fresh=True).num_blocks_used == 0
+    # A stop string found by the front end finishes the request on its replica.
+    text = one.generate([PROMPTS[2]], GREEDY, use_tqdm=False)[0].outputs[0].text
+    assert len(text) >= 6
+    stop = text[3:6]
+    out = dp2.generate([PROMPTS[2]], SamplingParams(temperature=0, max_tokens=12, stop=[stop]),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and stop not in out.text
+    stats = client.replica_stats(fresh=True)
+    assert sum_stats(stats).num_blocks_used == 0 == sum(s.num_running for s in stats)
+    assert sum_stats(stats).num_blocks_total == 2 * 64
+
+
+def test_served_over_http_with_metrics_per_replica(tiny_dp2):
+    """Last in the module (the server's engine thread drives the engine from here on): the
+    OpenAI server over the two replicas answers as one engine does, and /metrics has each
+    replica's gauges, labelled engine="0" and "1", beside their sums."""
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from minivllm.engine.async_llm_engine import AsyncLLMEngine
+    from minivllm.entrypoints.openai.api_server import Server, bind_socket
+    dp2, one = tiny_dp2
+    want = [o.outputs[0].text for o in one.generate(PROMPTS[:6], GREEDY, use_tqdm=False)]
+    server = Server(AsyncLLMEngine(dp2.engine), bind_socket("127.0.0.1", 0), "tiny",
+                    graceful_s=1.0).start()
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
+                               timeout=120)
+
+        def complete(prompt):
+            return client.completions.create(model="tiny", prompt=prompt, max_tokens=12,
+                                             temperature=0, extra_body={"ignore_eos": True})
+        with ThreadPoolExecutor(6) as pool:
+            got = [r.choices[0].text for r in pool.map(complete, PROMPTS[:6])]
+        assert got == want
+        with urllib.request.urlopen(f"{server.url}/metrics") as r:
+            text = r.read().decode()
+        for engine in ("0", "1"):
+            assert f'minivllm:num_requests_running_by_engine{{engine="{engine}"}}' in text
+        assert "minivllm:num_requests_running " in text        # the sum, unlabelled
+        assert all(n > 0 for n in dp2.engine.engine_core.num_added)
+    finally:
+        server.stop()
