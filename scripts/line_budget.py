@@ -38,10 +38,12 @@ ADD_ONS = ("spec_decode", "lora", "quantization", "structured_output", "distribu
            "beam_search")
 SUBPACKAGES = {("distributed", "kv_transfer"), ("engine", "disagg"),   # counted apart
                ("engine", "multiproc")}
-# An add-on's file in a core package. MultiprocExecutor runs only when the model is split
-# across processes (tensor or pipeline parallelism): distributed/'s, beside its groups.
+# An add-on's file in a core package. The executors that run only when the model is split
+# across processes (tensor or pipeline parallelism; a process or a Ray actor a rank) are
+# distributed/'s, beside its groups.
 ADD_ON_FILES = {"core/beam_group.py": "beam_search",
-                "executor/multiproc_executor.py": "distributed"}
+                "executor/multiproc_executor.py": "distributed",
+                "executor/ray_executor.py": "distributed"}
 
 # Issue 38 set 3,400 for the core; V1's layers (the engine core and its client, the executor,
 # the worker, the scheduler's messages) brought it past that, and the layers read better whole
@@ -55,11 +57,13 @@ ADD_ON_CODE = 450
 # Issue 43 added vLLM's request extensions (protocol.py) and serve's token budget measured on a
 # CPU (entrypoints/step_budget.py, a start-up choice of the server's, not the engine's); issue
 # 41 vLLM's use_beam_search (serving.py: the steps of a BeamSearch over the async engine).
-# Issue 39: /metrics labels each data-parallel replica's gauges (vLLM's engine="i").
-ENTRYPOINTS_CODE = 1030
+# Issue 39: /metrics labels each data-parallel replica's gauges (vLLM's engine="i"), and
+# `serve --headless` starts replicas for a front end on another host.
+ENTRYPOINTS_CODE = 1040
 # Issue 39 put data parallelism's client (dp_client.py: several cores behind one front end)
-# beside the one-core client it drives, as vLLM keeps DPLBAsyncMPClient in core_client.py.
-MULTIPROC_CODE = 500
+# beside the one-core client it drives, as vLLM keeps DPLBAsyncMPClient in core_client.py, and
+# cores on other hosts (tcp sockets, the hello, the headless launcher) into both ends.
+MULTIPROC_CODE = 560
 FILE_LINES = 400
 # package -> (unit of its total, ceiling on the total or None to report it only, ceiling on
 # each file's physical lines).
@@ -68,6 +72,9 @@ BUDGETS = {
     **{f"minivllm/{name}": ("code", ADD_ON_CODE, FILE_LINES) for name in ADD_ONS},
     "minivllm/entrypoints": ("code", ENTRYPOINTS_CODE, FILE_LINES),
     "minivllm/engine/multiproc": ("code", MULTIPROC_CODE, FILE_LINES),
+    # Issue 39: tensor and pipeline parallelism, both executors of a split model (mp, Ray),
+    # and the mp executor's ranks on other hosts (RemoteNode, run_node).
+    "minivllm/distributed": ("code", 580, FILE_LINES),
     # VllmConfig and its parts (vLLM's vllm/config/): read beside the core, part by part, as a
     # component needs them; an add-on's ceiling.
     "minivllm/config": ("code", ADD_ON_CODE, FILE_LINES),

@@ -217,3 +217,23 @@ def lesson_run():
         return runs[name]
 
     return get
+
+
+@pytest.fixture
+def two_hosts():
+    """A second "host": a network namespace joined to this one by a veth pair (root only),
+    made by scripts/two_hosts.sh and removed after the test."""
+    import os
+    import subprocess
+    from pathlib import Path
+    script = Path(__file__).parents[1] / "scripts" / "two_hosts.sh"
+    ns = f"minivllm-test-{os.getpid()}"
+    env = {**os.environ, "MINIVLLM_NETNS": ns}
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    subprocess.run(["bash", str(script), "down"], env=env, capture_output=True)
+    made = subprocess.run(["bash", str(script), "up"], env=env, capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"could not make a network namespace here: {made.stderr.strip()}")
+    yield ns
+    subprocess.run(["bash", str(script), "down"], env=env, capture_output=True)

@@ -165,3 +165,37 @@ def test_served_over_http_with_metrics_per_replica(tiny_dp2):
         assert all(n > 0 for n in dp2.engine.engine_core.num_added)
     finally:
         server.stop()
+
+
+def test_dp_across_two_hosts_matches_one_engine(tiny_checkpoint, two_hosts):
+    """Replica 0 here (10.99.0.1), replica 1 headless in the other namespace (10.99.0.2),
+    connected over the veth pair: every request's tokens are one engine's, and both replicas
+    served some."""
+    import random
+    import subprocess
+    import sys
+    path, _ = tiny_checkpoint("llama")
+    port = random.randrange(20000, 40000, 2)
+    headless = subprocess.Popen(
+        ["ip", "netns", "exec", two_hosts, sys.executable, "-m", "minivllm.entrypoints.cli",
+         "serve", "--headless", "--data-parallel-address", "10.99.0.1",
+         "--data-parallel-rpc-port", str(port), "--data-parallel-start-rank", "1"])
+    try:
+        dp = LLM(str(path), data_parallel_size=2, data_parallel_size_local=1,
+                 data_parallel_address="10.99.0.1", data_parallel_rpc_port=port, **SMALL)
+        try:
+            one = LLM(str(path), **SMALL)
+            assert token_ids(dp, PROMPTS[:6]) == token_ids(one, PROMPTS[:6])
+            client = dp.engine.engine_core
+            assert all(n > 0 for n in client.num_added)
+            assert client.replicas[1].pid not in (headless.pid, None)   # its pid there
+            # The replica's messages came over the pair (the config out, its outputs back).
+            received = int(open("/sys/class/net/mvh1/statistics/rx_bytes").read())
+            sent = int(open("/sys/class/net/mvh1/statistics/tx_bytes").read())
+            assert received > 5_000 and sent > 5_000, (received, sent)
+        finally:
+            dp.engine.shutdown()
+        assert headless.wait(timeout=30) == 0          # the replica left when told to
+    finally:
+        if headless.poll() is None:
+            headless.kill()

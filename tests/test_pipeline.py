@@ -178,3 +178,37 @@ def test_pp3_and_tp3_x_pp2_match_one_process_on_smollm2(smol_llm, smol_path):
             assert token_ids(llm, PROMPTS[:3], params) == expected
         finally:
             llm.engine.shutdown()
+
+
+def test_pp2_across_two_hosts_matches_one_process(tiny_checkpoint, two_hosts, monkeypatch):
+    """Stage 1 (the driver) here on 10.99.0.1, stage 0 on the other host (a network namespace,
+    `serve --headless --nnodes 2 --node-rank 1`): the hidden states cross the veth pair every
+    step, and the tokens are one process's. Gloo binds where GLOO_SOCKET_IFNAME says (on a
+    real cluster too: the interface the hosts share)."""
+    import random
+    import subprocess
+    import sys
+    path, _ = tiny_checkpoint("llama")
+    expected = token_ids(LLM(str(path), **SMALL), PROMPTS[:4])
+    port = random.randrange(20000, 40000, 4)
+    node1 = subprocess.Popen(
+        ["ip", "netns", "exec", two_hosts, "env", "GLOO_SOCKET_IFNAME=mvh2", sys.executable,
+         "-m", "minivllm.entrypoints.cli", "serve", "--headless", "--nnodes", "2",
+         "--node-rank", "1", "--master-addr", "10.99.0.1", "--master-port", str(port)])
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "mvh1")
+    try:
+        llm = LLM(str(path), pipeline_parallel_size=2, nnodes=2, master_addr="10.99.0.1",
+                  master_port=port, **SMALL)
+        try:
+            assert llm.engine.runner.pp.stage == 1 and not llm.engine.model_executor.workers
+            received = llm.engine.model_executor.pp.recv_bytes
+            assert token_ids(llm, PROMPTS[:4]) == expected
+            assert llm.engine.model_executor.pp.recv_bytes > received     # from node 1
+            with pytest.raises(ValueError, match="engine runs on node 0"):
+                engine_config(pipeline_parallel_size=2, nnodes=2, node_rank=1)
+        finally:
+            llm.engine.shutdown()
+        assert node1.wait(timeout=30) == 0            # its worker left when told to
+    finally:
+        if node1.poll() is None:
+            node1.kill()

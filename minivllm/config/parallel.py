@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from minivllm.config.utils import check_positive_ints
 
-EXECUTOR_BACKENDS = (None, "uni", "mp")
+EXECUTOR_BACKENDS = (None, "uni", "mp", "ray")
 
 
 @dataclass(slots=True)
@@ -19,17 +19,40 @@ class ParallelConfig:
     # Data parallelism (engine/multiproc/dp_client.py): this many replicas of the whole engine
     # (each tp x pp ranks), each an engine core in its own process, behind one front end.
     data_parallel_size: int = 1
-    # The executor (minivllm/executor/): "uni", "mp" (a process a rank); None: "mp" if more
-    # than one rank.
+    # Replicas across hosts (vLLM's flags): this host runs data_parallel_size_local of them
+    # (None: all); the others are headless cores on other hosts (`minivllm serve --headless`),
+    # which connect to data_parallel_address, replica r at data_parallel_rpc_port + 2r (and +1).
+    data_parallel_size_local: int | None = None
+    data_parallel_address: str = "127.0.0.1"
+    data_parallel_rpc_port: int = 29550
+    # The ranks of one replica across hosts (vLLM's flags): nnodes hosts, tp x pp / nnodes
+    # ranks each; node 0 runs the engine and the last ranks (the driver samples there), the
+    # others `minivllm serve --headless --node-rank k`, all meeting at master_addr:master_port.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    # The executor (minivllm/executor/): "uni", "mp" (a process a rank), "ray" (a Ray actor a
+    # rank); None: "mp" if more than one rank.
     distributed_executor_backend: str | None = None
 
     def __post_init__(self):
         check_positive_ints(self, "tensor_parallel_size", "pipeline_parallel_size",
-                            "data_parallel_size")
+                            "data_parallel_size", "data_parallel_rpc_port")
+        check_positive_ints(self, "nnodes", "master_port")
+        if self.world_size % self.nnodes or self.node_rank != 0:
+            raise ValueError(f"nnodes={self.nnodes} must divide tp x pp = {self.world_size}, "
+                             f"and the engine runs on node 0 (the others: serve --headless "
+                             f"--node-rank k), got node_rank={self.node_rank}")
+        local = self.data_parallel_size_local
+        if local is not None and not (isinstance(local, int)
+                                      and 0 <= local <= self.data_parallel_size):
+            raise ValueError(f"data_parallel_size_local must be 0..data_parallel_size "
+                             f"({self.data_parallel_size}), got {local!r}")
         backend = self.distributed_executor_backend
         if backend not in EXECUTOR_BACKENDS or (backend == "uni" and self.world_size > 1):
-            raise ValueError(f"distributed_executor_backend must be None, 'uni' or 'mp' ('uni' "
-                             f"is one process: not tensor_parallel_size or "
+            raise ValueError(f"distributed_executor_backend must be None, 'uni', 'mp' or "
+                             f"'ray' ('uni' is one process: not tensor_parallel_size or "
                              f"pipeline_parallel_size > 1), got {backend!r}")
 
     @property

@@ -56,6 +56,13 @@ class EngineArgs:
     tensor_parallel_size: int = 1         # ParallelConfig
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
+    data_parallel_size_local: int | None = None
+    data_parallel_address: str = "127.0.0.1"
+    data_parallel_rpc_port: int = 29550
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
     distributed_executor_backend: str | None = None
     enable_lora: bool = False             # LoRAConfig, or None without enable_lora
     max_loras: int = 1
@@ -110,6 +117,11 @@ class EngineArgs:
                 tensor_parallel_size=self.tensor_parallel_size,
                 pipeline_parallel_size=self.pipeline_parallel_size,
                 data_parallel_size=self.data_parallel_size,
+                data_parallel_size_local=self.data_parallel_size_local,
+                data_parallel_address=self.data_parallel_address,
+                data_parallel_rpc_port=self.data_parallel_rpc_port,
+                nnodes=self.nnodes, node_rank=self.node_rank, master_addr=self.master_addr,
+                master_port=self.master_port,
                 distributed_executor_backend=self.distributed_executor_backend),
             lora_config=lora_config,
             speculative_config=_parse("speculative_config", self.speculative_config,
@@ -154,8 +166,27 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                    help="this many replicas of the engine (each -tp x -pp processes) behind "
                         "one front end, requests balanced between them")
-    g.add_argument("--distributed-executor-backend", choices=("uni", "mp"), default=None,
-                   help="uni: one process; mp: a process per rank (default with -tp or -pp > 1)")
+    g.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None,
+                   help="replicas on this host (default: all); with --headless, the ones this "
+                        "host runs for a front end elsewhere")
+    g.add_argument("--data-parallel-address", default="127.0.0.1",
+                   help="the front end's address, where replicas on other hosts connect")
+    g.add_argument("--data-parallel-rpc-port", type=int, default=29550,
+                   help="replica r's sockets: this port + 2r and + 2r + 1")
+    g.add_argument("--data-parallel-start-rank", type=int, default=0,
+                   help="with --headless: the first replica rank this host runs")
+    g.add_argument("--nnodes", type=int, default=1,
+                   help="hosts one replica's tp x pp ranks span (node 0 runs the engine)")
+    g.add_argument("--node-rank", type=int, default=0,
+                   help="this host's place among them (with --headless: 1, 2, ...)")
+    g.add_argument("--master-addr", default="127.0.0.1", help="node 0's address")
+    g.add_argument("--master-port", type=int, default=29501,
+                   help="node 0's rendezvous port (node k's sockets: + 2k - 1 and + 2k)")
+    g.add_argument("--headless", action="store_true",
+                   help="run replicas' engine cores for a front end on another host, no server")
+    g.add_argument("--distributed-executor-backend", choices=("uni", "mp", "ray"),
+                   default=None, help="uni: one process; mp: a process per rank (default with "
+                                      "-tp or -pp > 1); ray: a Ray actor per rank")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
     return parser
 
@@ -173,5 +204,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 tensor_parallel_size=args.tensor_parallel_size,
                 pipeline_parallel_size=args.pipeline_parallel_size,
                 data_parallel_size=args.data_parallel_size,
+                data_parallel_size_local=args.data_parallel_size_local,
+                data_parallel_address=args.data_parallel_address,
+                data_parallel_rpc_port=args.data_parallel_rpc_port,
+                nnodes=args.nnodes, master_addr=args.master_addr, master_port=args.master_port,
                 enforce_eager=args.enforce_eager,
                 distributed_executor_backend=args.distributed_executor_backend)

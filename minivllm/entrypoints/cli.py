@@ -4,6 +4,7 @@ vLLM twin: vllm/entrypoints/cli/ (main.py, serve.py, benchmark/), in one file.
 
     minivllm serve [MODEL] [--host 127.0.0.1] [--port 8000] [--max-model-len N] ...
     minivllm serve --no-multiprocess-mode      # the EngineCore in the server's own process
+    minivllm serve -dp 2 -dpl 1 --data-parallel-address A    # + `serve --headless` on host 2
     minivllm serve --kv-transfer-config '{"kv_role": "kv_producer"}'   # a prefill/decode pair
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
     minivllm bench NAME ...                # every benchmark: minivllm/benchmarks/main.py
@@ -59,6 +60,14 @@ def make_engine(args: argparse.Namespace):
 def serve(args: argparse.Namespace) -> None:
     from minivllm.engine.async_llm_engine import AsyncLLMEngine
     from minivllm.entrypoints.openai.api_server import Server, bind_socket
+    if args.headless and args.nnodes > 1:      # node k's ranks of a replica on node 0
+        from minivllm.executor.multiproc_executor import run_node
+        raise SystemExit(run_node(args.master_addr, args.master_port, args.node_rank))
+    if args.headless:          # data-parallel replicas for a front end on another host
+        from minivllm.engine.multiproc.core_proc import run_headless
+        raise SystemExit(run_headless(args.data_parallel_address, args.data_parallel_rpc_port,
+                                      args.data_parallel_start_rank,
+                                      args.data_parallel_size_local or 1))
 
     sock = bind_socket(args.host, args.port)    # a taken port fails now, not after the load
     name = args.served_model_name or args.model or DEFAULT_MODEL_NAME

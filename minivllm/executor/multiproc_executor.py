@@ -18,6 +18,13 @@ returns at once, so the first stage starts on it while the driver, the last stag
 finishing an earlier step; the step's output comes from `.result()`, which runs the driver's
 part. The core keeps up to `max_concurrent_batches` (pp) such steps in flight.
 
+Several hosts (nnodes > 1): every rank meets at master_addr:master_port; this host (node 0)
+runs the last n / nnodes ranks, the driver's among them, and node k runs its block of ranks
+under `minivllm serve --headless --nnodes N --node-rank k` (run_node), whose launcher takes
+the driver's commands over ZMQ (RemoteNode here: a queue with a socket behind it) and hands
+them to its own workers' queues; the hidden states and collectives go over gloo (NCCL), on
+the interface GLOO_SOCKET_IFNAME names.
+
 Left out, compared with vLLM: the driver in a process of its own too (vLLM's output rank is a
 worker process like the others; here it shares the core's process, which saves a copy of the
 step's output), data and expert parallelism, and the shared-memory message queue (here a
@@ -29,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import pickle
 import queue
 import threading
 import time
@@ -37,6 +45,7 @@ import weakref
 
 import torch
 import torch.distributed as dist
+import zmq
 
 from minivllm.config import VllmConfig
 from minivllm.distributed.layers import weight_bytes
@@ -48,17 +57,19 @@ from minivllm.worker.worker import Worker
 START_TIMEOUT = 600.0      # seconds for workers to start and load their shard
 
 
-def _worker_main(rank, tp, pp, port, backend, vllm_config, num_threads, commands, results):
+def _worker_main(rank, local_rank, tp, pp, host, port, backend, vllm_config, num_threads,
+                 commands, results):
     """A rank but the driver: load this rank's shard, then run what the driver sends until told
-    to stop."""
+    to stop. local_rank: its GPU on its host."""
     try:
         parent = os.getppid()
         torch.set_num_threads(num_threads)
         device_type = vllm_config.model_config.device.type
-        device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+        device = (torch.device(device_type, local_rank) if device_type == "cuda"
+                  else torch.device("cpu"))
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        store = dist.TCPStore("127.0.0.1", port, tp * pp, False,
+        store = dist.TCPStore(host, port, tp * pp, False,
                               timeout=datetime.timedelta(seconds=START_TIMEOUT))
         results.put(("started", rank, None))
         tp_group, pp_group = init_groups(rank, tp, pp, store, backend)
@@ -89,6 +100,88 @@ def _stop_workers(procs, commands) -> None:
         p.join(timeout=5)
         if p.is_alive():
             p.kill()
+    for q in commands:
+        if isinstance(q, RemoteNode):
+            q.close()
+
+
+class RemoteNode:
+    """Node k's ranks as the driver sees them: a command queue over ZMQ to the launcher there
+    (`minivllm serve --headless --nnodes N --node-rank k`, run_node below), which hands every
+    command to its workers and sends their reports back into the executor's results queue."""
+
+    def __init__(self, host: str, port: int, k: int, start: dict, results):
+        self.ctx = zmq.Context()
+        self.commands = self.ctx.socket(zmq.PUSH)
+        self.commands.setsockopt(zmq.SNDHWM, 0)
+        self.commands.bind(f"tcp://{host}:{port + 2 * k - 1}")
+        self.reports = self.ctx.socket(zmq.PULL)
+        self.reports.bind(f"tcp://{host}:{port + 2 * k}")
+        self.closed = threading.Event()
+        if not self.reports.poll(int(START_TIMEOUT * 1000)):     # its hello
+            self.close()
+            raise RuntimeError(f"node {k} did not connect to {host}:{port + 2 * k} in "
+                               f"{START_TIMEOUT:.0f} s: start it with `minivllm serve "
+                               f"--headless --nnodes N --node-rank {k} --master-addr {host}`")
+        self.reports.recv()
+        self.put(("start", start))
+        self.thread = threading.Thread(target=self._forward, args=(results,), daemon=True,
+                                       name=f"minivllm-node{k}-reports")
+        self.thread.start()
+
+    def put(self, item) -> None:
+        self.commands.send(pickle.dumps(item, pickle.HIGHEST_PROTOCOL))
+
+    def _forward(self, results) -> None:
+        while not self.closed.is_set():
+            if self.reports.poll(500):
+                results.put(pickle.loads(self.reports.recv()))
+
+    def close(self) -> None:
+        self.closed.set()
+        if getattr(self, "thread", None) is not None:
+            self.thread.join(1.0)                # it leaves within one poll
+        self.ctx.destroy(linger=2000)            # the shutdown must get there
+
+
+def run_node(master_addr: str, master_port: int, node_rank: int) -> int:
+    """`minivllm serve --headless --nnodes N --node-rank k`: node k's ranks of a replica whose
+    engine runs on node 0. Connect, take the configuration, start a worker per rank, then hand
+    on commands and reports until the workers stop."""
+    ctx = zmq.Context()
+    commands = ctx.socket(zmq.PULL)
+    commands.connect(f"tcp://{master_addr}:{master_port + 2 * node_rank - 1}")
+    reports = ctx.socket(zmq.PUSH)
+    reports.setsockopt(zmq.SNDHWM, 0)
+    reports.connect(f"tcp://{master_addr}:{master_port + 2 * node_rank}")
+    reports.send(pickle.dumps(("hello", node_rank, None)))
+    print(f"minivllm: node {node_rank} waiting for node 0 at {master_addr}", flush=True)
+    _, start = pickle.loads(commands.recv())
+    mp = torch.multiprocessing.get_context("spawn")
+    results, queues, procs = mp.Queue(), [], []
+    threads = max(1, torch.get_num_threads() // len(start["ranks"]))
+    for rank in start["ranks"]:
+        queues.append(mp.Queue())
+        procs.append(mp.Process(target=_worker_main, name=f"minivllm-rank{rank}", args=(
+            rank, rank % len(start["ranks"]), start["tp"], start["pp"], start["host"],
+            start["port"], start["backend"], start["vllm_config"], threads, queues[-1],
+            results)))
+        procs[-1].start()
+
+    def hand_on_commands():
+        while any(p.is_alive() for p in procs):
+            if commands.poll(500):
+                item = pickle.loads(commands.recv())
+                for q in queues:
+                    q.put(item)
+    handing_on = threading.Thread(target=hand_on_commands, daemon=True)
+    handing_on.start()
+    while any(p.is_alive() for p in procs):
+        with contextlib.suppress(queue.Empty):
+            reports.send(pickle.dumps(results.get(timeout=0.5)))
+    handing_on.join(1.0)                          # it leaves within one poll
+    ctx.destroy(linger=2000)
+    return max(p.exitcode or 0 for p in procs)
 
 
 class PendingStep:
@@ -113,12 +206,20 @@ class MultiprocExecutor(Executor):
         device = vllm_config.model_config.device
         check_tensor_parallel(vllm_config.model_config.hf_config, tp)
         check_pipeline_parallel(vllm_config.model_config.hf_config, pp)
-        if device.type == "cuda" and torch.cuda.device_count() < n:
-            raise ValueError(f"tensor_parallel_size x pipeline_parallel_size = {n} needs {n} "
-                             f"GPUs; torch sees {torch.cuda.device_count()}")
+        per_node = n // parallel.nnodes
+        if device.type == "cuda" and torch.cuda.device_count() < per_node:
+            raise ValueError(f"tensor_parallel_size x pipeline_parallel_size = {n} over "
+                             f"{parallel.nnodes} node(s) needs {per_node} GPUs here; torch "
+                             f"sees {torch.cuda.device_count()}")
         self.backend = "nccl" if device.type == "cuda" else "gloo"
-        self.store = dist.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False,
+        # Several hosts: this one (node 0) runs the last n / nnodes ranks, the driver's among
+        # them; node k the k-th block from the start. All meet at master_addr:master_port.
+        nnodes = parallel.nnodes
+        host, port = ((parallel.master_addr, parallel.master_port) if nnodes > 1
+                      else ("127.0.0.1", 0))
+        self.store = dist.TCPStore(host, port, n, True, wait_for_workers=False,
                                    timeout=datetime.timedelta(seconds=START_TIMEOUT))
+        self.num_workers = n - 1
         # Fork (instant) unless CUDA is in play, a worker gets several CPU threads (a forked
         # child of a process that ran OpenMP hangs in a parallel region), or this process runs
         # other threads (tqdm's monitor, Inductor's compile pool, a server's): a lock one of
@@ -132,23 +233,30 @@ class MultiprocExecutor(Executor):
         self.workers = []
         self.failure = None            # why the workers are gone, once they are
         self.rank_weight_bytes: list[dict[str, int]] = []    # each rank's, for lesson 15
-        for rank in range(n):
+        for rank in range(n - per_node, n):
             if rank == self.driver_rank:
                 continue
             self.commands.append(ctx.Queue())
             self.workers.append(ctx.Process(
                 target=_worker_main, name=f"minivllm-rank{rank}", daemon=True,
-                args=(rank, tp, pp, self.store.port, self.backend, vllm_config, threads,
-                      self.commands[-1], self.results)))
+                args=(rank, rank % per_node, tp, pp, host, self.store.port, self.backend,
+                      vllm_config, threads, self.commands[-1], self.results)))
             self.workers[-1].start()
         # Dropping the executor (with its engine) stops the workers.
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self.commands)
         try:
+            start = dict(tp=tp, pp=pp, host=host, port=self.store.port, backend=self.backend,
+                         vllm_config=vllm_config)
+            for k in range(1, nnodes):           # each waits for its node to connect
+                ranks = list(range((k - 1) * per_node, k * per_node))
+                self.commands.append(RemoteNode(host, port, k, dict(start, ranks=ranks),
+                                                self.results))
             self._wait_for("started")
             tp_group, pp_group = init_groups(self.driver_rank, tp, pp, self.store, self.backend)
             self.driver_worker = Worker(
                 vllm_config, tp=tp_group, sampler=sampler, pp=pp_group,
-                device=torch.device("cuda", self.driver_rank) if device.type == "cuda" else None)
+                device=(torch.device("cuda", self.driver_rank % per_node)
+                        if device.type == "cuda" else None))
             self.driver_worker.load_model()
             self.rank_weight_bytes = self._wait_for("ready")
             self.rank_weight_bytes.insert(self.driver_rank,
@@ -173,7 +281,7 @@ class MultiprocExecutor(Executor):
     def _wait_for(self, kind: str) -> list:
         got = {}
         deadline = time.monotonic() + START_TIMEOUT
-        while len(got) < len(self.workers):
+        while len(got) < self.num_workers:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"parallel workers not {kind} after "
                                    f"{START_TIMEOUT:.0f} s")

@@ -107,7 +107,8 @@ class CoreProcess:
                 self.popen.wait()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(1.0)                  # it leaves within POLL_MS of `closed`
-        self.ctx.destroy(linger=0)                 # both sockets
+        remote = isinstance(self.popen, RemoteProcess)   # its "shutdown" must get there
+        self.ctx.destroy(linger=2000 if remote else 0)   # both sockets
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
         self.die("the engine was shut down")
 
@@ -151,25 +152,65 @@ def _read_messages(core: CoreProcess, client_ref: weakref.ref) -> None:
             return
 
 
+class RemoteProcess:
+    """A core on another host (a headless replica), as this host sees it: its pid there, from
+    its hello. No heartbeat: one that dies is not seen until a reply is late."""
+
+    returncode = None
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self):
+        return None
+
+    def wait(self, timeout=None) -> int:
+        return 0
+
+    def kill(self) -> None:
+        pass
+
+
+def _wait_hello(output_socket: zmq.Socket, address: str, timeout: float) -> int:
+    """A headless core's first message, with its pid there."""
+    if not output_socket.poll(int(timeout * 1000)):
+        raise TimeoutError(f"no headless engine core connected to {address} in {timeout:.0f} s: "
+                           "start it there with `minivllm serve --headless "
+                           "--data-parallel-address HOST --data-parallel-start-rank R`")
+    kind, pid = pickle.loads(output_socket.recv())
+    if kind != "hello":
+        raise RuntimeError(f"expected a headless core's hello at {address}, got {kind!r}")
+    return pid
+
+
 class SyncMPClient:
     def __init__(self, vllm_config: VllmConfig, ready_timeout: float = READY_TIMEOUT_S,
-                 outputs: queue.Queue | None = None, env: dict[str, str] | None = None):
+                 outputs: queue.Queue | None = None, env: dict[str, str] | None = None,
+                 address: str | None = None):
         """Start the core's process and wait until it has built its EngineCore. It gets plain
         arguments (the config, which names the checkpoint), never a torch model. outputs:
         where its outputs go (data parallelism: one queue for every replica); env: more
-        environment for its process (a replica's GPUs)."""
+        environment for its process (a replica's GPUs); address: HOST:PORT, where a headless
+        core on another host connects instead (this side binds PORT and PORT + 1)."""
         self.vllm_config = vllm_config
         self.schedule_callbacks: list[Callable[[], None]] = []
         self._call_ids = itertools.count()
-        ipc_dir = tempfile.mkdtemp(prefix="minivllm-")      # mode 0700: this user's alone
         ctx = zmq.Context()
         output_socket = ctx.socket(zmq.PULL)
-        output_socket.bind(f"ipc://{ipc_dir}/output")
-        input_socket = ctx.socket(zmq.PUSH)      # connects: messages queue until the core binds
-        input_socket.setsockopt(zmq.SNDHWM, 0)   # and never block the front end
-        input_socket.connect(f"ipc://{ipc_dir}/input")
-        popen = subprocess.Popen([sys.executable, "-m", "minivllm.engine.multiproc.core_proc",
-                                  ipc_dir, str(os.getpid())], env={**os.environ, **(env or {})})
+        input_socket = ctx.socket(zmq.PUSH)
+        input_socket.setsockopt(zmq.SNDHWM, 0)   # never block the front end
+        if address is None:
+            ipc_dir = tempfile.mkdtemp(prefix="minivllm-")  # mode 0700: this user's alone
+            output_socket.bind(f"ipc://{ipc_dir}/output")
+            input_socket.connect(f"ipc://{ipc_dir}/input")   # messages queue until it binds
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "minivllm.engine.multiproc.core_proc", ipc_dir,
+                 str(os.getpid())], env={**os.environ, **(env or {})})
+        else:
+            ipc_dir, (host, port) = "", address.rsplit(":", 1)
+            output_socket.bind(f"tcp://{host}:{int(port) + 1}")
+            input_socket.bind(f"tcp://{host}:{port}")
+            popen = RemoteProcess(_wait_hello(output_socket, address, ready_timeout))
         self.process = CoreProcess(popen, ctx, input_socket, output_socket, ipc_dir,
                                    outputs if outputs is not None else queue.Queue())
         self._finalizer = weakref.finalize(self, self.process.close)   # and at interpreter exit

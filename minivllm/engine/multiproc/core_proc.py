@@ -2,6 +2,8 @@
 EngineCoreProc and run_engine_core in vllm/v1/engine/core.py).
 
     python -m minivllm.engine.multiproc.core_proc IPC_DIR PARENT_PID    (SyncMPClient starts it)
+    python -m minivllm.engine.multiproc.core_proc tcp://HOST:PORT PARENT_PID    (a replica on
+        another host than its front end: `minivllm serve --headless` starts it; it connects)
 
     1. sockets   a PULL bound at IPC_DIR/input (the front end's messages), a PUSH connected to
                  IPC_DIR/output (this core's); ipc:// files in a 0700 folder: this user's alone
@@ -44,6 +46,7 @@ import logging
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -179,16 +182,29 @@ def build_core(vllm_config, log_level: int) -> EngineCore:
                                  load_tokenizer(Path(vllm_config.model_config.model)))
 
 
-def main(ipc_dir: str, parent_pid: int) -> int:
+def main(where: str, parent_pid: int) -> int:
+    """where: the front end's folder of ipc sockets (it started this process), or
+    tcp://HOST:PORT, a front end on another host (a headless replica): connect to PORT (its
+    messages) and PORT + 1 (ours), say hello, and wait for "start" as long as it takes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the front end stops this process
     ctx = zmq.Context()
     input_socket = ctx.socket(zmq.PULL)
-    input_socket.bind(f"ipc://{ipc_dir}/input")
     output_socket = ctx.socket(zmq.PUSH)
     output_socket.setsockopt(zmq.SNDHWM, 0)      # never block a step on a slow reader
-    output_socket.connect(f"ipc://{ipc_dir}/output")
+    remote = where.startswith("tcp://")
+    if remote:
+        host, port = where.removeprefix("tcp://").rsplit(":", 1)
+        input_socket.connect(f"tcp://{host}:{port}")
+        output_socket.connect(f"tcp://{host}:{int(port) + 1}")
+        output_socket.send(pickle.dumps(("hello", os.getpid())))
+    else:
+        input_socket.bind(f"ipc://{where}/input")
+        output_socket.connect(f"ipc://{where}/output")
     started = False
     try:
+        while remote and not input_socket.poll(IDLE_POLL_MS):
+            if os.getppid() != parent_pid:
+                return 1                         # the headless launcher is gone
         if not input_socket.poll(START_TIMEOUT_MS):
             raise TimeoutError(f"no start message from the front end in {START_TIMEOUT_MS} ms")
         kind, args = pickle.loads(input_socket.recv())
@@ -208,6 +224,23 @@ def main(ipc_dir: str, parent_pid: int) -> int:
         return 1
     finally:
         ctx.destroy(linger=5000)        # a last message has 5 s to reach a live front end
+
+
+def run_headless(address: str, rpc_port: int, start_rank: int, size_local: int) -> int:
+    """`minivllm serve --headless`: replicas start_rank .. start_rank + size_local - 1 of a
+    front end on another host, each an engine core process that connects to it
+    (address:rpc_port + 2 x rank); until they stop, or Ctrl-C stops them."""
+    procs = [subprocess.Popen([sys.executable, "-m", "minivllm.engine.multiproc.core_proc",
+                               f"tcp://{address}:{rpc_port + 2 * rank}", str(os.getpid())])
+             for rank in range(start_rank, start_rank + size_local)]
+    print(f"minivllm: headless replicas {start_rank}..{start_rank + size_local - 1} for the "
+          f"front end at {address}:{rpc_port}", flush=True)
+    try:
+        return max(p.wait() for p in procs)
+    except KeyboardInterrupt:
+        for p in procs:
+            p.terminate()
+        return 0
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ DPLBAsyncMPClient in vllm/v1/engine/core_client.py).
     client.get_output()                  <- the next outputs any replica sent
 
 Each replica is the engine `vllm_config` describes (tp x pp ranks of its own), started in
-parallel. The front end (LLMEngine) sees one client with InprocClient's methods: a request goes
-to one replica and stays there, so its aborts and stop strings reach that replica; utility
-calls go to every replica (reconfigure, adapters) or to the first (prompt logits); stats are
+parallel: data_parallel_size_local of them here, the rest headless on other hosts (`minivllm
+serve --headless`), each connecting to data_parallel_address at its own pair of ports. The
+front end (LLMEngine) sees one client with InprocClient's methods: a request goes to one
+replica and stays there, so its aborts and stop strings reach that replica; utility calls go
+to every replica (reconfigure, adapters) or to the first (prompt logits); stats are
 summed.
 
 Which replica: vLLM V1's rule, the lowest `4 x waiting + running`, from each replica's last
@@ -20,7 +22,7 @@ measured against (bench parallel, lesson 19).
 
 Left out, compared with vLLM: the coordinator process that publishes the replicas' queue
 lengths and runs the DP "waves" (MoE models keep idle replicas stepping in lockstep; dense
-ones need not), replicas on other hosts, and the asyncio client.
+ones need not), a heartbeat for replicas on other hosts, and the asyncio client.
 """
 
 from __future__ import annotations
@@ -69,12 +71,19 @@ class DPLBClient:
         self.outputs: queue.Queue = queue.Queue()        # every replica's, as they come
         cuda = vllm_config.model_config.device.type == "cuda"
 
+        local = parallel.data_parallel_size_local
+        local = n if local is None else local
+
         def start(rank: int) -> SyncMPClient:
+            if rank >= local:             # a headless core on another host connects to us
+                port = parallel.data_parallel_rpc_port + 2 * rank
+                return SyncMPClient(vllm_config, ready_timeout, outputs=self.outputs,
+                                    address=f"{parallel.data_parallel_address}:{port}")
             # Its own GPUs; on a CPU, its share of the cores (n replicas at the default thread
             # count each would oversubscribe them n times over).
             env = ({"CUDA_VISIBLE_DEVICES": ",".join(
                 str(d) for d in range(rank * world, (rank + 1) * world))} if cuda
-                else {"OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // n))})
+                else {"OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // local))})
             return SyncMPClient(vllm_config, ready_timeout, outputs=self.outputs, env=env)
 
         with ThreadPoolExecutor(n) as pool:                # the replicas load at once
