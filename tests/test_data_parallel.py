@@ -60,11 +60,12 @@ def test_dp2_greedy_and_seeded_match_one_engine(tiny_dp2):
         dp2.reconfigure(data_parallel_size=1)
 
 
-def test_the_score_sends_new_work_to_the_idle_replica(tiny_dp2):
+@pytest.mark.parametrize("balance, goes_to", [("score", "idle"), ("round_robin", "busy")])
+def test_the_score_sends_new_work_to_the_idle_replica(tiny_dp2, balance, goes_to):
     """Long, short, long, short sent round-robin: the longs share a replica, the shorts the
     other. Once the shorts are done that one is idle while the first still runs both longs:
-    the score (4 x waiting + running) sends the next request to the idle replica, where
-    round-robin would follow its cycle (test_round_robin_ignores_the_load)."""
+    the score (4 x waiting + running) sends the next request to the idle replica; round-robin
+    follows its cycle, back to the busy one."""
     dp2, _ = tiny_dp2
     engine, client = dp2.engine, dp2.engine.engine_core
     long = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
@@ -73,36 +74,24 @@ def test_the_score_sends_new_work_to_the_idle_replica(tiny_dp2):
     try:
         for i, params in enumerate([long, short, long, short]):
             engine.add_request(f"skew-{i}", PROMPTS[i], params)
-    finally:
-        client.balance = "score"
-    busy, idle = client.owner["skew-0"], client.owner["skew-1"]
-    assert busy != idle and client.owner["skew-2"] == busy and client.owner["skew-3"] == idle
-    done = {}
-    for _ in range(200):
-        done.update({o.request_id: o for o in engine.step() if o.finished})
-        if {"skew-1", "skew-3"} <= set(done) and client.replicas[idle].stats().num_running == 0:
-            break
-    assert client.replicas[busy].stats().num_running == 2
-    assert client.score(idle) == 0 < client.score(busy)
-    engine.add_request("next", PROMPTS[4], short)
-    assert client.owner["next"] == idle
-    run_to_end(engine)
-    assert not client.owner and all(not u for u in client.unseen)
-
-
-def test_round_robin_ignores_the_load(tiny_dp2):
-    dp2, _ = tiny_dp2
-    engine, client = dp2.engine, dp2.engine.engine_core
-    client.balance = "round_robin"
-    try:
-        ranks = []
-        for i in range(5):
-            engine.add_request(f"rr-{i}", PROMPTS[i], GREEDY)
-            ranks.append(client.owner[f"rr-{i}"])
-        assert all(a != b for a, b in zip(ranks, ranks[1:]))    # 0, 1, 0, ... whatever runs
+        busy, idle = client.owner["skew-0"], client.owner["skew-1"]
+        assert busy != idle and client.owner["skew-2"] == busy
+        assert client.owner["skew-3"] == idle
+        done = {}
+        for _ in range(200):
+            done.update({o.request_id: o for o in engine.step() if o.finished})
+            if ({"skew-1", "skew-3"} <= set(done)
+                    and client.replicas[idle].stats().num_running == 0):
+                break
+        assert client.replicas[busy].stats().num_running == 2
+        assert client.score(idle) == 0 < client.score(busy)
+        client.balance = balance
+        engine.add_request("next", PROMPTS[4], short)
+        assert client.owner["next"] == {"idle": idle, "busy": busy}[goes_to]
         run_to_end(engine)
     finally:
         client.balance = "score"
+    assert not client.owner and all(not u for u in client.unseen)
 
 
 def test_abort_and_stop_strings_reach_the_right_replica(tiny_dp2):

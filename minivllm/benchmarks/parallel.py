@@ -48,7 +48,7 @@ def one_batch_in_flight(llm):
 
 def run_once(llm, prompts, params) -> dict:
     engine = llm.engine
-    pp = getattr(engine.model_executor, "pp", None)
+    pp = engine.model_executor.pp
     before = (pp.recv_bytes, pp.recv_wait_seconds) if pp else (0, 0.0)
     with engine.trace() as steps:
         t0 = time.perf_counter()

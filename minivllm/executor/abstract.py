@@ -28,6 +28,16 @@ class Executor:
         raise NotImplementedError
 
     @property
+    def tp(self):
+        """The driver's TensorParallelGroup (its collective counters, for lesson 15), or None."""
+        return self.driver_worker.tp
+
+    @property
+    def pp(self):
+        """The driver's PipelineParallelGroup (its sends and waits, bench parallel), or None."""
+        return self.driver_worker.pp
+
+    @property
     def num_blocks(self) -> int:
         return self.driver_worker.model_runner.num_blocks
 

@@ -268,16 +268,6 @@ class MultiprocExecutor(Executor):
             self.shutdown()
             raise
 
-    @property
-    def tp(self):
-        """The driver's TensorParallelGroup (its collective counters, for lesson 15)."""
-        return self.driver_worker.tp
-
-    @property
-    def pp(self):
-        """The driver's PipelineParallelGroup, or None."""
-        return self.driver_worker.pp
-
     def _wait_for(self, kind: str) -> list:
         got = {}
         deadline = time.monotonic() + START_TIMEOUT

@@ -106,14 +106,6 @@ class RayDistributedExecutor(Executor):
             self.shutdown()
             raise
 
-    @property
-    def tp(self):
-        return self.driver_worker.tp
-
-    @property
-    def pp(self):
-        return self.driver_worker.pp
-
     def _get(self, refs: list):
         try:
             return self.ray.get(refs, timeout=START_TIMEOUT)

@@ -18,7 +18,7 @@ Which replica: vLLM V1's rule, the lowest `4 x waiting + running`, from each rep
 stats snapshot (it comes with every step's outputs) plus the requests sent to it since whose
 first output has not come back (counted as waiting: the snapshot does not know them yet).
 `balance="round_robin"` sends request i to replica i mod N instead: the baseline it is
-measured against (bench parallel, lesson 19).
+measured against (bench parallel).
 
 Left out, compared with vLLM: the coordinator process that publishes the replicas' queue
 lengths and runs the DP "waves" (MoE models keep idle replicas stepping in lockstep; dense
@@ -98,7 +98,6 @@ class DPLBClient:
         self.unseen: list[set[str]] = [set() for _ in range(n)]   # sent, no output back yet
         self.num_added = [0] * n                           # requests each replica was given
         self._round_robin = itertools.cycle(range(n))
-        self.schedule_callbacks = []                       # (none: a replica's are its own)
 
     @property
     def pid(self) -> int:
