@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks, in steps that each finish well inside 10 minutes, one step per command:
 #
-#   scripts/gpu_check.sh tests        # GPU tests + the kernel tests compiled for the GPU (~3 min)
+#   scripts/gpu_check.sh tests        # GPU tests + the kernel tests compiled for the GPU (~1 min on an H200)
 #   scripts/gpu_check.sh kernels      # kernel benchmark: decode GB/s, prefill TFLOP/s (~2 min)
 #   scripts/gpu_check.sh e2e-small    # engine vs transformers, Qwen3-0.6B shapes (~3 min)
 #   scripts/gpu_check.sh e2e-8b       # engine vs transformers, Llama-3-8B shapes (~6 min)
-#   scripts/gpu_check.sh graphs       # decode step eager / CUDA graphs / + compile, batch 1..64
+#   scripts/gpu_check.sh graphs       # decode step eager / CUDA graphs / + compile, batch 1..64 (~2 min)
 #   scripts/gpu_check.sh all          # all of them in a row (a long session only)
 #
 # Needs a CUDA GPU and a Python with torch, triton, transformers, numpy and pytest; no network

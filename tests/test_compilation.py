@@ -1,7 +1,8 @@
 """torch.compile (compilation_config=3) and CUDA graphs for decode (minivllm/worker/compilation.py).
 
 Compiling runs Inductor once (C++ on this CPU: ~20 s idle), so one tiny checkpoint is compiled
-once. The graph tests need CUDA and are skipped here."""
+once. The graph tests need CUDA and are skipped here; they run on random weights of SmolLM2's
+shapes, so a rented GPU without the packaged model runs them too (scripts/gpu_check.sh)."""
 
 import pytest
 import torch
@@ -12,6 +13,24 @@ from minivllm.worker.compilation import capture_sizes
 from conftest import PROMPTS, engine_config, gpu
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+SMOLLM2_SHAPE = dict(model_type="llama", hidden_size=576, intermediate_size=1536,
+                     num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                     vocab_size=49152, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                     rope_theta=1e5, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def gpu_checkpoint(tmp_path_factory):
+    """SmolLM2-135M's shapes, random bf16 weights (a spread that keeps outputs varied), and
+    eight random prompts of 5 to 40 token ids."""
+    from minivllm.benchmarks.gpu import random_checkpoint
+    path = tmp_path_factory.mktemp("smollm2-shape")
+    random_checkpoint(SMOLLM2_SHAPE, path, device="cuda", std=0.05)
+    torch.cuda.empty_cache()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 1000, (int(n),), generator=g).tolist()
+               for n in torch.randint(5, 40, (8,), generator=g)]
+    return path, prompts
 
 
 def test_capture_sizes():
@@ -84,28 +103,31 @@ def test_lora_with_compilation_is_refused():
 
 
 @gpu
-def test_cuda_graphs_decode_matches_eager(smol_path):
+def test_cuda_graphs_decode_matches_eager(gpu_checkpoint):
     """A batch of 8 replays the 8 graph with no padding: the same kernels on the same shapes
     as eager, so the same tokens. A batch of 5 pads up to 8 (its matmuls then run at 8 rows,
     where cuBLAS may pick other kernels: bf16 rounding may differ, so only its count is
     checked)."""
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    graphs = LLM(str(smol_path), device="cuda", max_model_len=512, max_num_seqs=8)
+    path, prompts = gpu_checkpoint
+    graphs = LLM(str(path), device="cuda", max_model_len=512, max_num_seqs=8,
+                 gpu_memory_utilization=0.3)
     runner = graphs.engine.runner
     assert sorted(runner.cuda_graphs.graphs) == [1, 2, 4, 8]
-    got = [o.outputs[0].token_ids for o in graphs.generate(PROMPTS[:8], params, use_tqdm=False)]
+    got = [o.outputs[0].token_ids for o in graphs.generate(prompts, params, use_tqdm=False)]
     assert runner.cuda_graphs.replays == {8: 23}          # every decode step was a replay
-    graphs.generate(PROMPTS[:5], params, use_tqdm=False)
+    graphs.generate(prompts[:5], params, use_tqdm=False)
     assert runner.cuda_graphs.replays == {8: 46}          # 5 sequences padded up to 8
     graphs.reconfigure(enforce_eager=True)
     assert graphs.engine.runner.cuda_graphs is None
-    eager = [o.outputs[0].token_ids for o in graphs.generate(PROMPTS[:8], params, use_tqdm=False)]
+    eager = [o.outputs[0].token_ids for o in graphs.generate(prompts, params, use_tqdm=False)]
     assert got == eager
 
 
 @gpu
-def test_cuda_graphs_off_for_torch_attention(smol_path):
-    llm = LLM(str(smol_path), device="cuda", dtype="float32", max_model_len=256, max_num_seqs=4)
+def test_cuda_graphs_off_for_torch_attention(gpu_checkpoint):
+    llm = LLM(str(gpu_checkpoint[0]), device="cuda", dtype="float32", max_model_len=256,
+              max_num_seqs=4, gpu_memory_utilization=0.3)
     assert llm.engine.runner.attention_backend == "torch"
     assert llm.engine.runner.cuda_graphs is None       # its gather needs host-side sizes
 

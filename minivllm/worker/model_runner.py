@@ -172,7 +172,8 @@ class ModelRunner:
             if self.device.type == "cuda":
                 self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
 
-    def compile_or_warm_up_model(self) -> None:
+    @torch.inference_mode()            # as every forward: a compiled graph traced with autograd
+    def compile_or_warm_up_model(self) -> None:   # would need attention's backward
         """Fewer launches per step (minivllm/worker/compilation.py): torch.compile, then decode
         graphs over this pool (a graph records the pool's addresses: a new pool recaptures)."""
         vc = self.vllm_config
