@@ -42,15 +42,7 @@ def _(mo):
 
 
 @app.cell
-def _(
-    LLM,
-    kv_bytes_per_token,
-    mo,
-    reference_config,
-    resolve_device,
-    resolve_dtype,
-    torch,
-):
+def _(LLM, kv_bytes_per_token, mo, reference_config, resolve_device, resolve_dtype, torch):
     # One byte budget for both caches: room for NUM_SLABS requests of MAX_MODEL_LEN tokens.
     MAX_MODEL_LEN, NUM_SLABS, BLOCK_SIZE = 2048, 8, 16
     _dtype = resolve_dtype("auto", resolve_device("auto"))     # fp32 on CPU, bf16 on CUDA
@@ -193,16 +185,8 @@ def _(BLOCK_SIZE, np, paged_trace, plt, static_trace):
 
 
 @app.cell
-def _(
-    NUM_REQUESTS,
-    NUM_SLABS,
-    mo,
-    paged_concurrency,
-    paged_peak_pool,
-    paged_utilization,
-    static_concurrency,
-    static_utilization,
-):
+def _(NUM_REQUESTS, NUM_SLABS, mo, paged_concurrency, paged_peak_pool, paged_utilization,
+      static_concurrency, static_utilization):
     mo.md(f"""
     With slabs, only **{static_utilization:.1%}** of the reserved memory ever held a token,
     and the budget ran out after **{static_concurrency}** requests: the other
@@ -413,20 +397,14 @@ def _(BLOCK_SIZE, Rectangle, plt):
         ax.axis("off")
         ax.set_title(title, fontsize=10)
 
-    def draw_parallel(result, late_step=12):
-        snaps = result["snapshots"]
-        fig, (a, b, c) = plt.subplots(3, 1, figsize=(11, 7.5), height_ratios=[2, 2, 1.6])
-        first, late = snaps[0], snaps[min(late_step, len(snaps)) - 1]
-        forked = (f"forked into {result['n']} samples" if result["n"] > 1
-                  else "one sample, nothing to share")
-        draw_block_tables(a, first, f"after step 1: prompt prefilled once, {forked}; "
-                          f"{first['shared_blocks']} shared blocks, {first['cow']} copies")
-        draw_block_tables(b, late, f"after step {min(late_step, len(snaps))}: "
-                          f"{late['shared_blocks']} shared blocks, {late['cow']} "
-                          f"copy-on-write events, {late['blocks_used']} blocks in use")
-        steps = range(1, len(snaps) + 1)
+    def draw_parallel(snaps, panels, who="sample"):
+        """Block tables at two steps, panels = [(step, title), ...], then blocks per step."""
+        fig, axes = plt.subplots(3, 1, figsize=(11, 7.5), height_ratios=[2, 2, 1.6])
+        for ax, (step, title) in zip(axes, panels):
+            draw_block_tables(ax, snaps[step - 1], title)
+        steps, c = range(1, len(snaps) + 1), axes[2]
         c.step(steps, [s["blocks_unshared"] for s in snaps], where="post", color="tab:red",
-               label="blocks if each sample had its own copy")
+               label=f"blocks if each {who} had its own copy")
         c.step(steps, [s["blocks_used"] for s in snaps], where="post", color="tab:blue",
                label="blocks in use (shared)")
         c.set_xlabel("engine step")
@@ -441,25 +419,43 @@ def _(BLOCK_SIZE, Rectangle, plt):
 @app.cell
 def _(mo):
     n_samples = mo.ui.slider(1, 8, value=4, label="n: samples of one prompt", show_value=True)
+    # Headless, the answer for n = 4 (the slider's start) is filled in, so that the checker's
+    # verdict is tested below.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    cow_guess = mo.ui.number(start=0, stop=99, value=3 if _headless else 0,
+                             label="copy-on-write events")
+    shared_guess = mo.ui.number(start=0, stop=99, value=2 if _headless else 0,
+                                label="blocks still shared at the end")
     mo.md(f"""
     ### Try it: how many copies does parallel sampling make?
 
-    Before you move the slider, guess: with `n` samples of a 40-token prompt, how many
-    copy-on-write events happen, and how many blocks stay shared? Each new `n` runs the real
-    engine (a second or two on a CPU).
+    Before you move the slider, pick an `n` and write down your guess: with `n` samples of a
+    40-token prompt, how many copy-on-write events happen, and how many blocks are still
+    shared at the end? Then move the slider to your `n`: the engine's counts decide, below
+    the picture. Each new `n` runs the real engine (a second or two on a CPU).
+
+    {cow_guess} {shared_guess}
 
     {n_samples}
     """)
-    return (n_samples,)
+    return cow_guess, n_samples, shared_guess
 
 
 @app.cell
 def _(draw_parallel, mo, n_samples, run_parallel):
     _result = run_parallel(n_samples.value)
-    _last = _result["snapshots"][-1]
+    _snaps = _result["snapshots"]
+    _step = min(12, len(_snaps))
+    _first, _late, _last = _snaps[0], _snaps[_step - 1], _snaps[-1]
+    _forked = (f"forked into {_result['n']} samples" if _result["n"] > 1
+               else "one sample, nothing to share")
     _texts = "\n".join(f"{_i}. …{_t!r}" for _i, _t in enumerate(_result["texts"]))
     mo.vstack([
-        draw_parallel(_result),
+        draw_parallel(_snaps, [
+            (1, f"after step 1: prompt prefilled once, {_forked}; "
+                f"{_first['shared_blocks']} shared blocks, {_first['cow']} copies"),
+            (_step, f"after step {_step}: {_late['shared_blocks']} shared blocks, "
+                    f"{_late['cow']} copy-on-write events, {_late['blocks_used']} blocks in use")]),
         mo.md(f"""
     **n = {_result['n']}**: {_last['cow']} copy-on-write events, {_last['shared_blocks']}
     blocks shared by all samples, {_last['blocks_used']} blocks in use at the end where
@@ -468,6 +464,41 @@ def _(draw_parallel, mo, n_samples, run_parallel):
     {_texts}
     """),
     ])
+    return
+
+
+@app.cell
+def _(run_parallel):
+    def check_cow_guess(n, copies, shared):
+        """The learner's copies and shared blocks for n samples, against the engine's count."""
+        last = run_parallel(n)["snapshots"][-1]
+        cow, kept = last["cow"], last["shared_blocks"]
+        if (copies, shared) == (cow, kept):
+            return (f"Correct: with n = {n} the engine made {cow} copies, and {kept} blocks "
+                    "were still shared at the end.")
+        if not copies and not shared:
+            return "Enter your two numbers."
+        notes = []
+        if copies != cow:
+            notes.append(f"{'Too many' if copies > cow else 'Too few'} copies: the engine "
+                         f"made {cow}. Only the partly filled prompt block is copied, by each "
+                         "sample that writes to it while another still reads it; the last "
+                         "one to write keeps the original.")
+        if shared != kept:
+            why = ("the prompt's full blocks, which no sample writes to" if n > 1
+                   else "one sample shares with no one")
+            notes.append(f"{'Too many' if shared > kept else 'Too few'} shared blocks: "
+                         f"{kept} at the end, {why}.")
+        return " ".join(notes)
+    return (check_cow_guess,)
+
+
+@app.cell
+def _(check_cow_guess, cow_guess, mo, n_samples, shared_guess):
+    _msg = check_cow_guess(n_samples.value, cow_guess.value, shared_guess.value)
+    mo.callout(mo.md(f"Your prediction for n = {n_samples.value}: **{cow_guess.value:g}** "
+                     f"copies, **{shared_guess.value:g}** shared blocks. {_msg}"),
+               kind="success" if _msg.startswith("Correct") else "neutral")
     return
 
 
@@ -594,25 +625,13 @@ def _(BeamSearchParams, PAGED, collections, llm, prompt_ids):
 
 
 @app.cell
-def _(BEAM_PROMPT, BEAM_TOKENS, BEAM_WIDTH, draw_block_tables, forked_beams, mo, plt,
-      v1_beams):
+def _(BEAM_PROMPT, BEAM_TOKENS, BEAM_WIDTH, draw_parallel, forked_beams, mo, v1_beams):
     _snaps = forked_beams["snapshots"]
-    _fig, (_a, _b, _c) = plt.subplots(3, 1, figsize=(11, 7.5), height_ratios=[2, 2, 1.6])
-    for _ax, _step in ((_a, 7), (_b, len(_snaps))):
-        _snap = _snaps[_step - 1]
-        draw_block_tables(_ax, _snap, f"step {_step}: {len(_snap['tables'])} beams, "
-                          f"{_snap['shared_blocks']} shared blocks, {_snap['blocks_used']} "
-                          f"in use, {_snap['cow']} copies so far")
-    _steps = range(1, len(_snaps) + 1)
-    _c.step(_steps, [_s["blocks_unshared"] for _s in _snaps], where="post", color="tab:red",
-            label="blocks if each beam had its own copy")
-    _c.step(_steps, [_s["blocks_used"] for _s in _snaps], where="post", color="tab:blue",
-            label="blocks in use (forks)")
-    _c.set_xlabel("engine step")
-    _c.set_ylabel("KV blocks")
-    _c.set_ylim(bottom=0)
-    _c.legend(fontsize=8, loc="lower right")
-    _fig.tight_layout()
+    _at = [(_s, _snaps[_s - 1]) for _s in (7, len(_snaps))]
+    _fig = draw_parallel(_snaps, [
+        (_s, f"step {_s}: {len(_x['tables'])} beams, {_x['shared_blocks']} shared blocks, "
+             f"{_x['blocks_used']} in use, {_x['cow']} copies so far") for _s, _x in _at],
+        who="beam")
     mo.vstack([_fig, mo.md(f"""
     Each beam is a sample of the one request here (V0's fork makes it; the boxes call it so),
     and the beams at step 7 are not the ones at the end: most die, and the survivors fork. In
@@ -678,16 +697,8 @@ def _(beam_blocks_answer, check_beam_blocks, mo):
 
 
 @app.cell
-def _(
-    BEAM_PROMPT,
-    BEAM_TOKENS,
-    BEAM_WIDTH,
-    BLOCK_SIZE,
-    beam_exercise_blocks,
-    check_beam_blocks,
-    forked_beams,
-    v1_beams,
-):
+def _(BEAM_PROMPT, BEAM_TOKENS, BEAM_WIDTH, BLOCK_SIZE, beam_exercise_blocks, check_beam_blocks,
+      forked_beams, v1_beams):
     def test_forked_beams_are_v1_beams_and_compute_each_token_once():
         assert forked_beams["beams"] == v1_beams["beams"]
         assert forked_beams["steps"] == BEAM_TOKENS
@@ -863,25 +874,10 @@ def _(blocks_answer, check_blocks_answer, mo):
 
 
 @app.cell
-def _(
-    PROMPT_LEN,
-    aligned_cow_events,
-    block_costs,
-    exercise_blocks,
-    forked_beams,
-    mo,
-    paged_concurrency,
-    paged_utilization,
-    parallel_blocks_unshared,
-    parallel_blocks_used,
-    parallel_cow_events,
-    parallel_shared_after_fork,
-    parallel_shared_blocks,
-    predicted_static_waste,
-    static_concurrency,
-    static_utilization,
-    v1_beams,
-):
+def _(PROMPT_LEN, aligned_cow_events, block_costs, exercise_blocks, forked_beams, mo,
+      paged_concurrency, paged_utilization, parallel_blocks_unshared, parallel_blocks_used,
+      parallel_cow_events, parallel_shared_after_fork, parallel_shared_blocks,
+      predicted_static_waste, static_concurrency, static_utilization, v1_beams):
     findings = {
         "static_kv_utilization": float(static_utilization),
         "paged_kv_utilization": float(paged_utilization),
@@ -941,25 +937,11 @@ def _(
 
 
 @app.cell
-def _(
-    BLOCK_SIZE,
-    PROMPT_LEN,
-    aligned_cow_events,
-    check_blocks_answer,
-    exercise_blocks,
-    exercise_by_hand,
-    fanout,
-    paged_concurrency,
-    paged_utilization,
-    parallel_blocks_unshared,
-    parallel_blocks_used,
-    parallel_cow_events,
-    parallel_shared_after_fork,
-    parallel_shared_blocks,
-    predicted_static_waste,
-    static_concurrency,
-    static_utilization,
-):
+def _(BLOCK_SIZE, PROMPT_LEN, aligned_cow_events, check_blocks_answer, check_cow_guess,
+      cow_guess, exercise_blocks, exercise_by_hand, fanout, paged_concurrency, paged_utilization,
+      parallel_blocks_unshared, parallel_blocks_used, parallel_cow_events,
+      parallel_shared_after_fork, parallel_shared_blocks, predicted_static_waste, shared_guess,
+      static_concurrency, static_utilization):
     def test_slab_waste_is_max_model_len_against_mean_length():
         # The engine's measured waste against 1 - mean held / max_model_len from the lengths.
         assert abs(predicted_static_waste - (1 - static_utilization)) < 0.02
@@ -993,6 +975,14 @@ def _(
         for wrong in (27, 21, 17, 20, 14, 5):
             assert not check_blocks_answer(wrong).startswith("Correct")
         assert "copy-on-write" in check_blocks_answer(21)
+
+    def test_the_engine_checks_the_copy_guess():
+        # The headless run answered 3 copies and 2 shared blocks for n = 4; the engine's own
+        # counts decide, and a copy per sample or a shared third block is turned down.
+        assert check_cow_guess(4, cow_guess.value, shared_guess.value).startswith("Correct")
+        for _copies, _shared in ((4, 2), (3, 3), (0, 2), (4, 3)):
+            assert not check_cow_guess(4, _copies, _shared).startswith("Correct")
+        assert "keeps the original" in check_cow_guess(4, 4, 2)
     return
 
 

@@ -318,17 +318,24 @@ def _(DEFAULT_SPREAD, KV_BUDGET, MAX_MODEL_LEN, SLABS, continuous_run, make_requ
 def _(DEFAULT_SPREAD, mo):
     spread = mo.ui.slider(0.0, 1.5, step=0.25, value=DEFAULT_SPREAD, show_value=True,
                           label="spread of output lengths (sigma of the log)")
+    # Headless, the right answer is filled in so that the checker's verdict is tested below.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    ratio_guess = mo.ui.number(start=0, stop=10, step=0.05, value=1.0 if _headless else 0,
+                               label="steps at spread 0, static / continuous")
     mo.md(f"""
     ### Try it: when does continuous batching win nothing?
 
     The slider sets how different the requests' output lengths are, at a fixed total. Before
     moving it, predict the ratio of steps (static / continuous) at spread 0, where every
-    request asks for the same number of tokens. Each new value runs both policies (a few
+    request asks for the same number of tokens, and write it here. Then slide to 0: the
+    engine's step counts decide, below the chart. Each new value runs both policies (a few
     seconds on a CPU).
+
+    {ratio_guess}
 
     {spread}
     """)
-    return (spread,)
+    return ratio_guess, spread
 
 
 @app.cell
@@ -345,6 +352,33 @@ def _(MAX_NUM_SEQS, compare, draw_gantt, mo, plt, spread):
         f"spread **{spread.value}**: static {_s['steps']} steps "
         f"({_s['slot_utilization']:.0%} of slots busy), continuous {_c['steps']} steps "
         f"({_c['slot_utilization']:.0%}): **{_s['steps'] / _c['steps']:.2f}x** fewer steps.")])
+    return
+
+
+@app.cell
+def _(compare):
+    def check_ratio_guess(value):
+        """The learner's step ratio at spread 0 against the engine's two step counts."""
+        if not value:
+            return "Enter a ratio."
+        static, continuous = compare(0.0)
+        ratio = static["steps"] / continuous["steps"]
+        counts = (f"at spread 0 static batching took {static['steps']} steps and continuous "
+                  f"{continuous['steps']}, a ratio of {ratio:.2f}")
+        if abs(value - ratio) <= 0.05:
+            return (f"Correct: {counts}. When every request wants the same number of tokens, "
+                    "a batch's members all finish in the same step: no slot frees early, so "
+                    "there is nothing to refill.")
+        return (f"{'Too high' if value > ratio else 'Too low'}: {counts}. Continuous batching "
+                "gains only when a slot frees before the rest of its batch is done.")
+    return (check_ratio_guess,)
+
+
+@app.cell
+def _(check_ratio_guess, mo, ratio_guess):
+    _msg = check_ratio_guess(ratio_guess.value)
+    mo.callout(mo.md(f"Your prediction: **{ratio_guess.value:g}**. {_msg}"),
+               kind="success" if _msg.startswith("Correct") else "neutral")
     return
 
 
@@ -402,16 +436,24 @@ def _(DEFAULT_SPREAD, MAX_NUM_SEQS, compare, functools, make_requests, run):
 def _(MAX_NUM_SEQS, mo):
     slots_pick = mo.ui.slider(steps=[1, 2, 4, 8], value=MAX_NUM_SEQS, show_value=True,
                               label="max_num_seqs (batch slots)")
+    # Headless, the right answer is filled in so that the checker's verdict is tested below.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    slots_guess = mo.ui.dropdown(["rises", "stays about the same", "falls"],
+                                 value="falls" if _headless else None,
+                                 label=f"from {MAX_NUM_SEQS} to 8 slots, static's utilization")
     mo.md(f"""
     ### Try it: give static batching more slots
 
     More slots should help both policies. Before you move it, predict what happens to
     static batching's slot utilization at 8 slots: each batch now waits for the slowest of
-    8 requests instead of 4. Each new value runs both policies (several seconds on a CPU).
+    8 requests instead of 4. Pick your answer, then slide to 8: the engine's counts decide.
+    Each new value runs both policies (several seconds on a CPU).
+
+    {slots_guess}
 
     {slots_pick}
     """)
-    return (slots_pick,)
+    return slots_guess, slots_pick
 
 
 @app.cell
@@ -433,6 +475,37 @@ def _(compare_slots, draw_gantt, mo, plt, slots_pick):
         f"{1 - _c['slot_utilization']:.0%}. The wider the static batch, the longer its fast "
         "members sit idle waiting for its slowest; continuous batching refills each slot "
         "as it frees.")])
+    return
+
+
+@app.cell
+def _(MAX_NUM_SEQS, compare_slots):
+    def check_slots_guess(choice):
+        """The learner's direction for static batching's slot utilization, from 4 slots to
+        8, against the engine's counts at both."""
+        if choice is None:
+            return "Pick an answer."
+        narrow, wide = compare_slots(MAX_NUM_SEQS)[0], compare_slots(8)[0]
+        # A change within 2 points counts as staying about the same.
+        change = wide["slot_utilization"] - narrow["slot_utilization"]
+        truth = ("rises" if change > 0.02 else "falls" if change < -0.02
+                 else "stays about the same")
+        counts = (f"Static batching kept {narrow['slot_utilization']:.0%} of {MAX_NUM_SEQS} "
+                  f"slots busy over {narrow['steps']} steps, and {wide['slot_utilization']:.0%} "
+                  f"of 8 over {wide['steps']}")
+        why = (" A batch of 8 lasts as long as the slowest of 8, so more of its fast members "
+               "sit idle, and for longer." if truth == "falls" else "")
+        if choice == truth:
+            return f"Correct: it {truth}. {counts}.{why}"
+        return f"Not what the engine did: it {truth}. {counts}.{why}"
+    return (check_slots_guess,)
+
+
+@app.cell
+def _(check_slots_guess, mo, slots_guess):
+    _msg = check_slots_guess(slots_guess.value)
+    mo.callout(mo.md(f"Your prediction: **{slots_guess.value}**. {_msg}"),
+               kind="success" if _msg.startswith("Correct") else "neutral")
     return
 
 
@@ -511,10 +584,14 @@ def _(answer_continuous, answer_static, check_finish_step, mo):
 @app.cell
 def _(
     check_finish_step,
+    check_ratio_guess,
+    check_slots_guess,
     continuous_run,
     exercise_truth,
     grid,
+    ratio_guess,
     same_tokens,
+    slots_guess,
     static_run,
     sweep,
 ):
@@ -550,6 +627,16 @@ def _(
         assert "correct" in check_finish_step("static", 14)
         assert "early" in check_finish_step("continuous", 7)
         assert "other schedule" in check_finish_step("continuous", 14)
+
+    def test_the_engine_checks_the_slider_guesses():
+        # The headless run answered a ratio of 1 at spread 0 and "falls" at 8 slots; the
+        # engine's step and slot counts decide, and the other answers are turned down.
+        assert check_ratio_guess(ratio_guess.value).startswith("Correct")
+        for _wrong in (0.5, 1.5, 2.0):
+            assert not check_ratio_guess(_wrong).startswith("Correct")
+        assert check_slots_guess(slots_guess.value).startswith("Correct")
+        for _wrong in ("rises", "stays about the same"):
+            assert not check_slots_guess(_wrong).startswith("Correct")
     return
 
 

@@ -419,24 +419,42 @@ def _(kv_bytes_per_token, llm, prompt_tokens, reference_config, split_bytes, spl
 
 
 @app.cell
-def _(LINKS, MODELS, mo):
+def _(LINKS, MODELS, mo, transfer_vs_prefill):
     prompt_len = mo.ui.slider(start=256, stop=32768, step=256, value=4096, show_value=True,
                               label="prompt tokens")
     link = mo.ui.dropdown(options=list(LINKS), value="100 GbE", label="link")
     model = mo.ui.dropdown(options=list(MODELS), value="Llama-3-8B (bf16)", label="model")
+    # The links that keep the transfer under the prefill are the fastest few, so an answer
+    # is how many of them: label -> count.
+    _fast = sorted(LINKS, key=LINKS.get, reverse=True)
+    _answers = {"none of them": 0, f"{_fast[0]} only": 1,
+                **{", ".join(_fast[:_k]): _k for _k in range(2, len(_fast))},
+                f"all {len(_fast)}": len(_fast)}
+    # Headless, the answer from the model's shape is filled in, so that the checker's
+    # verdict (from the bytes the connector counted) is tested below.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    _small = next(iter(MODELS))                     # the 135M, this run's model
+    _shape_says = sum(_send < _prefill for _send, _prefill in
+                      (transfer_vs_prefill(_small, _l, 4096) for _l in LINKS))
+    _shape_answer = next(_a for _a, _k in _answers.items() if _k == _shape_says)
+    links_guess = mo.ui.dropdown(_answers, value=_shape_answer if _headless else None,
+                                 label="for the 135M, the transfer beats the prefill on")
     mo.md(f"""
     ### Try it: find where splitting stops paying
 
     Pick a link, a model and a prompt length. The split pays while sending the KV takes
     clearly less than computing it did; when the transfer takes longer than the prefill, the
     request's first token is later than colocated and the decode GPU sits waiting for bytes.
-    Guess first: for the 135M model, which links keep the transfer under the prefill? The
-    slider also sends a real prompt of that many tokens (at most 256, to stay quick)
+    Guess first: for the 135M model, which links keep the transfer under the prefill? Pick
+    your answer; the box under the chart checks it against the bytes the connector counted.
+    The slider also sends a real prompt of that many tokens (at most 256, to stay quick)
     through the pair, and counts the bytes.
+
+    {links_guess}
 
     {prompt_len} {link} {model}
     """)
-    return link, model, prompt_len
+    return link, links_guess, model, prompt_len
 
 
 @app.cell
@@ -470,6 +488,40 @@ def _(LINKS, SamplingParams, link, mo, model, np, pair, plt, prompt_len, llm,
         f"Live: the pair just sent **{_sent:,} bytes** for a {_n}-token prompt, "
         f"{_held} of its tokens were in the consumer's prefix cache already (an earlier "
         f"prompt of x's) and stayed home ({_sent // (_n - _held):,} bytes per token sent).")])
+    return
+
+
+@app.cell
+def _(LINKS, MODELS, measured_bytes_per_token, transfer_vs_prefill):
+    def check_links_guess(count, num_tokens=4096):
+        """How many links (fastest first) send the 135M's prompt KV faster than an H100
+        prefills it: the learner's count against the bytes the connector counted in the
+        split run above. Both grow with the prompt, so its length does not matter."""
+        if count is None:
+            return "Pick an answer."
+        fast = sorted(LINKS, key=LINKS.get, reverse=True)
+        # The H100's prefill is the data sheet's estimate (the same over every link); the
+        # bytes to send are the ones the connector counted.
+        prefill = transfer_vs_prefill(next(iter(MODELS)), fast[0], num_tokens)[1]
+        send = {name: num_tokens * measured_bytes_per_token / LINKS[name] for name in fast}
+        truth = sum(send[name] < prefill for name in fast)
+        counts = (f"The connector counted {measured_bytes_per_token:,.0f} bytes per prompt "
+                  f"token; for {num_tokens:,} tokens that is "
+                  + ", ".join(f"{1e3 * send[name]:.1f} ms over {name}" for name in fast)
+                  + f", against {1e3 * prefill:.1f} ms of prefill (the estimate above).")
+        if count == truth:
+            return f"Correct: {truth} of the {len(fast)} links. {counts}"
+        if count > truth:
+            return f"Too many: {fast[truth]} is already slower than the prefill. {counts}"
+        return f"Too few: {fast[count]} is faster than the prefill too. {counts}"
+    return (check_links_guess,)
+
+
+@app.cell
+def _(check_links_guess, links_guess, mo):
+    _msg = check_links_guess(links_guess.value)
+    mo.callout(mo.md(f"Your prediction: **{links_guess.selected_key}**. {_msg}"),
+               kind="success" if _msg.startswith("Correct") else "neutral")
     return
 
 
@@ -533,10 +585,12 @@ def _(check_kv_bytes, mo):
 @app.cell
 def _(
     EX_LENGTHS,
+    LINKS,
     LONG,
     NUM_DECODES,
     SLO_STEP_TOKENS,
     check_kv_bytes,
+    check_links_guess,
     chunked,
     colocated,
     exercise_truth,
@@ -544,6 +598,7 @@ def _(
     intensity,
     interference,
     kv_bytes_per_token,
+    links_guess,
     llm,
     pair,
     prompt_tokens,
@@ -601,6 +656,14 @@ def _(
         assert check_kv_bytes(lambda n: n * per_token).startswith("Correct")
         assert "padded" in check_kv_bytes(lambda n: -(-n // 16) * 16 * per_token)
         assert "None" in check_kv_bytes(lambda n: None)
+
+    def test_the_engine_checks_the_links_guess():
+        # The headless run answered from the model's shape (kv_bytes_per_token); the bytes
+        # the connector counted decide, and every other count of links is turned down.
+        assert check_links_guess(links_guess.value).startswith("Correct")
+        for _wrong in range(len(LINKS) + 1):
+            if _wrong != links_guess.value:
+                assert not check_links_guess(_wrong).startswith("Correct")
     return
 
 

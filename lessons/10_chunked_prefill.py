@@ -329,17 +329,28 @@ def _(mo):
 def _(BUDGET, MAX_MODEL_LEN, mo):
     budget = mo.ui.slider(steps=[64, 128, 256, 512, MAX_MODEL_LEN], value=BUDGET,
                           show_value=True, label="max_num_batched_tokens")
+    # Headless, the right answers are filled in so that the checker's verdict is tested below.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    _ways = ["falls", "stays the same", "rises"]
+    ttft_guess = mo.ui.dropdown(_ways, value="falls" if _headless else None,
+                                label="long prompt's steps to first token")
+    gap_guess = mo.ui.dropdown(_ways, value="rises" if _headless else None,
+                               label="largest step the decoders wait for")
     mo.md(f"""
     ### Try it: pick the budget
 
     The budget sets the largest chunk. Before you move the slider, guess which way each
-    number moves as the budget grows: the long prompt's time to first token, and the worst
-    gap between the decoders' tokens. Is there a budget that is best for both? Each new
-    value runs the scenario on the chunked engine (a few seconds on a CPU).
+    number moves as the budget grows: the long prompt's time to first token (in steps), and
+    the decoders' worst gap between tokens, set by the largest step they wait for (in
+    tokens). Is there a budget that is best for both? The engine's counts decide, under the
+    sweep below. Each new value runs the scenario on the chunked engine (a few seconds on a
+    CPU).
+
+    {ttft_guess} {gap_guess}
 
     {budget}
     """)
-    return (budget,)
+    return budget, gap_guess, ttft_guess
 
 
 @app.cell
@@ -423,6 +434,44 @@ def _(BUDGET, MAX_MODEL_LEN, mo, np, plt, run_budget, with_chunks, without):
     {with_chunks['long_prefill_steps']} chunks.)
     """)])
     return ms_per_token, sweep
+
+
+@app.cell
+def _(sweep):
+    def check_budget_guess(ttft, gap):
+        """The learner's directions as the budget grows, against the sweep's counts: the
+        long prompt's steps to its first token, and the largest step the decoders waited for."""
+        if ttft is None or gap is None:
+            return "Pick both answers."
+        small, large = min(sweep), max(sweep)
+
+        def way(a, b):
+            return "rises" if b > a else "falls" if b < a else "stays the same"
+
+        truth = (way(sweep[small]["long_ttft_steps"], sweep[large]["long_ttft_steps"]),
+                 way(sweep[small]["total"].max(), sweep[large]["total"].max()))
+        counts = (f"from a budget of {small} to {large}, the long prompt's first token came "
+                  f"after {sweep[small]['long_ttft_steps']} steps, then "
+                  f"{sweep[large]['long_ttft_steps']}, and the largest step the decoders "
+                  f"waited for held {sweep[small]['total'].max()} tokens, then "
+                  f"{sweep[large]['total'].max()}")
+        if (ttft, gap) == truth:
+            return (f"Correct: {counts}. Bigger chunks finish the prompt in fewer steps, and "
+                    "each is a step the decoders wait through: no budget is best for both.")
+        wrong = "; ".join(f"{name} {right} (you said {guess})" for name, guess, right in
+                          (("TTFT", ttft, truth[0]), ("the largest step", gap, truth[1]))
+                          if guess != right)
+        return f"{wrong[0].upper()}{wrong[1:]}. The engine's counts: {counts}."
+    return (check_budget_guess,)
+
+
+@app.cell
+def _(check_budget_guess, gap_guess, mo, ttft_guess):
+    _msg = check_budget_guess(ttft_guess.value, gap_guess.value)
+    mo.callout(mo.md(f"Your prediction, as the budget grows: TTFT **{ttft_guess.value}**, "
+                     f"largest step **{gap_guess.value}**. {_msg}"),
+               kind="success" if _msg.startswith("Correct") else "neutral")
+    return
 
 
 @app.cell
@@ -522,14 +571,17 @@ def _(
     BUDGET,
     EX_ARRIVAL,
     LONG_PROMPT,
+    check_budget_guess,
     check_first_token_step,
     exercise_chunks,
     exercise_truth,
+    gap_guess,
     knee_tokens,
     predicted_chunks,
     same_tokens,
     sweep,
     torch,
+    ttft_guess,
     with_chunks,
     without,
 ):
@@ -574,6 +626,16 @@ def _(
         assert check_first_token_step(9).startswith("Correct")
         assert "96" in check_first_token_step(8)
         assert "late" in check_first_token_step(10)
+
+    def test_the_engine_checks_the_budget_guess():
+        # The headless run answered "falls" and "rises"; the sweep's step and token counts
+        # decide, and any other pair is turned down.
+        assert check_budget_guess(ttft_guess.value, gap_guess.value).startswith("Correct")
+        for _ttft in ("falls", "stays the same", "rises"):
+            for _gap in ("falls", "stays the same", "rises"):
+                if (_ttft, _gap) != (ttft_guess.value, gap_guess.value):
+                    assert not check_budget_guess(_ttft, _gap).startswith("Correct")
+        assert "TTFT falls (you said rises)" in check_budget_guess("rises", gap_guess.value)
     return
 
 

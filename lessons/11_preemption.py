@@ -320,17 +320,22 @@ def _(plt):
 def _(POOLS, mo, peak_demand):
     pool = mo.ui.slider(POOLS[0], POOLS[-1], step=1, value=POOLS[0], show_value=True,
                         label="KV pool, blocks")
+    cliff_guess = mo.ui.number(start=0, stop=POOLS[-1], value=0,
+                               label="the largest pool with a preemption, blocks")
     mo.md(f"""
     ### Try it: find the cliff
 
-    The peak concurrent demand of this request set is {peak_demand} blocks. Slide the pool down
-    from the top and watch when preemptions start, and how quickly the work grows once they
-    do. Is the first preemption where you expected it? Each new size runs both policies (a
-    few seconds on a CPU).
+    The peak concurrent demand of this request set is {peak_demand} blocks. Before you
+    slide, write down where you expect the first preemption: the largest pool on which the
+    recompute engine preempts anything. Then slide the pool down from the top and watch when
+    preemptions start, and how quickly the work grows once they do; the engine's count
+    decides, under the timeline. Each new size runs both policies (a few seconds on a CPU).
+
+    {cliff_guess}
 
     {pool}
     """)
-    return (pool,)
+    return cliff_guess, pool
 
 
 @app.cell
@@ -350,6 +355,44 @@ def _(block_bytes, draw_timeline, mo, plt, pool, run):
         f"{_sw['p90_steps']:.0f} with swap (p99 on this machine {_rc['p99_s']:.2f} s and "
         f"{_sw['p99_s']:.2f} s); swap moved "
         f"{2 * _sw['swapped_out_blocks'] * block_bytes / 2**20:.1f} MiB across the host link.")])
+    return
+
+
+@app.cell
+def _(POOLS, peak_demand, run):
+    # The cliff, exactly: from peak_demand up the unconstrained schedule fits, so nothing is
+    # preempted there; below it, the first pool on which the recompute engine preempts. The
+    # runs are cached, so the sweep's pools cost nothing again.
+    print(f"the cliff: pools from {peak_demand - 1} blocks down, until one preempts ...",
+          flush=True)
+    first_preempted = next(_p for _p in range(peak_demand - 1, POOLS[0] - 1, -1)
+                           if run("recompute", _p)["preemptions"])
+    print(f"the first preemption, sliding down: at {first_preempted} blocks")
+
+    def check_cliff_guess(value):
+        """The learner's largest pool with a preemption, against the engine's own runs."""
+        if not value:
+            return "Enter a number of blocks."
+        count = run("recompute", first_preempted)["preemptions"]
+        times = f"{count} time{'s' if count > 1 else ''}"
+        if value == first_preempted:
+            return (f"Correct: on {first_preempted} blocks the engine preempted {times}, and "
+                    f"on {first_preempted + 1} blocks or more, never.")
+        if value > first_preempted:
+            why = (f" The schedule holds its peak of {peak_demand} blocks for a step or two "
+                   "only, and a few blocks less there just delays an admission."
+                   if first_preempted < peak_demand - 1 else "")
+            return (f"Too high: on {first_preempted + 1} blocks or more the engine preempted "
+                    f"nothing; the first preemption came at {first_preempted}.{why}")
+        return f"Too low: on {first_preempted} blocks the engine already preempted {times}."
+    return check_cliff_guess, first_preempted
+
+
+@app.cell
+def _(check_cliff_guess, cliff_guess, mo):
+    _msg = check_cliff_guess(cliff_guess.value)
+    mo.callout(mo.md(f"Your prediction: **{cliff_guess.value:g}** blocks. {_msg}"),
+               kind="success" if _msg.startswith("Correct") else "neutral")
     return
 
 
@@ -460,9 +503,11 @@ def _(answer_step, answer_victim, check_preemption, mo):
 @app.cell
 def _(
     POOLS,
+    check_cliff_guess,
     check_preemption,
     compared,
     exercise_truth,
+    first_preempted,
     knee,
     peak_demand,
     saturation_blocks,
@@ -501,6 +546,14 @@ def _(
         assert check_preemption(10, "B").count("correct") == 2
         assert "early" in check_preemption(9, "B")
         assert "Not A" in check_preemption(10, "A")
+
+    def test_the_engine_checks_the_cliff_guess():
+        # No formula gives the cliff: the right answer is the engine's own scan, and it must
+        # agree with the sweep (below the knee, at or above its largest pool that preempted).
+        assert max(_p for _p in POOLS if sweep[_p]["preemptions"]) <= first_preempted < knee
+        assert check_cliff_guess(first_preempted).startswith("Correct")
+        for _wrong in (first_preempted - 1, first_preempted + 1, peak_demand):
+            assert not check_cliff_guess(_wrong).startswith("Correct")
     return
 
 
