@@ -515,7 +515,8 @@ def _(mo):
     to stay small and run on a CPU: rank 0 shares the core's process, the messages go over
     plain multiprocessing queues, and the all-reduce is `torch.distributed`'s (gloo or NCCL)
     where vLLM has its own custom all-reduce kernel for NVLink
-    (`device_communicators/custom_all_reduce.py`). There is no pipeline parallelism.
+    (`device_communicators/custom_all_reduce.py`). Pipeline stages and data-parallel replicas
+    are lesson 19's.
     """), kind="info")
     return
 

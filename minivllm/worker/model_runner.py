@@ -32,7 +32,6 @@ Split across processes (minivllm/distributed/), every rank holds a ModelRunner o
 of the weights (tensor parallelism) of its stage's layers (pipeline parallelism), and runs the
 same execute_model on the same messages (minivllm/executor/); collectives and the stages'
 sends keep them in step, and only the driver (tensor rank 0 of the last stage) samples.
-
 Decode steps on CUDA replay CUDA graphs; torch.compile is an option (worker/compilation.py).
 
 Left out, compared with vLLM: persistent input buffers, async scheduling, multi-modal inputs.
@@ -172,8 +171,8 @@ class ModelRunner:
             if self.device.type == "cuda":
                 self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
 
-    @torch.inference_mode()            # as every forward: a compiled graph traced with autograd
-    def compile_or_warm_up_model(self) -> None:   # would need attention's backward
+    @torch.inference_mode()    # as every forward (traced with autograd, attention has none)
+    def compile_or_warm_up_model(self) -> None:
         """Fewer launches per step (minivllm/worker/compilation.py): torch.compile, then decode
         graphs over this pool (a graph records the pool's addresses: a new pool recaptures)."""
         vc = self.vllm_config

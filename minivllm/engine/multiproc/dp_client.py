@@ -18,7 +18,7 @@ Which replica: vLLM V1's rule, the lowest `4 x waiting + running`, from each rep
 stats snapshot (it comes with every step's outputs) plus the requests sent to it since whose
 first output has not come back (counted as waiting: the snapshot does not know them yet).
 `balance="round_robin"` sends request i to replica i mod N instead: the baseline it is
-measured against (bench parallel).
+measured against (bench parallel, lesson 19: `client.balance` may change between requests).
 
 Left out, compared with vLLM: the coordinator process that publishes the replicas' queue
 lengths and runs the DP "waves" (MoE models keep idle replicas stepping in lockstep; dense
@@ -62,8 +62,6 @@ def sum_stats(snapshots: list[EngineStats]) -> EngineStats:
 class DPLBClient:
     def __init__(self, vllm_config: VllmConfig, ready_timeout: float = READY_TIMEOUT_S,
                  balance: str = "score"):
-        if balance not in BALANCES:
-            raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
         parallel = vllm_config.parallel_config
         n, world = parallel.data_parallel_size, parallel.world_size
         self.vllm_config = vllm_config
@@ -178,6 +176,17 @@ class DPLBClient:
     # ---------------------------------------------------------------- utility calls
     def stats(self, fresh: bool = False) -> EngineStats:
         return sum_stats([r.stats(fresh) for r in self.replicas])
+
+    @property
+    def balance(self) -> str:
+        """Where the next request goes: "score" (V1's) or "round_robin"."""
+        return self._balance
+
+    @balance.setter
+    def balance(self, balance: str) -> None:
+        if balance not in BALANCES:
+            raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
+        self._balance = balance
 
     def replica_stats(self, fresh: bool = False) -> list[EngineStats]:
         """Each replica's snapshot, in replica order (for /metrics and lesson 19)."""

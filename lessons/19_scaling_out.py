@@ -1,0 +1,534 @@
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(width="medium")
+
+
+@app.cell
+def _():
+    import minivllm.platforms  # noqa: F401  first: without CUDA, Triton's interpreter on
+
+    import time
+
+    import marimo as mo
+    import matplotlib.pyplot as plt
+    import torch
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.distributed.parallel_state import check_tensor_parallel, kv_head_range
+    from minivllm.distributed.pipeline import check_pipeline_parallel, get_pp_indices
+    from minivllm.simulator import MODEL_SHAPES, model_config
+    return (LLM, MODEL_SHAPES, SamplingParams, check_pipeline_parallel, check_tensor_parallel,
+            get_pp_indices, kv_head_range, mo, model_config, plt, time, torch)
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    # 19 · Scaling out: pipeline stages and data-parallel replicas
+
+    Lesson 15 cut every layer across processes. This lesson adds the two other ways vLLM
+    spreads a model: **pipeline parallelism** gives each process a run of whole layers and
+    hands the hidden states from one to the next; **data parallelism** runs whole copies of
+    the engine behind one front end. After it you can say what each rank holds and sends
+    under `tp x pp x dp`, why a pipeline sends far fewer bytes than tensor parallelism (61x
+    fewer here) but leaves stages idle (the *bubble*), how keeping several batches in flight
+    fills that bubble, and why a data-parallel front end should not hand out requests
+    round-robin. You
+    will run the default model as two stages, three tensor ranks and two replicas on this
+    machine, and check every run against one process.
+    """)
+    return
+
+
+@app.cell
+def _(LLM, SamplingParams, mo, torch):
+    PROMPTS = ["The capital of France is", "def fibonacci(n):", "Le chat est assis sur",
+               "The three primary colors are"]
+    GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    COMMON = dict(max_model_len=256, num_kv_blocks=64, enable_prefix_caching=False)
+    one = LLM(**COMMON)
+    reference = [o.outputs[0].token_ids for o in one.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    cfg = one.engine.model_config.hf_config
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
+          f"({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+          f"{cfg.num_attention_heads} query heads, {cfg.num_key_value_heads} KV heads) · "
+          f"processes talk over {'NCCL' if device != 'CPU' else 'gloo (TCP on this machine)'}"
+          f"  \n`{one.engine!r}`: one process, the reference every run below must match")
+    return COMMON, GREEDY, PROMPTS, cfg, device, one, reference
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## The problem: one GPU is too small, one replica too slow
+
+    Llama-3-70B's weights are 141 GB in bf16; an H100 has 80 GB. Tensor parallelism
+    (lesson 15) splits each layer over 8 GPUs, but pays two all-reduces per layer, every
+    step: fine over NVLink inside one node, slow across nodes. And a model that fits can
+    still have more users than one copy serves. Three knobs, as in vLLM:
+
+    - `tensor_parallel_size` (tp): every layer split across tp ranks;
+    - `pipeline_parallel_size` (pp): the layers split into pp **stages** of consecutive
+      layers; a stage sends its hidden states to the next one;
+    - `data_parallel_size` (dp): dp **replicas**, each a whole engine with its own KV pool,
+      behind one front end that picks a replica per request.
+
+    A deployment uses `tp x pp x dp` GPUs. (The sizes above are published numbers, not
+    measured here.)
+    """)
+    return
+
+
+@app.cell
+def _(COMMON, GREEDY, LLM, PROMPTS, cfg, get_pp_indices, mo):
+    pp_llm = LLM(pipeline_parallel_size=2, **COMMON)
+    stage_layers = [get_pp_indices(cfg.num_hidden_layers, _s, 2) for _s in range(2)]
+    pp_group = pp_llm.engine.model_executor.pp       # the driver's end of the pipeline
+    _bytes_before = pp_group.recv_bytes
+    with pp_llm.engine.trace() as _steps:
+        pp_tokens = [o.outputs[0].token_ids
+                     for o in pp_llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    pp_bytes = pp_group.recv_bytes - _bytes_before
+    pp_tokens_computed = sum(s.num_batched_tokens for s in _steps)
+    mo.md(f"""
+    ## Two stages, live
+
+    `LLM(pipeline_parallel_size=2)` starts a second process. `get_pp_indices` (vLLM's
+    split, `minivllm/distributed/pipeline.py`) gives stage 0 layers
+    {stage_layers[0][0]}-{stage_layers[0][1] - 1} and the embedding, stage 1 layers
+    {stage_layers[1][0]}-{stage_layers[1][1] - 1}, the final norm and the LM head; what a
+    stage does not hold is a `PPMissingLayer` and its weights are never loaded, and each
+    stage's KV pool holds its own layers only. Stage 1 samples: it is the **driver**, in the
+    engine core's process.
+
+    Each step, stage 0 sends one tensor: (tokens, hidden) = {cfg.hidden_size} floats per
+    token. The {pp_tokens_computed} tokens these {len(PROMPTS)} prompts computed sent
+    **{pp_bytes:,} bytes** to stage 1: {pp_bytes // pp_tokens_computed:,} bytes a token.
+    Same tokens as one process: **{pp_tokens == reference}**.
+    """)
+    return pp_bytes, pp_group, pp_llm, pp_tokens, pp_tokens_computed, stage_layers
+
+
+@app.cell
+def _(COMMON, GREEDY, LLM, PROMPTS, mo, pp_bytes, pp_tokens_computed):
+    tp_llm = LLM(tensor_parallel_size=3, **COMMON)      # 9 heads: tp must divide them
+    _tp_group = tp_llm.engine.model_executor.tp
+    _before = (_tp_group.all_reduce_bytes, _tp_group.num_all_reduce)
+    with tp_llm.engine.trace() as _steps:
+        tp_tokens = [o.outputs[0].token_ids
+                     for o in tp_llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    tp_bytes = _tp_group.all_reduce_bytes - _before[0]
+    tp_all_reduces_per_step = (_tp_group.num_all_reduce - _before[1]) // len(_steps)
+    tp_tokens_computed = sum(s.num_batched_tokens for s in _steps)
+    tp_llm.engine.shutdown()                         # its worker processes end here
+    mo.md(f"""
+    ## The same prompts under tensor parallelism
+
+    `LLM(tensor_parallel_size=3)`: each of the 30 layers split three ways. Every step did
+    **{tp_all_reduces_per_step} all-reduces** (two a layer, one for the embedding), each of
+    the whole (tokens, hidden) tensor: **{tp_bytes:,} bytes** for {tp_tokens_computed}
+    tokens, {tp_bytes // tp_tokens_computed:,} a token, against the pipeline's
+    {pp_bytes // pp_tokens_computed:,}: **{tp_bytes / pp_bytes:.0f}x** more (per rank's
+    copy; a ring all-reduce moves about twice that over the wire). That is why vLLM's advice
+    is tensor parallelism inside a node (NVLink) and pipeline stages across nodes.
+    """)
+    return tp_all_reduces_per_step, tp_bytes, tp_tokens, tp_tokens_computed
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## The bubble, and the batch queue that fills it
+
+    A pipeline has a cost tensor parallelism has not: while stage 1 works on a batch, stage
+    0 has nothing to do, unless another batch is ready. With one batch at a time each stage
+    is idle a fraction (pp-1)/pp of the time. GPipe's answer is micro-batches: with m of
+    them in flight, the stages are idle only while the pipeline fills and drains, a fraction
+    **(pp-1)/(m+pp-1)**. vLLM V1 does this in the engine core: `step_with_batch_queue` keeps
+    up to pp batches in flight and schedules the next one while the last stage finishes the
+    previous; a request in flight is not scheduled again until its batch is back.
+
+    Below, six prompts of one token each to generate, the token budget one prompt a step, so
+    each prompt is its own micro-batch. First `max_num_seqs=1`: one request at a time, so
+    nothing is ever ready to fill the second slot. Then `max_num_seqs=8`. Each bar is one
+    batch, from the step that scheduled it to the step that took its outputs.
+    """)
+    return
+
+
+@app.cell
+def _(SamplingParams, pp_llm, time):
+    # Six prompts of exactly 48 token ids, a budget of 48 tokens a step: one prompt a batch.
+    BUBBLE_PROMPTS = [list(range(1000 + 50 * _i, 1048 + 50 * _i)) for _i in range(6)]
+    _budget = 48
+
+    def pipeline_run(max_num_seqs: int) -> dict:
+        """The six prompts through the two stages; every batch's start and end, and counts."""
+        pp_llm.reconfigure(max_num_seqs=max_num_seqs, max_num_batched_tokens=_budget)
+        _one = SamplingParams(temperature=0, max_tokens=1)
+        with pp_llm.engine.trace() as steps:
+            _t0 = time.perf_counter()
+            pp_llm.generate(BUBBLE_PROMPTS, _one, use_tqdm=False)
+            wall = time.perf_counter() - _t0
+        spans = [(s.start_time, s.start_time + s.duration) for s in steps]
+        started_before_previous_ended = sum(1 for a, b in zip(spans, spans[1:]) if b[0] < a[1])
+        busy = sum(e - s for s, e in spans)
+        return {"steps": len(steps), "spans": spans, "wall": wall,
+                "overlaps": started_before_previous_ended,
+                "bubble": 1 - busy / (2 * (spans[-1][1] - spans[0][0]))}
+
+    bubble_runs = {"one batch in flight": pipeline_run(1), "two in flight": pipeline_run(8)}
+    pp_llm.reconfigure(max_num_seqs=64, max_num_batched_tokens=2048)   # back to the defaults
+    return BUBBLE_PROMPTS, bubble_runs
+
+
+@app.cell
+def _(BUBBLE_PROMPTS, bubble_runs, mo, plt):
+    _m, _pp = len(BUBBLE_PROMPTS), 2
+    _fig, _axes = plt.subplots(1, 2, figsize=(11, 2.8), sharey=True)
+    for _ax, (_label, _run) in zip(_axes, bubble_runs.items()):
+        _t0 = _run["spans"][0][0]
+        for _i, (_s, _e) in enumerate(_run["spans"]):
+            _ax.barh(_i, _e - _s, left=_s - _t0, color=f"C{_i % 2}", alpha=0.8)
+        _ax.set_title(f"{_label}: {_run['overlaps']} of {_run['steps'] - 1} batches start "
+                      f"early", fontsize=9)
+        _ax.set_xlabel("seconds")
+    _axes[0].set_ylabel("batch (one prompt each)")
+    _axes[0].invert_yaxis()
+    _fig.tight_layout()
+    _rows = "\n".join(f"| {_l} | {_r['steps']} | {_r['overlaps']} | {_r['bubble']:.0%} | "
+                      f"{_r['wall']:.2f} |" for _l, _r in bubble_runs.items())
+    mo.vstack([_fig, mo.md(f"""
+    | run | batches | started before the previous ended | stage idle (measured) | seconds |
+    |---|---|---|---|---|
+    {_rows}
+
+    The formula says {(_pp - 1) / _pp:.0%} idle with one batch at a time and
+    {(_pp - 1) / (_m + _pp - 1):.0%} with {_m} micro-batches. The counts are the finding:
+    with one request at a time no batch overlaps another; with room for eight, every batch
+    after the first starts while the one before it is still in stage 1. The idle share is
+    computed from the bars (1 - their summed length / (2 stages x the span)); on a 2-core
+    CPU the two stages also share the cores, so the seconds say less than on two GPUs.
+
+    One thing the picture does not show: in decode, vLLM V1 puts every running request in
+    one batch, so a decode-heavy workload has one batch to pipeline, and the stages take
+    turns. Pipelining pays where there are many independent micro-batches: prefills.
+    """)])
+    return
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## Exercise: predict the bytes, then the engine counts
+
+    Three new prompts of 7, 12 and 20 tokens go through the two stages, 3 tokens generated
+    each (greedy). How many bytes does stage 1 receive from stage 0? This machine runs the
+    model in float32 (4 bytes), hidden size 576. Enter your answer; the engine's own counter
+    (`recv_bytes` of the pipeline group) decides.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    bytes_guess = mo.ui.number(start=0, stop=10_000_000, step=1, value=0,
+                               label="bytes stage 1 receives")
+    bytes_guess
+    return (bytes_guess,)
+
+
+@app.cell
+def _(SamplingParams, cfg, pp_group, pp_llm):
+    _prompts = [list(range(100, 107)), list(range(200, 212)), list(range(300, 320))]
+    _before = pp_group.recv_bytes
+    pp_llm.generate(_prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+                    use_tqdm=False)
+    exercise_bytes = pp_group.recv_bytes - _before
+    _float = 4
+    _prompt_only = (7 + 12 + 20) * cfg.hidden_size * _float
+
+    def check_bytes(value: float) -> str:
+        if value == exercise_bytes:
+            return (f"Correct: {exercise_bytes:,} bytes, one {cfg.hidden_size}-float row for "
+                    "every token stage 0 computed.")
+        if value == _prompt_only:
+            return ("That counts the prompts only: each decode step sends one row too, for "
+                    "the token it feeds in (the first token comes from the prefill).")
+        if value == exercise_bytes // 2 or value == _prompt_only // 2:
+            return "That is bfloat16's 2 bytes: this CPU runs the model in float32."
+        return (f"Not quite: the engine counted {exercise_bytes:,}. Count the tokens each "
+                "step feeds in (prompt tokens, then one per decode step) x hidden x 4.")
+    return check_bytes, exercise_bytes
+
+
+@app.cell
+def _(bytes_guess, check_bytes, mo):
+    mo.callout(mo.md(f"Your prediction: **{bytes_guess.value:,.0f}** bytes. "
+                     f"{check_bytes(bytes_guess.value)}"),
+               kind="success" if check_bytes(bytes_guess.value).startswith("Correct")
+               else "warn")
+    return
+
+
+@app.cell
+def _(bubble_runs, exercise_bytes, pp_llm):
+    # The pipeline's last use above: its worker process ends here.
+    _done = (bubble_runs, exercise_bytes)
+    pp_llm.engine.shutdown()
+    return
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## Data parallelism: which replica gets the next request?
+
+    `LLM(data_parallel_size=2)` starts two engine cores, each in its own process with its
+    own KV pool, behind one front end (`DPLBClient`, vLLM's `DPLBAsyncMPClient`). A request
+    goes to one replica and stays there, so its stop strings and aborts reach it. Which one?
+    Round-robin is the obvious rule, and it is blind: below, a long request (20 tokens) and a
+    short one (3 tokens) arrive in turn, a new one every few front-end steps. Round-robin
+    sends every long request to replica 0. vLLM V1's rule sends each request to the replica
+    with the lowest **4 x waiting + running**, from the stats each replica sends back with
+    its outputs (plus the requests sent to it that have not answered yet).
+    """)
+    return
+
+
+@app.cell
+def _(LLM, SamplingParams, time):
+    def skewed_stream(llm, balance: str, n: int = 10, every: int = 3) -> dict:
+        """Long and short requests in turn; after each front-end step (one replica's outputs),
+        the time and each replica's queue."""
+        client = llm.engine.engine_core
+        client.balance = balance
+        long = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+        short = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+        longs, queue, times, t0 = [0, 0], [], [], time.perf_counter()
+
+        def record():
+            queue.append([s.num_running + s.num_waiting for s in client.replica_stats()])
+            times.append(time.perf_counter() - t0)
+
+        for _i in range(n):
+            llm.engine.add_request(f"{balance}-{_i}", f"Request {_i}: say something.",
+                                   (long, short)[_i % 2])
+            longs[client.owner[f"{balance}-{_i}"]] += _i % 2 == 0
+            for _ in range(every):
+                llm.engine.step()
+                record()
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
+            record()
+        return {"longs": longs, "queue": queue, "times": times, "seconds": times[-1]}
+
+    dp_llm = LLM(data_parallel_size=2, max_model_len=256, num_kv_blocks=64)
+    dp_runs = {b: skewed_stream(dp_llm, b) for b in ("round_robin", "score")}
+    dp_llm.engine.shutdown()
+    return (dp_runs,)
+
+
+@app.cell
+def _(dp_runs, mo, plt):
+    _fig, _axes = plt.subplots(1, 2, figsize=(11, 2.8), sharey=True)
+    for _ax, (_balance, _run) in zip(_axes, dp_runs.items()):
+        for _r in range(2):
+            _ax.step(_run["times"], [_q[_r] for _q in _run["queue"]], where="post",
+                     label=f"replica {_r}")
+        _ax.set_title(f"{_balance}: long requests per replica {_run['longs']}, "
+                      f"{_run['seconds']:.1f} s", fontsize=9)
+        _ax.set_xlabel("seconds")
+    _axes[0].set_ylabel("running + waiting")
+    _axes[0].legend()
+    _fig.tight_layout()
+    mo.vstack([_fig, mo.md(f"""
+    Round-robin gave the replicas **{dp_runs['round_robin']['longs']}** long requests: one
+    replica carries all the long work and its queue grows while the other's stays near
+    empty. The score gave **{dp_runs['score']['longs']}**. Both replicas are the same engine;
+    only the front end's choice differs. The counts are the finding; the seconds are shown
+    beside them but say little here, where the two replicas share one CPU's cores (on two
+    GPUs the idle one would simply waste its GPU). The queue lengths come from each
+    replica's stats snapshot, which arrives with its outputs: the front end always sees a
+    step-old picture, as in vLLM.
+    """)])
+    return
+
+
+@app.cell
+def _(MODEL_SHAPES, mo):
+    plan_model = mo.ui.dropdown(MODEL_SHAPES, value="Llama-3-70B", label="model")
+    plan_tp = mo.ui.slider(1, 16, value=8, label="tp", show_value=True)
+    plan_pp = mo.ui.slider(1, 8, value=2, label="pp", show_value=True)
+    plan_dp = mo.ui.slider(1, 8, value=1, label="dp", show_value=True)
+    mo.vstack([mo.md(r"""
+    ## Plan a deployment: what each rank holds and sends
+
+    Pick a model and `tp x pp x dp`. The table uses the engine's own split
+    (`get_pp_indices`) and its own checks (`check_tensor_parallel`,
+    `check_pipeline_parallel`): an impossible split shows the error the engine would raise.
+    Weights and traffic are bf16, per GPU of 80 GB. Find a setting that does not fit, one
+    the engine refuses, and the cheapest one that fits Llama-3-70B with room for KV.
+    """), mo.hstack([plan_model, plan_tp, plan_pp, plan_dp])])
+    return plan_dp, plan_model, plan_pp, plan_tp
+
+
+@app.cell
+def _(check_pipeline_parallel, check_tensor_parallel, get_pp_indices, kv_head_range,
+      model_config):
+    def plan(name: str, tp: int, pp: int, dp: int, gpu_gb: float = 80) -> dict:
+        """Per stage: layers, weights per rank (GB), KV bytes per token per rank; traffic per
+        token; or the engine's error for a split it refuses."""
+        c = model_config(name)
+        try:
+            check_tensor_parallel(c, tp)
+            check_pipeline_parallel(c, pp)
+        except ValueError as e:
+            return {"error": str(e)}
+        h, d = c.hidden_size, c.head_dim or c.hidden_size // c.num_attention_heads
+        layer = h * d * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) \
+            + 3 * h * c.intermediate_size
+        kv_heads = len(kv_head_range(c, 0, tp))
+        stages = []
+        for s in range(pp):
+            start, end = get_pp_indices(c.num_hidden_layers, s, pp)
+            params = (end - start) * layer / tp
+            params += c.vocab_size * h / tp * ((s == 0) + (s == pp - 1))   # embed, head
+            stages.append({"layers": f"{start}-{end - 1}", "weights_gb": 2 * params / 1e9,
+                           "kv_per_token": 2 * (end - start) * kv_heads * d * 2})
+        return {"stages": stages, "gpus": tp * pp * dp,
+                "tp_bytes_per_token": (2 * c.num_hidden_layers // pp + 1) * h * 2,
+                "pp_bytes_per_token": h * 2,
+                "fits": all(st["weights_gb"] < gpu_gb for st in stages)}
+    return (plan,)
+
+
+@app.cell
+def _(mo, plan, plan_dp, plan_model, plan_pp, plan_tp):
+    _p = plan(plan_model.value, plan_tp.value, plan_pp.value, plan_dp.value)
+    if "error" in _p:
+        _out = mo.callout(mo.md(f"**The engine refuses this split:** {_p['error']}"),
+                          kind="danger")
+    else:
+        _rows = "\n".join(f"| {_i} | {_s['layers']} | {_s['weights_gb']:.1f} | "
+                          f"{80 - _s['weights_gb']:.1f} | {_s['kv_per_token']:,} |"
+                          for _i, _s in enumerate(_p["stages"]))
+        _verdict = ("fits" if _p["fits"] else "**does not fit**: a stage's weights exceed "
+                    "80 GB")
+        _out = mo.md(f"""
+    **{_p['gpus']} GPUs**; {_verdict}.
+
+    | stage | layers | weights per rank (GB) | left for KV (GB) | KV bytes per token per rank |
+    |---|---|---|---|---|
+    {_rows}
+
+    Per token and step, each tensor rank all-reduces {_p['tp_bytes_per_token']:,} bytes
+    within its stage (two a layer, plus the embedding's); each stage boundary carries
+    {_p['pp_bytes_per_token']:,} bytes to the next stage. dp multiplies the GPUs and the
+    requests served, and changes neither.
+    """)
+    _out
+    return
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## Where the code lives
+
+    - `minivllm/distributed/pipeline.py`: `get_pp_indices`, `split_for_stage` (each stage's
+      `PPMissingLayer`s), the pipeline's checks.
+    - `minivllm/distributed/parallel_state.py`: `PipelineParallelGroup` (send and receive of
+      the hidden states, counted), `TensorParallelGroup` (the all-reduces).
+    - `minivllm/engine/core.py`: `EngineCore.step_with_batch_queue`; the scheduler's
+      `in_flight` set in `minivllm/core/scheduler.py`.
+    - `minivllm/executor/multiproc_executor.py`: the ranks, `execute_model(non_block=True)`.
+    - `minivllm/engine/multiproc/dp_client.py`: `DPLBClient`, the score and round-robin.
+    - Several hosts and Ray: README's *Scale out* section (`--nnodes`, `--headless`,
+      `distributed_executor_backend="ray"`) and `scripts/two_hosts.sh`.
+    """)
+    return
+
+
+@app.cell
+def _(mo):
+    mo.callout(mo.md(r"""
+    **In vLLM V1.** Open `vllm/distributed/utils.py` (`get_pp_indices`),
+    `vllm/model_executor/models/utils.py` (`PPMissingLayer`, `make_layers`),
+    `vllm/sequence.py` (`IntermediateTensors`: the hidden states *and* the residual cross a
+    stage, because vLLM's fused add-norm keeps the residual apart; minivllm's model adds it
+    in place, so one tensor crosses), `vllm/v1/engine/core.py` (`step_with_batch_queue`,
+    `max_concurrent_batches`), `vllm/v1/executor/multiproc_executor.py` and
+    `ray_distributed_executor.py`, and `vllm/v1/engine/core_client.py`
+    (`DPLBAsyncMPClient`, the `waiting * 4 + running` score). vLLM's output rank is the
+    last stage's first tensor rank, in a worker process; minivllm's driver is the same rank
+    but lives in the engine core's process, so sampling stays where it was. vLLM also runs a
+    DP coordinator process that publishes the replicas' queue lengths and keeps MoE replicas
+    stepping in lockstep ("waves"); minivllm's front end reads the stats each replica sends
+    with its outputs, and has no waves (dense models only).
+    """), kind="info")
+    return
+
+
+@app.cell
+def _(PROMPTS, bubble_runs, check_bytes, cfg, dp_runs, exercise_bytes, plan, pp_bytes,
+      pp_tokens, pp_tokens_computed, reference, tp_all_reduces_per_step, tp_bytes, tp_tokens,
+      tp_tokens_computed):
+    def test_pipeline_and_tensor_ranks_match_one_process():
+        assert pp_tokens == reference and tp_tokens == reference
+        assert all(len(t) == 4 for t in reference) and len(reference) == len(PROMPTS)
+
+    def test_one_row_per_token_crosses_a_stage():
+        assert pp_bytes == pp_tokens_computed * cfg.hidden_size * 4 > 0
+
+    def test_tensor_parallel_sends_two_rows_per_layer():
+        assert tp_all_reduces_per_step == 2 * cfg.num_hidden_layers + 1
+        assert tp_bytes == tp_tokens_computed * tp_all_reduces_per_step * cfg.hidden_size * 4
+        assert tp_bytes / tp_tokens_computed > 50 * pp_bytes / pp_tokens_computed
+
+    def test_batches_overlap_only_with_room_in_flight():
+        one, two = bubble_runs["one batch in flight"], bubble_runs["two in flight"]
+        assert one["steps"] == two["steps"] == 6
+        assert one["overlaps"] == 0
+        assert two["overlaps"] == 5
+
+    def test_the_score_spreads_the_long_requests():
+        assert dp_runs["round_robin"]["longs"] == [5, 0]
+        assert max(dp_runs["score"]["longs"]) < 5 and sum(dp_runs["score"]["longs"]) == 5
+
+    def test_planner_uses_the_engines_checks():
+        assert "error" in plan("SmolLM2-135M", 2, 1, 1)          # 9 heads do not split in 2
+        assert "error" in plan("SmolLM2-135M", 1, 31, 1)         # more stages than layers
+        assert not plan("Llama-3-70B", 1, 1, 1)["fits"]          # 141 GB on one GPU
+        assert plan("Llama-3-70B", 8, 2, 1)["fits"]
+
+    def test_exercise():
+        assert check_bytes(exercise_bytes).startswith("Correct")
+        assert not check_bytes((7 + 12 + 20) * cfg.hidden_size * 4).startswith("Correct")
+        assert not check_bytes(exercise_bytes // 2).startswith("Correct")
+        assert exercise_bytes == (7 + 12 + 20 + 3 * 2) * cfg.hidden_size * 4
+    return
+
+
+@app.cell
+def _(bubble_runs, dp_runs, exercise_bytes, pp_bytes, pp_tokens, pp_tokens_computed,
+      reference, tp_all_reduces_per_step, tp_bytes, tp_tokens, tp_tokens_computed):
+    findings = {
+        "pp_tokens_identical": pp_tokens == reference,
+        "tp_tokens_identical": tp_tokens == reference,
+        "pp_bytes_per_token": pp_bytes // pp_tokens_computed,
+        "tp_bytes_per_token": tp_bytes // tp_tokens_computed,
+        "tp_all_reduce_per_step": tp_all_reduces_per_step,
+        "overlapping_batches": {k: v["overlaps"] for k, v in bubble_runs.items()},
+        "stage_idle_measured": {k: round(v["bubble"], 3) for k, v in bubble_runs.items()},
+        "dp_long_requests": {k: v["longs"] for k, v in dp_runs.items()},
+        "exercise_bytes": exercise_bytes,
+    }
+    print("findings:", findings)
+    return
+
+
+if __name__ == "__main__":
+    app.run()
