@@ -15,11 +15,13 @@ def _():
     import torch
 
     from minivllm import LLM, SamplingParams
+    from minivllm.benchmarks.roofline import StepCost
     from minivllm.distributed.parallel_state import check_tensor_parallel, kv_head_range
     from minivllm.distributed.pipeline import check_pipeline_parallel, get_pp_indices
     from minivllm.simulator import MODEL_SHAPES, model_config
-    return (LLM, MODEL_SHAPES, SamplingParams, check_pipeline_parallel, check_tensor_parallel,
-            get_pp_indices, kv_head_range, mo, model_config, plt, time, torch)
+    return (LLM, MODEL_SHAPES, SamplingParams, StepCost, check_pipeline_parallel,
+            check_tensor_parallel, get_pp_indices, kv_head_range, mo, model_config, plt, time,
+            torch)
 
 
 @app.cell
@@ -376,31 +378,34 @@ def _(MODEL_SHAPES, mo):
 
 
 @app.cell
-def _(check_pipeline_parallel, check_tensor_parallel, get_pp_indices, kv_head_range,
-      model_config):
+def _(StepCost, check_pipeline_parallel, check_tensor_parallel, get_pp_indices,
+      kv_head_range, model_config, torch):
     def plan(name: str, tp: int, pp: int, dp: int, gpu_gb: float = 80) -> dict:
         """Per stage: layers, weights per rank (GB), KV bytes per token per rank; traffic per
-        token; or the engine's error for a split it refuses."""
+        token; or the engine's error for a split it refuses. Sizes from the roofline's
+        StepCost (lesson 01), in bf16."""
         c = model_config(name)
         try:
             check_tensor_parallel(c, tp)
             check_pipeline_parallel(c, pp)
         except ValueError as e:
             return {"error": str(e)}
-        h, d = c.hidden_size, c.head_dim or c.hidden_size // c.num_attention_heads
-        layer = h * d * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) \
-            + 3 * h * c.intermediate_size
-        kv_heads = len(kv_head_range(c, 0, tp))
+        cost = StepCost.of(c, torch.bfloat16)
+        layers = c.num_hidden_layers
+        kv_share = len(kv_head_range(c, 0, tp)) / c.num_key_value_heads
         stages = []
         for s in range(pp):
-            start, end = get_pp_indices(c.num_hidden_layers, s, pp)
-            params = (end - start) * layer / tp
-            params += c.vocab_size * h / tp * ((s == 0) + (s == pp - 1))   # embed, head
-            stages.append({"layers": f"{start}-{end - 1}", "weights_gb": 2 * params / 1e9,
-                           "kv_per_token": 2 * (end - start) * kv_heads * d * 2})
+            start, end = get_pp_indices(layers, s, pp)
+            params = (end - start) * cost.linear_params / layers / tp
+            params += cost.head_params / tp * ((s == 0) + (s == pp - 1))   # embed, head
+            stages.append({"layers": f"{start}-{end - 1}", "n": end - start,
+                           "weights_gb": params * cost.elem / 1e9,
+                           "kv_per_token": round(cost.kv_token_bytes * (end - start) / layers
+                                                 * kv_share)})
         return {"stages": stages, "gpus": tp * pp * dp,
-                "tp_bytes_per_token": (2 * c.num_hidden_layers // pp + 1) * h * 2,
-                "pp_bytes_per_token": h * 2,
+                # the first stage's: two all-reduces a layer, one for the embedding
+                "tp_bytes_per_token": (2 * stages[0]["n"] + 1) * cost.hidden_bytes,
+                "pp_bytes_per_token": cost.hidden_bytes,
                 "fits": all(st["weights_gb"] < gpu_gb for st in stages)}
     return (plan,)
 
@@ -424,10 +429,10 @@ def _(mo, plan, plan_dp, plan_model, plan_pp, plan_tp):
     |---|---|---|---|---|
     {_rows}
 
-    Per token and step, each tensor rank all-reduces {_p['tp_bytes_per_token']:,} bytes
-    within its stage (two a layer, plus the embedding's); each stage boundary carries
-    {_p['pp_bytes_per_token']:,} bytes to the next stage. dp multiplies the GPUs and the
-    requests served, and changes neither.
+    Per token and step, each tensor rank of the first stage all-reduces
+    {_p['tp_bytes_per_token']:,} bytes (two a layer, plus the embedding's); each stage
+    boundary carries {_p['pp_bytes_per_token']:,} bytes to the next stage. dp multiplies the
+    GPUs and the requests served, and changes neither.
     """)
     _out
     return
