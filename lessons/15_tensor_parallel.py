@@ -516,7 +516,7 @@ def _(mo):
     plain multiprocessing queues, and the all-reduce is `torch.distributed`'s (gloo or NCCL)
     where vLLM has its own custom all-reduce kernel for NVLink
     (`device_communicators/custom_all_reduce.py`). Pipeline stages and data-parallel replicas
-    are lesson 19's.
+    are lesson 18's.
     """), kind="info")
     return
 

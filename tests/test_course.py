@@ -74,7 +74,7 @@ def test_catalog_findings_are_recorded_by_their_lessons(entry, lesson_run):
 @pytest.mark.parametrize("entry", [r for r in course.COURSE["ranking"] if r.get("rung")],
                          ids=lambda r: r["technique"])
 def test_catalog_rungs_are_on_the_ablation_ladder(entry, lesson_run):
-    """A ranking entry's `rung` is a row of the ablation ladder that lesson 17 records."""
+    """A ranking entry's `rung` is a row of the ablation ladder that lesson 19 records."""
     from minivllm.benchmarks.ablation import RUNGS
     assert entry["rung"] in RUNGS, f"docs/course.yml: {entry['rung']!r} is not in {list(RUNGS)}"
     ladder = lesson_run("17").findings.get("findings", {}).get("ablation", {})

@@ -82,6 +82,11 @@ def test_site_has_every_page(built_site):
     home = (built_site / "index.html").read_text(encoding="utf-8")
     for lesson in LESSONS:
         assert f"lessons/{lesson.stem}.html" in home, f"the home page does not link {lesson.name}"
+    # Lessons renumbered when the capstone moved last: the old addresses send readers on.
+    for old, new in {"17_capstone": "19_capstone", "18_simulation": "17_simulation",
+                     "19_scaling_out": "18_scaling_out"}.items():
+        stub = (built_site / "lessons" / f"{old}.html").read_text(encoding="utf-8")
+        assert f'url={new}.html"' in stub and (built_site / "lessons" / f"{new}.html").is_file()
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
@@ -104,15 +109,15 @@ def test_lesson_page_shows_its_run(built_site, lesson):
 
 
 def test_catalog_shows_the_ladder_and_the_glossary_defines_its_terms(built_site):
-    """The catalog's Part I rows come from lesson 17's ablation ladder, every page carries the
+    """The catalog's Part I rows come from lesson 19's ablation ladder, every page carries the
     glossary's abbreviations (shown on hover), and the GPU column says what it holds."""
     catalog = (built_site / "catalog.html").read_text(encoding="utf-8")
-    assert catalog.count("lesson 17's ladder") == 4 and "did not record" not in catalog
+    assert catalog.count("lesson 19's ladder") == 4 and "did not record" not in catalog
     assert "On a GPU" in catalog
     glossary = (built_site / "glossary.html").read_text(encoding="utf-8")
     for term in ("TTFT", "ITL", "TPOT", "E2E", "SLO"):
         assert f">{term}</abbr>" in glossary, term
-    page = (built_site / "lessons" / "17_capstone.html").read_text(encoding="utf-8")
+    page = (built_site / "lessons" / "19_capstone.html").read_text(encoding="utf-8")
     assert ">TTFT</abbr>" in page and 'id="findings-of-this-run"' in page
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+from pathlib import Path
 
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
@@ -30,7 +31,10 @@ REPO = lesson_runner.REPO
 MODE = os.environ.get("MINIVLLM_DOCS_LESSONS", "run").lower()
 LESSONS = {p.name[:2]: p for p in lesson_runner.discover_lessons()}
 RUNS: dict[str, lesson_runner.LessonRun | None] = {}  # "01" -> the run its page shows
-LADDER = "17"  # the lesson whose findings hold the ablation ladder (its `ablation` entry)
+LADDER = "19"  # the lesson whose findings hold the ablation ladder (its `ablation` entry)
+# Lessons renumbered when the capstone moved to the end: their old addresses still lead there.
+MOVED = {"17_capstone": "19_capstone", "18_simulation": "17_simulation",
+         "19_scaling_out": "18_scaling_out"}
 RUNG_COUNTS = (("steps", "steps"), ("tokens_per_step", "tokens/step"),
                ("prefill_tokens", "prompt tokens computed"), ("largest_step", "largest step"))
 # API pages, dotted: the package (its public API), then every module course.yml lists.
@@ -147,3 +151,15 @@ def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
         if f"<!-- {marker} -->" in markdown:
             markdown = markdown.replace(f"<!-- {marker} -->", table())
     return markdown
+
+
+def on_post_build(config, **kwargs):
+    """A page at each moved lesson's old address that sends the reader to its new one."""
+    for old, new in MOVED.items():
+        page = Path(config.site_dir) / "lessons" / f"{old}.html"
+        if not page.exists():  # never over a lesson that now has the old name
+            page.write_text(
+                f'<!doctype html><meta charset="utf-8"><title>Moved</title>'
+                f'<link rel="canonical" href="{new}.html">'
+                f'<meta http-equiv="refresh" content="0; url={new}.html">'
+                f'<p>This lesson moved: <a href="{new}.html">{new}</a>.</p>\n', encoding="utf-8")

@@ -28,7 +28,7 @@ Part II's mechanisms need workloads of their own (a copy task for n-gram specula
 pool for a quantized KV cache or for swapping), so `part_two_pairs` serves each on its own
 small workload, off then on, and counts what it changes (PAIRS). CUDA graphs and tensor
 parallelism save no count on a CPU and are left to lessons 14 and 15. vLLM has no such ladder
-(its benchmarks compare whole configurations). Lesson 17 runs both at a small size, checks
+(its benchmarks compare whole configurations). Lesson 19 runs both at a small size, checks
 their counts and ranks them beside the series' ranking; the site's Optimization catalog shows
 that run.
 """

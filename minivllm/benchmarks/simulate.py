@@ -13,7 +13,7 @@ are peaks from the vendor's sheet and assumed efficiencies: cost_model.py says w
 The capacity search is a binary search over the Poisson rate, as Vidur-Search does. run_both
 is the check that keeps the simulator honest: one workload served by the real engine and by
 `simulate` set up like it, so schedules (same_schedule) and seconds (real_latencies against
-the SimResult's) can be compared; tests/test_simulator.py and lesson 18 use it.
+the SimResult's) can be compared; tests/test_simulator.py and lesson 17 use it.
 
 No vLLM twin: vLLM has no simulator (cf. Vidur, MLSys 2024).
 """

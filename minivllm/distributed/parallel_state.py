@@ -75,7 +75,7 @@ class PipelineParallelGroup:
         self.is_last = self.stage == pp_size - 1
         self.device = "cuda" if backend == "nccl" else "cpu"
         self.pg = process_group(store, rank, tp_size * pp_size, backend)
-        self.num_sends = self.send_bytes = 0     # counted, for lesson 19 and bench parallel
+        self.num_sends = self.send_bytes = 0     # counted, for lesson 18 and bench parallel
         self.num_recvs = self.recv_bytes = 0     # (the driver, the last stage, only receives)
         self.recv_wait_seconds = 0.0             # idle: waiting for the previous stage
 

@@ -101,7 +101,7 @@ GiB = 2**30
 # (calibrate.py on that GPU) replaces them.
 PROFILES = {name: HardwareProfile(**fields) for name, fields in
             json.loads((DATA / "profiles.json").read_text()).items()}
-# One direction of a PCIe Gen5 x16 link, for "the same GPUs without NVLink" (lesson 18).
+# One direction of a PCIe Gen5 x16 link, for "the same GPUs without NVLink" (lesson 17).
 PCIE_GEN5_BANDWIDTH = 64e9
 
 

@@ -18,7 +18,7 @@ Which replica: vLLM V1's rule, the lowest `4 x waiting + running`, from each rep
 stats snapshot (it comes with every step's outputs) plus the requests sent to it since whose
 first output has not come back (counted as waiting: the snapshot does not know them yet).
 `balance="round_robin"` sends request i to replica i mod N instead: the baseline it is
-measured against (bench parallel, lesson 19: `client.balance` may change between requests).
+measured against (bench parallel, lesson 18: `client.balance` may change between requests).
 
 Left out, compared with vLLM: the coordinator process that publishes the replicas' queue
 lengths and runs the DP "waves" (MoE models keep idle replicas stepping in lockstep; dense
@@ -189,7 +189,7 @@ class DPLBClient:
         self._balance = balance
 
     def replica_stats(self, fresh: bool = False) -> list[EngineStats]:
-        """Each replica's snapshot, in replica order (for /metrics and lesson 19)."""
+        """Each replica's snapshot, in replica order (for /metrics and lesson 18)."""
         return [r.stats(fresh) for r in self.replicas]
 
     def reconfigure(self, vllm_config: VllmConfig):

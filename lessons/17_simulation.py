@@ -29,7 +29,7 @@ def _():
 @app.cell
 def _(mo):
     mo.md(r"""
-    # 18 · At scale, by simulation
+    # 17 · At scale, by simulation
 
     After this lesson you can answer the questions people bring to serving, the ones a 2-core
     CPU cannot run: how many requests per second Llama-3-70B on eight H100s takes before its

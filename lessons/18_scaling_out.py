@@ -27,7 +27,7 @@ def _():
 @app.cell
 def _(mo):
     mo.md(r"""
-    # 19 · Scaling out: pipeline stages and data-parallel replicas
+    # 18 · Scaling out: pipeline stages and data-parallel replicas
 
     Lesson 15 cut every layer across processes. This lesson adds the two other ways vLLM
     spreads a model: **pipeline parallelism** gives each process a run of whole layers and

@@ -22,7 +22,7 @@ def _():
 @app.cell
 def _(mo):
     mo.md(r"""
-    # 17 · Capstone: tune the engine to meet a latency SLO
+    # 19 · Capstone: tune the engine to meet a latency SLO
 
     After this lesson you can state a serving target the way operators do (a service-level
     objective on time to first token and on inter-token latency), measure *goodput*, the
