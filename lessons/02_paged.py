@@ -21,8 +21,7 @@ def _():
     from minivllm.core.kv_cache import kv_bytes_per_token, reference_config
     from minivllm.workloads import Request, lognormal_requests, serve
     return (BeamSearchParams, EngineCoreRequest, LLM, Request, Rectangle, SamplingParams, cdiv,
-            collections,
-            kv_bytes_per_token, lognormal_requests, mo, np, plt, reference_config,
+            collections, kv_bytes_per_token, lognormal_requests, mo, np, plt, reference_config,
             resolve_device, resolve_dtype, serve, torch)
 
 
@@ -106,11 +105,10 @@ def _(BLOCK_SIZE, MAX_MODEL_LEN, NUM_REQUESTS, NUM_SLABS, mo):
 
     Both caches get the same number of bytes for K and V: room for {NUM_SLABS} requests of
     {MAX_MODEL_LEN} tokens. The contiguous one (`llm.reconfigure(**SLABS)`) spends it as
-    {NUM_SLABS} slabs; the paged one (`**PAGED`) as blocks of {BLOCK_SIZE} tokens. We send
-    both the same {NUM_REQUESTS}
-    requests, with prompt and output lengths drawn from log-normal distributions (most
-    requests short, a few long, as in chat traffic), and after every engine step record how
-    many KV slots are reserved and how many hold a token.
+    {NUM_SLABS} slabs; the paged one (`**PAGED`) as blocks of {BLOCK_SIZE} tokens. We send both
+    the same {NUM_REQUESTS} requests, with prompt and output lengths drawn from log-normal
+    distributions (most requests short, a few long, as in chat traffic), and after every
+    engine step record how many KV slots are reserved and how many hold a token.
     """)
     return
 
@@ -195,12 +193,10 @@ def _(NUM_REQUESTS, NUM_SLABS, mo, paged_concurrency, paged_peak_pool, paged_uti
     **{paged_concurrency}** requests ran at once, and the pool was never more than
     **{paged_peak_pool:.0%}** full: the same bytes could have served several times as many
     requests of this mix. The remaining few percent is the unfilled tail of each sequence's
-    last block (plus, for a step or two, prompts whose blocks are reserved but whose
-    prefill is split over two steps).
+    last block (plus, for a step or two, reserved blocks of a prefill split over two steps).
 
-    Memory that holds more requests is throughput: a decode step for 16 sequences costs
-    little more than for one (lesson 01), and lesson 04 shows the scheduler keeping the
-    batch full.
+    Memory that holds more requests is throughput: a decode step for 16 sequences costs little
+    more than for one (lesson 01), and lesson 04 shows the scheduler keeping the batch full.
     """)
     return
 
@@ -277,14 +273,13 @@ def _(mo):
     mo.md(r"""
     ## The mechanism, live: block tables, reference counts, copy-on-write
 
-    Parallel sampling asks for `n` answers to one prompt (`SamplingParams(n=...)`). What
-    follows is **vLLM V0's design** (the PagedAttention paper's), which minivllm's
-    `EngineCore` keeps for a request handed to it whole (`EngineCoreRequest` with `n > 1`),
-    because it shows reference counts and copy-on-write at work; `LLMEngine` itself does it
-    vLLM V1's way, shown after it. The engine prefills the prompt once; when the
-    first token is sampled, `BlockManager.fork`
-    gives each of the other samples a block table that points at the same physical blocks,
-    and raises each block's reference count to `n`. Nothing is copied yet.
+    Parallel sampling asks for `n` answers to one prompt (`SamplingParams(n=...)`). What follows
+    is **vLLM V0's design** (the PagedAttention paper's), which minivllm's `EngineCore` keeps
+    for a request handed to it whole (`EngineCoreRequest` with `n > 1`), because it shows
+    reference counts and copy-on-write at work; `LLMEngine` itself does it vLLM V1's way, shown
+    after it. The engine prefills the prompt once; when the first token is sampled,
+    `BlockManager.fork` gives each of the other samples a block table that points at the same
+    physical blocks, and raises each block's reference count to `n`. Nothing is copied yet.
 
     On the next step every sample writes its own token. If the prompt ended in the middle of
     a block, that write would land in a block the others still read, so `append_slots` first
@@ -292,10 +287,10 @@ def _(mo):
     block's count. The full prompt blocks stay shared until the request ends.
 
     Below is the real state of the paged engine's block manager for one request with a
-    40-token prompt (two full blocks and 8 tokens in a third), captured after step 1 and
-    after step 12. Each box in the top row is a logical block of one sample (its filled part
-    shows how many tokens it holds); the arrows are its block table; the bottom row is the
-    physical blocks in use, with their reference counts.
+    40-token prompt (two full blocks and 8 tokens in a third), after steps 1 and 12. Each
+    box in the top row is a logical block of one sample (filled as far as it holds tokens);
+    the arrows are its block table; the bottom row is the physical blocks in use, with their
+    reference counts.
     """)
     return
 
@@ -312,9 +307,7 @@ def _(EngineCoreRequest, PAGED, SamplingParams, collections, llm):
 
     def run_parallel(n, prompt_len=PROMPT_LEN, max_tokens=SAMPLE_TOKENS, _cache={}):
         """Serve one request with n samples on the paged engine; snapshot every step.
-
-        Results are cached, so that moving the slider back to a value is instant.
-        """
+        Cached, so that moving the slider back to a value is instant."""
         key = (n, prompt_len, max_tokens)
         if key in _cache:
             return _cache[key]
@@ -552,9 +545,8 @@ def _(PAGED, PROMPT_LEN, Request, SAMPLE_TOKENS, SamplingParams, llm, mo, prompt
     by the other three children (**{fanout['hit_tokens']}** prompt tokens hit), while each
     child computes the partly filled block itself: **{fanout['prompt_tokens_computed']}**
     prompt tokens computed in all, against {PROMPT_LEN} with fork, at a peak of
-    {fanout['peak_blocks']} blocks. V1 pays those few recomputed tokens to keep one code
-    path: a child is an ordinary request, and the scheduler needs no fork, no per-sample
-    groups and no copy-on-write.
+    {fanout['peak_blocks']} blocks. V1 pays those few recomputed tokens to keep one code path:
+    a child is an ordinary request; no fork, no per-sample groups, no copy-on-write.
     """)
     return (fanout,)
 
@@ -566,13 +558,12 @@ def _(mo):
 
     Beam search keeps the `k` most likely continuations ("beams") of one prompt: every step,
     each beam proposes its best next tokens, the `k` best extensions over all beams survive,
-    and the rest die. Two beams often extend the same parent, so their histories are
-    identical up to the fork. With block tables that costs nothing: a survivor that extends
-    a beam already taken becomes a **fork** of it (`BlockManager.fork`: same blocks, reference
-    counts up), the beam no survivor extends is freed, and copy-on-write separates the one
-    partly filled block the moment each writes into it. This is vLLM V0's design, and
-    minivllm's engine core runs it (`minivllm/core/beam_group.py`, through
-    `llm.beam_search(..., method="fork")`).
+    and the rest die. Two beams often extend the same parent, so their histories are the
+    same up to the fork. With block tables that costs nothing: a survivor that extends a beam
+    already taken becomes a **fork** of it (`BlockManager.fork`: same blocks, reference counts
+    up), a beam no survivor extends is freed, and copy-on-write splits the one partly filled
+    block when each writes to it. This is vLLM V0's design, run by minivllm's engine core
+    (`minivllm/core/beam_group.py`, through `llm.beam_search(..., method="fork")`).
 
     vLLM V1 took beam search out of the engine (`vllm/beam_search.py`): each beam becomes a
     one-token request whose prompt is its whole history, and the sharing comes back from the
@@ -651,11 +642,10 @@ def _(mo):
     mo.md(r"""
     ### Exercise: predict the beams' blocks
 
-    The same search: a **40**-token prompt, 16-token blocks, `k = 4` beams, prefix caching
-    off. The first step prefills the prompt; every later step computes one new token of
-    each beam. At step 7 the beams write the K/V of their **6th** generated token. How many
-    physical blocks does the request hold at that moment (copies included)? The checker
-    reads the engine's own count from the run above.
+    The same search: a **40**-token prompt, 16-token blocks, `k = 4` beams, prefix caching off.
+    The first step prefills the prompt; every later step computes one new token of each beam.
+    At step 7 the beams write the K/V of their **6th** generated token. How many physical
+    blocks does the request hold then (copies included)? The checker reads the engine's count.
     """)
     beam_blocks_answer = mo.ui.number(start=0, stop=1000, value=0, label="blocks in use")
     beam_blocks_answer
@@ -874,10 +864,30 @@ def _(blocks_answer, check_blocks_answer, mo):
 
 
 @app.cell
+def _(mo):
+    # Shown at the end, under "Where the code lives".
+    v1_box = mo.callout(mo.md(r"""
+    **In vLLM V1.** The pool is `BlockPool` (`vllm/v1/core/block_pool.py`): each `KVCacheBlock`
+    (`vllm/v1/core/kv_cache_utils.py`) carries its own `ref_cnt`; free blocks wait in
+    `free_block_queue`, in eviction order. The scheduler calls `KVCacheManager`
+    (`vllm/v1/core/kv_cache_manager.py`): `get_computed_blocks` at admission (lesson 05's
+    prefix cache), `allocate_slots` for each step's new tokens. On the worker, `BlockTable`
+    (`vllm/v1/worker/block_table.py`) keeps each request's row of block ids between steps, is
+    sent only the new ids, and fills `slot_mapping` on the GPU. V1 has no fork and no
+    copy-on-write: `n > 1` fans out into one-sample requests at the front end, which share
+    only full blocks, through the prefix cache. minivllm's `LLMEngine` does the same, and its
+    engine core keeps V0's fork to show reference counts and copy-on-write at work. It keeps
+    the counts in one list (`BlockManager.ref_counts`) and rebuilds block tables and
+    `slot_mapping` in Python every step (`ModelRunner.prepare`): slower, easy to follow.
+    """), kind="info")
+    return (v1_box,)
+
+
+@app.cell
 def _(PROMPT_LEN, aligned_cow_events, block_costs, exercise_blocks, forked_beams, mo,
       paged_concurrency, paged_utilization, parallel_blocks_unshared, parallel_blocks_used,
       parallel_cow_events, parallel_shared_after_fork, parallel_shared_blocks,
-      predicted_static_waste, static_concurrency, static_utilization, v1_beams):
+      predicted_static_waste, static_concurrency, static_utilization, v1_beams, v1_box):
     findings = {
         "static_kv_utilization": float(static_utilization),
         "paged_kv_utilization": float(paged_utilization),
@@ -897,7 +907,7 @@ def _(PROMPT_LEN, aligned_cow_events, block_costs, exercise_blocks, forked_beams
     }
     print("findings:", findings)
 
-    mo.md(f"""
+    mo.vstack([mo.md(f"""
     ## What we found
 
     * With the same KV budget, slabs used **{static_utilization:.1%}** of the memory they
@@ -920,19 +930,18 @@ def _(PROMPT_LEN, aligned_cow_events, block_costs, exercise_blocks, forked_beams
     * `minivllm/core/block_manager.py`: `BlockManager` (`allocate`, `append_slots` with
       copy-on-write, `fork`, `free`, `ref_counts`) and `cdiv`.
     * `minivllm/core/request.py`: `Request.block_table` and `num_computed_tokens`.
-    * `minivllm/attention/torch_attention.py`: `paged_attention` gathers each sequence's K/V through its
-      block table; `write_kv_cache` scatters new K/V into slots.
+    * `minivllm/attention/torch_attention.py`: `paged_attention` gathers each sequence's K/V
+      through its block table; `write_kv_cache` scatters new K/V into slots.
     * `minivllm/worker/model_runner.py`: `copy_blocks` performs the copies `append_slots` asks for.
     * `minivllm/core/scheduler.py`: `Scheduler.fork` (V0's n > 1, and beams) and the admission
       checks (`can_allocate`, `can_append_slots`); `minivllm/core/kv_cache.py`:
       `ContiguousAllocator`, the slab baseline.
     * `minivllm/core/beam_group.py`: beam search on forks (V0's design), a round at a time;
       `minivllm/beam_search.py`: V1's way and the rules both share.
-    * Next: lesson 03 makes the attention over these blocks fast (FlashAttention),
-      lesson 04 uses the freed memory to keep the batch full (continuous batching), and
-      lesson 05 turns prefix caching back on: blocks shared across requests, with the same
-      reference counts.
-    """)
+    * Next: lesson 03 makes attention over these blocks fast (FlashAttention), lesson 04
+      uses the freed memory to keep the batch full (continuous batching), and lesson 05
+      turns prefix caching back on: blocks shared across requests, same reference counts.
+    """), v1_box])
     return (findings,)
 
 

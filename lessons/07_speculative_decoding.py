@@ -27,6 +27,11 @@ def _(mo):
     from the acceptance rate, and say when speculation wins and when it loses. You will run
     the engine's n-gram proposer (prompt lookup) on the real model and read every
     verification from the step trace.
+
+    Lesson 06 left every stream paced by the engine's step: one token per sequence per step,
+    and at batch 1 that step reads every weight of the model for a single token. This lesson
+    asks whether one forward pass can give a sequence several tokens and still write exactly
+    what the model alone would.
     """)
     return
 
@@ -711,6 +716,11 @@ def _(
       **{free_k8['rows/token']:.2f}** token rows computed per output token to save
       {free_k8['step speedup']:.2f}x the forwards: speculation loses by the count (copying at
       k = 4: {copy_k4['rows/token']:.2f} rows per token for {copy_k4['step speedup']:.2f}x).
+
+    Verifying was cheap because a decode step leaves the arithmetic idle while it waits on the
+    weights; a prefill is the opposite, and both kinds of step share one engine. Next, lesson
+    08: how much does a long prompt's prefill slow the requests already decoding beside it, and
+    does a separate prefill engine pay for the KV it must send?
 
     ## Where the code lives
 

@@ -33,6 +33,11 @@ def _(mo):
     KV cache sent between them over `torch.distributed`, and compute from bytes alone when
     that transfer is cheap enough to be worth it on NVLink, InfiniBand, PCIe or Ethernet.
 
+    Lesson 07 found a decode step so bound by memory that checking 5 tokens cost far less than
+    5 steps: its arithmetic sits idle while the weights stream in. A prefill of hundreds of
+    tokens is the opposite. Here the two kinds of work are measured side by side, then given an
+    engine each.
+
     *Terms: TTFT, ITL, E2E latency, throughput and goodput are defined once for the course,
     in seconds and in engine steps, on the Glossary page (docs/glossary.md).*
     """)
@@ -722,6 +727,11 @@ def _(
       (TP=4), each sending its quarter over its own 100 GbE link, about
       **{findings['llama70b_tp4_4k_100gbe_transfer_ms']:.0f} ms**, a few ms over NVLink
       (computed from data sheets).
+
+    What crossed between the engines was the KV of every prompt token: 2 x layers x KV heads x
+    head dim x bytes (lesson 01), and the model, not the engine, sets the KV heads. Next,
+    lesson 09: what do 3 KV heads for 9 query heads (GQA) save in cache bytes, pool capacity
+    and decode reads, and why can it not be switched on after training?
 
     ## Where the code lives
 

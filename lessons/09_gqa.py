@@ -44,6 +44,10 @@ def _(mo):
     will have seen that grouped-query attention is a property of the *model* (the engine
     only stores fewer heads), and that it cannot be switched on after training for free.
 
+    Lesson 08 sent each prompt token's KV from one engine to the other, and the bytes per token
+    are lesson 01's formula, with the model's number of KV heads as a factor. This lesson
+    changes that factor.
+
     Multi-head attention (MHA) gives every query head its own key and value head.
     Multi-query attention (MQA) shares one K/V head among all query heads.
     Grouped-query attention (GQA, Ainslie et al. 2023) sits between: query heads are split into
@@ -587,6 +591,11 @@ def _(DEC_B, DEC_L, capacity, decode_rows, live, mo, smol_bytes, v1_box):
       {', '.join(f'{b / 2**20:.1f} MiB ({n} KV)' for n, b, *_ in decode_rows)} gathered and
       handed to attention, in proportion to the KV heads; on this device the step took
       {', '.join(f'{ms:.1f} ms ({n} KV)' for n, _, ms, _ in decode_rows)}.
+
+    Fewer KV heads let one pool hold longer prompts and more of them, yet a long prompt still
+    enters in one prefill step, and every request decoding in that step waits through it
+    (lesson 08 counted its tokens). Next, lesson 10: what does cutting that prefill into chunks
+    under a per-step token budget buy, and what does the budget cost the newcomer?
 
     ## Where the code lives
 

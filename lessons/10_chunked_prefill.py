@@ -33,6 +33,10 @@ def _(mo):
     real scheduler pack prefill chunks and decodes into the same forward passes, step by
     step, with chunking off and on.
 
+    Lesson 09 made room in a pool for more and longer prompts, and lesson 08 counted how one
+    long prompt's prefill stretches the step of every request decoding beside it. This lesson
+    keeps both phases in one engine and bounds the step instead.
+
     *Terms: TTFT, ITL, E2E latency, throughput and goodput are defined once for the course,
     in seconds and in engine steps, on the Glossary page (docs/glossary.md).*
     """)
@@ -670,6 +674,10 @@ def _(BUDGET, knee_tokens, mo, predicted_chunks, sweep, with_chunks, without):
       **{1000 * with_chunks['max_decode_itl_s']:.0f} ms**.
     * The budget is a trade: smaller budgets mean smoother streams for requests already
       running and a later first token for the newcomer.
+
+    Chunked or not, the scheduler admits a prompt once its blocks fit, and each request then
+    takes one more block every 16 tokens it writes, blocks it never reserved. Next, lesson 11:
+    what does the engine do when a running request needs one more block and none is free?
 
     ## Where the code lives
 

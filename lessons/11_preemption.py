@@ -34,6 +34,10 @@ def _(mo):
     pool is smaller than the working set of the requests it serves. You will shrink the
     pool of the real engine step by step until preemption starts.
 
+    Lesson 10's scheduler admitted new work every step, each request taking blocks for its
+    prompt and none for the answer it had yet to write. Here the pool is shrunk until those
+    answers no longer fit.
+
     *Terms: TTFT, ITL, E2E latency, throughput and goodput are defined once for the course,
     in seconds and in engine steps, on the Glossary page (docs/glossary.md).*
     """)
@@ -613,6 +617,11 @@ def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sw
       ({2 * _sw['swapped_out_blocks'] * block_bytes / 2**20:.1f} MiB).
     * Every pool size and both policies produced exactly the same tokens: preemption
       changes when a request's work is done, never what it computes.
+
+    Preemption takes memory back and pays for it in steps. A server that hosts many fine-tunes
+    of one model has a second memory to share: slots for their adapters. Next, lesson 12: how
+    does one batch serve several adapters at once, and what happens when the requests want more
+    adapters than there are slots?
 
     ## Where the code lives
 

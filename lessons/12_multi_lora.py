@@ -31,6 +31,10 @@ def _(mo):
     MBGMV). You will serve four
     real adapters and the base model in one batch, watch the adapter slots fill and evict,
     and find the setting that refuses an adapter outright.
+
+    Lesson 11 let requests compete for KV blocks and paid for a pool that was too small in
+    extra steps. This lesson shares a second kind of memory the same way: slots for fine-tuned
+    adapters over one base model.
     """)
     return
 
@@ -427,6 +431,10 @@ def _(
     * With one slot instead of four, the same requests took
       **{by_slots[1]['steps']}** steps instead of **{by_slots[4]['steps']}**, with
       **{by_slots[1]['evictions']}** evictions.
+
+    The adapters are small; the base model's weights are not, and every decode step reads all
+    of them, whichever adapters ride along. Next, lesson 13: what do weights and KV stored in 8
+    or 4 bits save in bytes and concurrent sequences, and what do they cost in perplexity?
 
     ## Where the code lives
 

@@ -33,6 +33,10 @@ def _(mo):
     quantized KV cache turns the same memory into more concurrent sequences. Every number
     below is measured live on the packaged SmolLM2-135M through `LLM(quantization=...)` and
     `LLM(kv_cache_dtype=...)`.
+
+    Lesson 12 kept one copy of the base weights for many adapters, yet every decode step still
+    reads all of those weights to produce one token per sequence. This lesson stores each
+    weight, and each cached token, in fewer bytes.
     """)
     return
 
@@ -546,6 +550,11 @@ def _(base_tok_s, bf16_values_0_4, capacity, mo, table, v1_box, weight_error):
       the order would be the textbook one, smaller groups a smaller error, with no cliff.
     * Speeds (batch-1 decode tokens/s in the table) are this CPU's, from torch's weight-only
       kernels under whatever load the machine had; the counts above are the same anywhere.
+
+    Fewer bytes per weight shrink what a step reads, not the number of operations it issues:
+    hundreds per decode step, each with a fixed cost of being asked for. Next, lesson 14: how
+    much of a small-batch decode step is that cost, and how much do torch.compile and CUDA
+    graphs take off it?
 
     ## Where the code lives
 

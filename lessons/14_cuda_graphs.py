@@ -34,6 +34,10 @@ def _(mo):
     measure what share of the step they leave to Python on this device, compile the parts
     around attention with `torch.compile` and measure the difference, and see how CUDA
     graphs (record once, replay every step) pad a batch to a captured size.
+
+    Lesson 13 made a decode step read fewer bytes; but at batch 1 a step's time is not only
+    bytes and arithmetic. It also pays for every operation the forward pass issues, one at a
+    time.
     """)
     return
 
@@ -152,9 +156,8 @@ def _(BATCHES, SamplingParams, dynamo_counters, llm, profiled, time):
     _prompts = ["The capital of France is", "def fibonacci(n):\n    "]
     eager_tokens = [o.outputs[0].token_ids for o in llm.generate(_prompts, _params,
                                                                   use_tqdm=False)]
-    print("torch.compile: compiling the forward around attention (Inductor builds C++; tens "
-          "of seconds "
-          "on a CPU) ...", flush=True)
+    print("torch.compile: compiling the forward around attention (Inductor builds C++: about "
+          "30 s on a 2-core CPU, longer on a first run, when its cache is cold) ...", flush=True)
     dynamo_counters.clear()               # torch's own tally of the graphs Dynamo builds
     _t0 = time.perf_counter()
     llm.reconfigure(compilation_config=3)
@@ -277,6 +280,8 @@ def _(batch_pick, breakdown, capture_sizes, compiled, llm, mo, plt, profiled,
     if _n in breakdown:
         _eager, _comp = breakdown[_n], compiled[_n]
     else:
+        print(f"decode step of {_n}: profiling eager, then compiled (a few seconds) ...",
+              flush=True)
         _eager = profiled(_n, steps=2)
         llm.reconfigure(compilation_config=3)
         _comp = profiled(_n, steps=2)
@@ -442,6 +447,10 @@ def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, graphs_compiled, mo
     * CUDA graphs need a GPU; no GPU timing of them has been recorded for this course yet.
       minivllm's are full graphs of decode steps only, V0's scheme; V1 defaults to full
       graphs for decode and piecewise graphs for everything else.
+
+    All of this makes one device's step cheaper; none of it fits a model larger than one
+    device. Next, lesson 15: how is each layer cut across N GPUs, and what do its two
+    all-reduces per layer cost every step?
 
     ## Where the code lives
 

@@ -38,6 +38,9 @@ def _(mo):
     heads, until there are fewer KV heads than GPUs), and when the communication eats the
     gain. You will run the default model split over three processes on this machine and
     check that it writes the same tokens as one process.
+
+    Lesson 14 made one device's step cheaper, but no compiler makes Llama-3-70B's 140 GB of
+    bf16 weights fit an 80 GB GPU.
     """)
     return
 
@@ -481,6 +484,11 @@ def _(TP, all_reduce_bytes, all_reduce_per_step, gloo_us_small, kv_heads_per_ran
     * Over gloo on this machine, even a 1 KiB all-reduce cost **{gloo_us_small:.0f} us**: on
       one CPU, tensor parallelism only adds work. It pays where each rank has its own
       memory bandwidth and a fast link between them.
+
+    Split three ways, the model wrote the same tokens: like speculative decoding (07), chunked
+    prefill (10) and preemption (11), tensor parallelism changes where and when tokens are
+    computed, never which. Next, lesson 16: how does the engine restrict which tokens may be
+    sampled, so that a reply is valid JSON, and what does that mask cost per step?
 
     ## Where the code lives
 

@@ -41,6 +41,10 @@ def _(mo):
     pass. Vidur (MLSys 2024) does this by re-implementing each scheduler it simulates; here
     the schedule cannot drift from the engine's, because it *is* the engine's.
 
+    Lesson 16, like every lesson before it, measured a 135M model on this machine; lessons 08
+    and 15 could only compute from data sheets what a GPU link would change. This lesson runs
+    the engine's real scheduler on simulated GPUs instead.
+
     The cost of a step is the roofline of lessons 01 and 10 (`roofline.StepCost`: the FLOPs
     and bytes of the step), over a **hardware profile**: this machine's, fitted from real
     steps, or a GPU's from its data sheet with efficiencies that are stated assumptions.
@@ -80,6 +84,8 @@ def _(mo):
 
 @app.cell
 def _(calibrate, llm, mo):
+    print("calibrating on this machine: its matmul and memory peaks, then about 90 real engine "
+          "steps (up to a couple of minutes on a busy 2-core CPU) ...", flush=True)
     with mo.status.spinner("calibrating: about 90 real engine steps"):
         cpu = calibrate(llm, save=False)
     print(f"fitted: overhead {1000 * cpu.overhead:.1f} ms/step, {1000 * cpu.per_seq:.2f} ms "
@@ -103,6 +109,8 @@ def _(cpu, held_out, llm, np, real_latencies, run_both, same_schedule):
     # A small pool (32 blocks of 16) and a 64-token budget: chunks and preemptions, arrivals in
     # engine steps, so the comparison is deterministic.
     llm.reconfigure(num_kv_blocks=32, max_num_batched_tokens=64)
+    print("checking the simulator: 16 held-out requests served for real and simulated, twice "
+          "(arrivals in steps, then in seconds; tens of seconds on a CPU) ...", flush=True)
     real_small, sim_small = run_both(llm, held_out("steps", 0.5), cpu)
     llm.reconfigure(num_kv_blocks=None, max_num_batched_tokens=2048)
     schedule_identical = same_schedule(real_small.steps, sim_small.steps)
@@ -190,6 +198,8 @@ def _(SLO, poisson_arrivals, simulate, synthetic_requests):
 @app.cell
 def _(SLO_70B, mo, np, plt, run):
     RATES = (8, 16, 24, 32, 48)
+    print(f"simulating Llama-3-70B on 8 H100s at {len(RATES)} request rates, 200 requests "
+          "each ...", flush=True)
     with mo.status.progress_bar(total=len(RATES), title="simulating the rate sweep") as _bar:
         sweep = {}
         for _r in RATES:
@@ -357,6 +367,7 @@ def _(DEPLOY, SLO, SLO_70B, mo, np, run, simulate_disaggregated, sweep, workload
                                                        max_num_batched_tokens=8192),
         "1 prefill + 1 decode, TP=4 each": lambda r: simulate_disaggregated(workload(r),
                                                                             **_split)}
+    print(f"simulating three deployments at {len(DISAGG_RATES)} rates each ...", flush=True)
     with mo.status.progress_bar(total=len(deployments) * len(DISAGG_RATES),
                                 title="simulating three deployments") as _bar:
         disagg_runs = {}
@@ -532,6 +543,10 @@ def _(best_rate, cache_ttft, chunk_rows, computed, decode_rode, engine_tokens, g
       `capacity` (the binary search over the rate) and `run_both` (real against simulated).
     * Everything the simulator schedules with is `minivllm/core/`: `Scheduler`,
       `BlockManager`, `Request`, untouched.
+
+    Section 3 found TP=8's all-reduces slower over PCIe than over NVLink, and NVLink joins the
+    eight GPUs of one node. Next, lesson 18: how do pipeline stages and data-parallel replicas
+    spread a model past one node, and what does each rank then hold and send?
     """)
     return (findings,)
 

@@ -39,6 +39,10 @@ def _(mo):
     round-robin. You
     will run the default model as two stages, three tensor ranks and two replicas on this
     machine, and check every run against one process.
+
+    Lesson 17 simulated TP=8 over NVLink and found the same all-reduces slower over PCIe;
+    NVLink joins the eight GPUs of one node. This lesson goes past that node, and past one copy
+    of the engine.
     """)
     return
 
@@ -85,6 +89,8 @@ def _(mo):
 
 @app.cell
 def _(COMMON, GREEDY, LLM, PROMPTS, cfg, get_pp_indices, mo):
+    print("pipeline: starting a second process for stage 1, which loads its half of the layers "
+          "(seconds) ...", flush=True)
     pp_llm = LLM(pipeline_parallel_size=2, **COMMON)
     stage_layers = [get_pp_indices(cfg.num_hidden_layers, _s, 2) for _s in range(2)]
     pp_group = pp_llm.engine.model_executor.pp       # the driver's end of the pipeline
@@ -115,6 +121,8 @@ def _(COMMON, GREEDY, LLM, PROMPTS, cfg, get_pp_indices, mo):
 
 @app.cell
 def _(COMMON, GREEDY, LLM, PROMPTS, mo, pp_bytes, pp_tokens_computed):
+    print("tensor parallel: starting two more processes for ranks 1 and 2, each keeping its "
+          "third of every layer (seconds) ...", flush=True)
     tp_llm = LLM(tensor_parallel_size=3, **COMMON)      # 9 heads: tp must divide them
     _tp_group = tp_llm.engine.model_executor.tp
     _before = (_tp_group.all_reduce_bytes, _tp_group.num_all_reduce)
@@ -327,6 +335,8 @@ def _(LLM, SamplingParams, time):
             record()
         return {"longs": longs, "queue": queue, "times": times, "seconds": times[-1]}
 
+    print("data parallel: starting two engine cores, each in its own process with its own "
+          "copy of the model (seconds) ...", flush=True)
     dp_llm = LLM(data_parallel_size=2, max_model_len=256, num_kv_blocks=64)
     dp_runs = {b: skewed_stream(dp_llm, b) for b in ("round_robin", "score")}
     dp_llm.engine.shutdown()
@@ -453,6 +463,10 @@ def _(mo):
     - `minivllm/engine/multiproc/dp_client.py`: `DPLBClient`, the score and round-robin.
     - Several hosts and Ray: README's *Scale out* section (`--nnodes`, `--headless`,
       `distributed_executor_backend="ray"`) and `scripts/two_hosts.sh`.
+
+    Next, lesson 19, the capstone: given a fixed memory budget and an SLO in milliseconds on
+    TTFT and ITL, which settings of the whole engine, Part I's knobs and Part II's mechanisms,
+    meet it?
     """)
     return
 

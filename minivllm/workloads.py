@@ -6,10 +6,11 @@ vLLM twin: none. This is a re-export only, a short path for the lessons; the wor
 is vllm/benchmarks/datasets.py."""
 
 from minivllm.benchmarks.workloads import (FILLER, Request, ServeResult, conversation_requests,
+                                           mixed_requests,
                                            lognormal_requests, poisson_arrivals,
                                            shared_prefix_requests, spread_requests,
                                            tool_catalog_prompt, serve)
 
 __all__ = ["FILLER", "Request", "ServeResult", "conversation_requests", "lognormal_requests",
-           "poisson_arrivals", "serve", "shared_prefix_requests", "spread_requests",
-           "tool_catalog_prompt"]
+           "mixed_requests", "poisson_arrivals", "serve", "shared_prefix_requests",
+           "spread_requests", "tool_catalog_prompt"]

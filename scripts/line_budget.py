@@ -86,8 +86,9 @@ BUDGETS = {
     # A lesson is prose, code and figures; the longest (05, prefix caching, ~830) stays well
     # under 1,000.
     "lessons": ("physical", None, 1000),
-    # The course machinery (issue 18: at most about 400 lines of custom code).
-    "docs/hooks": ("code", 400, FILE_LINES),
+    # The course machinery (issue 18: at most about 400 lines of custom code; 410 since the
+    # capstone moved last and the moved lessons' old addresses got pages that redirect).
+    "docs/hooks": ("code", 415, FILE_LINES),
 }
 
 

@@ -77,7 +77,7 @@ def test_catalog_rungs_are_on_the_ablation_ladder(entry, lesson_run):
     """A ranking entry's `rung` is a row of the ablation ladder that lesson 19 records."""
     from minivllm.benchmarks.ablation import RUNGS
     assert entry["rung"] in RUNGS, f"docs/course.yml: {entry['rung']!r} is not in {list(RUNGS)}"
-    ladder = lesson_run("17").findings.get("findings", {}).get("ablation", {})
+    ladder = lesson_run("19").findings.get("findings", {}).get("ablation", {})
     assert entry["rung"] in ladder and "full engine" in ladder, sorted(ladder)
 
 

@@ -11,7 +11,8 @@ from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
 from minivllm.workloads import (Request, conversation_requests, lognormal_requests,
-                                poisson_arrivals, serve, shared_prefix_requests)
+                                mixed_requests, poisson_arrivals, serve, shared_prefix_requests,
+                                tool_catalog_prompt)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
@@ -234,6 +235,16 @@ def test_workloads_are_seeded_and_shaped(smol_llm):
     assert steps[0] == 0 and steps == sorted(steps) and 50 < steps[-1] < 200   # ~49 gaps of 2
     with pytest.raises(ValueError, match="unit must be 'seconds' or 'steps'"):
         poisson_arrivals(shared, rate=1.0, unit="tokens")
+    # The capstone's mix: half behind one system prompt, the rest copy, JSON and documents.
+    mix = mixed_requests(tok, 16, seed=3, system_tokens=128, long_prompt=(256, 320))
+    assert [r.prompt for r in mix] == [r.prompt for r in mixed_requests(
+        tok, 16, seed=3, system_tokens=128, long_prompt=(256, 320))]
+    system = [r for r in mix if r.prompt[:128] == tool_catalog_prompt(tok, "InventoryBot", 128)]
+    json = [r for r in mix if r.params.guided_decoding is not None]
+    docs = [r for r in mix if 256 <= len(r.prompt) < 320]
+    assert len(system) == 8 and len(json) in (2, 3) and len(docs) in (2, 3)
+    assert all(r.params.ignore_eos for r in mix if r not in json)
+    assert [r.prompt for r in mix] != [r.prompt for r in mixed_requests(tok, 16, seed=4)]
 
 
 def test_conversation_turns_extend_the_history_and_hit_the_cache(smol):

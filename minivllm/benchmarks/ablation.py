@@ -80,7 +80,9 @@ def ablation_ladder(llm, requests, *, max_model_len: int = 512, slabs: int = 8,
                     max_num_seqs: int = 16, budget: int = 256) -> dict[str, dict]:
     """Serve `requests` once per rung; returns {rung: counts, seconds and tokens}. The KV
     budget is `slabs` slabs of max_model_len for every rung (paged: the same bytes in blocks).
-    The engine's settings are put back afterwards."""
+    Everything else a rung could inherit from the engine (block size, the KV cache's dtype,
+    quantization, speculation) is set to the full engine's defaults; the engine's settings
+    are put back afterwards."""
     from minivllm.core.kv_cache import kv_bytes_per_token
     from minivllm.benchmarks.workloads import serve
     engine = llm.engine
@@ -89,7 +91,8 @@ def ablation_ladder(llm, requests, *, max_model_len: int = 512, slabs: int = 8,
     base = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_layout="paged",
                 kv_cache_memory=kv_bytes, num_kv_blocks=None, scheduling="continuous",
                 enable_chunked_prefill=True, max_num_batched_tokens=budget,
-                enable_prefix_caching=True)
+                enable_prefix_caching=True, block_size=16, kv_cache_dtype="auto",
+                quantization=None, speculative_config=None, preemption_mode="recompute")
     rows = {}
     before = {k: getattr(engine.engine_args, k) for k in base}
     for name in RUNGS:
@@ -143,7 +146,7 @@ def part_two_pairs(llm, max_model_len: int = 256, max_num_seqs: int = 8) -> dict
                 scheduling="continuous", enable_chunked_prefill=True,
                 max_num_batched_tokens=128, enable_prefix_caching=True, kv_cache_dtype="auto",
                 preemption_mode="recompute", speculative_config=None,
-                kv_cache_memory=None, num_kv_blocks=64)
+                kv_cache_memory=None, num_kv_blocks=64, block_size=16, quantization=None)
     before = {k: getattr(engine.engine_args, k) for k in base}
     rows, served = {}, {}
     for name, (requests, extra) in part_two_workloads(llm.tokenizer).items():

@@ -121,6 +121,44 @@ def conversation_requests(tokenizer, num_turns: int, prefix_tokens: int = 512,
     return turns
 
 
+def mixed_requests(tokenizer, num_requests: int, seed: int = 0, system_tokens: int = 160,
+                   long_prompt=(320, 420)) -> list[Request]:
+    """A server's mix, in a seeded order (the capstone's workload): half the requests behind
+    one shared system prompt, the rest split between "repeat this text" (the answer is in the
+    prompt: speculation's case), JSON answers under a schema (structured output) and long
+    prompts (a document to summarise). Greedy; EOS ignored except for JSON, which ends."""
+    from minivllm.benchmarks.spec import SOURCE, EDITS, _chat
+    rng = np.random.default_rng(seed)
+    system = tool_catalog_prompt(tokenizer, "InventoryBot", system_tokens)
+    words, doc = SOURCE.split(), _token_source(tokenizer, long_prompt[1] + 64, FILLER + SOURCE)
+    schema = {"type": "object", "properties": {"item": {"type": "string"},
+              "count": {"type": "integer"}}, "required": ["item", "count"]}
+    kinds = rng.permutation(["system"] * (num_requests // 2) + [
+        ("copy", "json", "long")[i % 3] for i in range(num_requests - num_requests // 2)])
+    requests = []
+    for i, kind in enumerate(kinds):
+        w = int(rng.integers(0, len(words) - 50))
+        if kind == "system":
+            prompt = system + tokenizer.encode(
+                f"\nUser {i}: how many units of item {int(rng.integers(1000, 9999))} are left "
+                f"in warehouse {int(rng.integers(1, 9))}?\nAgent:")
+            params = _greedy(rng.integers(12, 33))
+        elif kind == "copy":
+            prompt = _chat(tokenizer, f"{EDITS[i % 4]}:\n\n" + " ".join(words[w:w + 40]))
+            params = _greedy(rng.integers(24, 41))
+        elif kind == "json":
+            prompt = _chat(tokenizer, f"Reply in JSON: the item and how many are left of "
+                           f"item {int(rng.integers(1000, 9999))}.")
+            params = SamplingParams(temperature=0, max_tokens=24,
+                                    guided_decoding={"json": schema})
+        else:
+            start = int(rng.integers(0, 64))
+            prompt = doc[start:start + int(rng.integers(*long_prompt))]
+            params = _greedy(rng.integers(8, 17))
+        requests.append(Request(prompt, params))
+    return requests
+
+
 def synthetic_requests(num_requests: int, prompt=(6.0, 0.8, 16, 4000), output=(5.0, 0.8, 4,
                        1000), vocab_size: int = 32000, shared_prefix: int = 0, seed: int = 0
                        ) -> list[Request]:
