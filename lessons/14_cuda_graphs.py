@@ -156,8 +156,9 @@ def _(BATCHES, SamplingParams, dynamo_counters, llm, profiled, time):
     _prompts = ["The capital of France is", "def fibonacci(n):\n    "]
     eager_tokens = [o.outputs[0].token_ids for o in llm.generate(_prompts, _params,
                                                                   use_tqdm=False)]
-    print("torch.compile: compiling the forward around attention (Inductor builds C++: about "
-          "30 s on a 2-core CPU, longer on a first run, when its cache is cold) ...", flush=True)
+    print("torch.compile: compiling the forward around attention (Inductor builds C++: "
+          "30-50 s on a 2-core CPU, about 2 min on a first run, from a cold cache) ...",
+          flush=True)
     dynamo_counters.clear()               # torch's own tally of the graphs Dynamo builds
     _t0 = time.perf_counter()
     llm.reconfigure(compilation_config=3)
