@@ -25,25 +25,11 @@ import argparse
 
 import torch
 
-SOURCE = (
-    "Serving a language model is mostly a memory problem. Each request keeps the keys and "
-    "values of its context, and the engine decides where they live, which requests share a "
-    "step, and what to do when memory runs out. Paged attention cuts that memory into "
-    "blocks, so no request reserves more than it uses. Continuous batching lets a new request "
-    "join the batch as soon as another one finishes. Prefix caching reuses the blocks of a "
-    "shared system prompt. Speculative decoding guesses several tokens and checks them in "
-    "one forward pass, which is cheap when decoding is limited by memory bandwidth.")
+from minivllm.benchmarks.workloads import COPY_EDITS as EDITS, COPY_TEXT as SOURCE, chat_prompt
+
 TOPICS = ["a lighthouse keeper", "a lost robot", "a dragon who bakes bread",
           "two rival chess players", "a city under the sea", "a time-travelling cat",
           "the last tree on Mars", "a detective who cannot sleep"]
-EDITS = ["Repeat the following text exactly", "Copy this text, word for word",
-         "Rewrite this text, changing nothing", "Proofread this text and return it unchanged"]
-
-
-def _chat(tokenizer, message: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": message}],
-                                         add_generation_prompt=True, tokenize=False)
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def workloads(tokenizer, batch: int, max_tokens: int):
@@ -52,9 +38,9 @@ def workloads(tokenizer, batch: int, max_tokens: int):
     from minivllm.benchmarks.workloads import Request
     words = SOURCE.split()
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    repetitive = [_chat(tokenizer, f"{EDITS[i % 4]}:\n\n" + " ".join(words[6 * i:6 * i + 60]))
+    repetitive = [chat_prompt(tokenizer, f"{EDITS[i % 4]}:\n\n" + " ".join(words[6 * i:6 * i + 60]))
                   for i in range(batch)]
-    free = [_chat(tokenizer, f"Write a short story about {TOPICS[i % 8]}.")
+    free = [chat_prompt(tokenizer, f"Write a short story about {TOPICS[i % 8]}.")
             for i in range(batch)]
     return {"repetitive": [Request(p, params) for p in repetitive],
             "free-form": [Request(p, params) for p in free]}

@@ -35,6 +35,27 @@ FILLER = ("Serving a language model is mostly a memory problem. Each request kee
           "share a step, and what to do when memory runs out. ")
 
 
+# The copy task's text and instructions (speculation's best case: the answer is in the prompt),
+# shared by `bench spec` and mixed_requests.
+COPY_TEXT = (
+    "Serving a language model is mostly a memory problem. Each request keeps the keys and "
+    "values of its context, and the engine decides where they live, which requests share a "
+    "step, and what to do when memory runs out. Paged attention cuts that memory into "
+    "blocks, so no request reserves more than it uses. Continuous batching lets a new request "
+    "join the batch as soon as another one finishes. Prefix caching reuses the blocks of a "
+    "shared system prompt. Speculative decoding guesses several tokens and checks them in "
+    "one forward pass, which is cheap when decoding is limited by memory bandwidth.")
+COPY_EDITS = ["Repeat the following text exactly", "Copy this text, word for word",
+              "Rewrite this text, changing nothing", "Proofread this text and return it unchanged"]
+
+
+def chat_prompt(tokenizer, message: str) -> list[int]:
+    """One user message in the model's chat template, as token ids."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": message}],
+                                         add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 @dataclass(slots=True)
 class Request:
     prompt: list[int] | str
@@ -127,10 +148,10 @@ def mixed_requests(tokenizer, num_requests: int, seed: int = 0, system_tokens: i
     one shared system prompt, the rest split between "repeat this text" (the answer is in the
     prompt: speculation's case), JSON answers under a schema (structured output) and long
     prompts (a document to summarise). Greedy; EOS ignored except for JSON, which ends."""
-    from minivllm.benchmarks.spec import SOURCE, EDITS, _chat
     rng = np.random.default_rng(seed)
     system = tool_catalog_prompt(tokenizer, "InventoryBot", system_tokens)
-    words, doc = SOURCE.split(), _token_source(tokenizer, long_prompt[1] + 64, FILLER + SOURCE)
+    words = COPY_TEXT.split()
+    doc = _token_source(tokenizer, long_prompt[1] + 64, FILLER + COPY_TEXT)
     schema = {"type": "object", "properties": {"item": {"type": "string"},
               "count": {"type": "integer"}}, "required": ["item", "count"]}
     kinds = rng.permutation(["system"] * (num_requests // 2) + [
@@ -144,10 +165,11 @@ def mixed_requests(tokenizer, num_requests: int, seed: int = 0, system_tokens: i
                 f"in warehouse {int(rng.integers(1, 9))}?\nAgent:")
             params = _greedy(rng.integers(12, 33))
         elif kind == "copy":
-            prompt = _chat(tokenizer, f"{EDITS[i % 4]}:\n\n" + " ".join(words[w:w + 40]))
+            prompt = chat_prompt(tokenizer,
+                                 f"{COPY_EDITS[i % 4]}:\n\n" + " ".join(words[w:w + 40]))
             params = _greedy(rng.integers(24, 41))
         elif kind == "json":
-            prompt = _chat(tokenizer, f"Reply in JSON: the item and how many are left of "
+            prompt = chat_prompt(tokenizer, f"Reply in JSON: the item and how many are left of "
                            f"item {int(rng.integers(1000, 9999))}.")
             params = SamplingParams(temperature=0, max_tokens=24,
                                     guided_decoding={"json": schema})
