@@ -117,7 +117,9 @@ def _(HardwareProfile, StepTimer, kv_bytes_per_token, llm, mixed_requests, mo,
     * **The clock**: the reference clock is a fit of real steps on a busy machine; a fit
       moves by tens of percent from one calibration to the next (lesson 17), and this
       machine's wall clock, printed beside, can run slower or faster. The grade reads the
-      reference clock so that it is the same wherever the page runs.
+      reference clock so that it is the same wherever the page runs. It was fitted with an
+      fp32 cache, so it does not charge what an int8 cache costs to dequantize on a CPU: the
+      wall clock does (compare the two ITLs of the solution below).
     """)
     return DECODE_MS, KV_BUDGET, NUM_REQUESTS, REF_CPU, SLO_MS, hf, timer, workload
 
