@@ -287,7 +287,7 @@ def _(KV_BUDGET, REF_CPU, SLO_MS, budget_pick, dataclasses_replace, hf, kv_bytes
     SLOTS = (4, 6, 8, 10, 12, 16)
 
     def simulated(config, seed=1):
-        """p90 TTFT and mean ITL (ms, reference CPU) and preemptions of the mix, simulated."""
+        """p90 TTFT and p90 mean ITL (ms, reference CPU) of the mix, simulated."""
         reqs = [dataclasses_replace(r, params=dataclasses_replace(r.params,
                                                                   guided_decoding=None))
                 for r in workload(seed)]
@@ -296,8 +296,7 @@ def _(KV_BUDGET, REF_CPU, SLO_MS, budget_pick, dataclasses_replace, hf, kv_bytes
         blocks = KV_BUDGET // (kv_bytes_per_token(hf, torch.float32, dtype) * c["block_size"])
         res = simulate(reqs, model=hf, profile=REF_CPU, num_kv_blocks=int(blocks),
                        max_model_len=512, **c)
-        return (1e3 * np.percentile(res.ttft, 90), 1e3 * np.percentile(res.mean_itl, 90),
-                res.num_preemptions)
+        return 1e3 * np.percentile(res.ttft, 90), 1e3 * np.percentile(res.mean_itl, 90)
 
     print(f"simulating the mix: {2 * len(SLOTS)} configurations ...", flush=True)
     sweep = {d: [simulated({"max_num_seqs": n, "max_num_batched_tokens": budget_pick.value,
@@ -733,10 +732,8 @@ def _(
 
 @app.cell
 def _(
-    GPU_ROWS,
     SLO_MS,
     SOLUTION,
-    START,
     findings,
     grade,
     gpu_open_ok,
@@ -774,7 +771,6 @@ def _(
         assert start["prompt_computed"] > solved["prompt_computed"] + 3 * 128
         assert start["largest_step"] > 256 >= SOLUTION["max_num_batched_tokens"] >= (
             solved["largest_step"])
-        assert START["block_size"] == 64 and not START["enable_prefix_caching"]
 
     def test_tuning_changes_latency_not_tokens():
         # An int8 cache stores K and V rounded, so a near-tie may flip: almost every request
@@ -794,7 +790,7 @@ def _(
         assert not rows[0]["ok"] and rows[0]["preemptions"] > 0          # the start
         assert rows[2]["ok"]                                            # 64 slots, 512
         assert not rows[3]["ok"] and rows[3]["preemptions"] == 0        # too few slots: queue
-        assert gpu_solution_ok and not gpu_start_ok and len(GPU_ROWS) == 4
+        assert gpu_solution_ok and not gpu_start_ok
         # Tuned on one sample of traffic, all slots open: met there, missed on the grader's.
         assert rows[1]["ok"] and not gpu_open_ok
 
