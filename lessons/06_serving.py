@@ -632,6 +632,11 @@ def _(
       any machine: below it less than one request waited on average, past it the queue grew
       (the mean waiting per step by arrival rate, in the findings).
 
+    Below the knee, every stream is paced by the step: one token per sequence per step, and
+    at batch 1 that step reads every weight of the model to produce a single token. Next,
+    lesson 07: can one forward pass give a sequence several tokens, and still write exactly
+    what the model alone would have written?
+
     ## Where the code lives
 
     * `minivllm/engine/async_llm_engine.py`: `AsyncLLMEngine`, the step loop on its thread, the command

@@ -150,9 +150,8 @@ def _(KV_BUDGET, SLO_MS, llm, np, serve, step_features, timer):
         engine = llm.reconfigure(**{**DEFAULTS, **config, "num_kv_blocks": None,
                                     "kv_cache_memory": KV_BUDGET})
         res = serve(engine, requests, tag="r")
-        lens = {f"r{i}": len(r.prompt) for i, r in enumerate(requests)}
         model_s = [timer.time_of(*f, s.num_batched_tokens) for f, s in
-                   zip(step_features(res.steps, lens, timer), res.steps)]
+                   zip(step_features(res.steps, timer), res.steps)]
         clocks = {"ref": np.cumsum(model_s),
                   "wall": np.array([s.start_time + s.duration for s in res.steps])}
         out = {"steps": len(res.steps), "preemptions": res.steps[-1].stats.num_preemptions,

@@ -164,6 +164,11 @@ class LLM:
                                  for out in sorted(finished[request_id], key=lambda o: o.index)]
         return search.outputs(self.tokenizer)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (LLMEngine.reset_prefix_cache), e.g. between two runs of
+        a benchmark; False while requests hold blocks."""
+        return self.engine.reset_prefix_cache()
+
     def reconfigure(self, **changes) -> LLM:
         """New engine settings over the weights already loaded (LLMEngine.reconfigure):
         `llm.reconfigure(max_num_seqs=4, enable_prefix_caching=False)`."""

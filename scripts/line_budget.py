@@ -75,6 +75,11 @@ BUDGETS = {
     # Issue 39: tensor and pipeline parallelism, both executors of a split model (mp, Ray),
     # and the mp executor's ranks on other hosts (RemoteNode, run_node).
     "minivllm/distributed": ("code", 580, FILE_LINES),
+    # Issue 40: the simulator's cost model got its missing terms (a prefill step's extra
+    # cost, decode attention apart from prefill's, a CPU's one-row floor), held-out
+    # validation workloads, and pipeline and data parallelism (stages on their own clocks,
+    # replicas behind the front end's balancer).
+    "minivllm/simulator": ("code", 580, FILE_LINES),
     # VllmConfig and its parts (vLLM's vllm/config/): read beside the core, part by part, as a
     # component needs them; an add-on's ceiling.
     "minivllm/config": ("code", ADD_ON_CODE, FILE_LINES),

@@ -54,6 +54,18 @@ def test_a_fully_cached_prompt_still_computes_its_last_token():
     assert longer.num_computed_tokens == 8
 
 
+def test_reset_prefix_cache_forgets_only_when_no_block_is_held():
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    system = list(range(100, 112))
+    a, _ = admit_and_compute(bm, system + [1], 0)
+    assert not bm.reset_prefix_cache()                    # a holds blocks: refused
+    bm.free(a)
+    assert bm.reset_prefix_cache()
+    b, hit = admit_and_compute(bm, system + [2], 1)
+    assert hit == 0 and len(bm.prefix_cache) == 3         # cold again, then cached anew
+    assert bm.prefix_cache.num_hit_tokens == 0
+
+
 def test_blocks_still_being_filled_are_never_hit():
     """Two requests with one prefix admitted in the same step: nothing is computed yet."""
     bm = BlockManager(16, BS, enable_prefix_caching=True)
@@ -175,6 +187,27 @@ def test_parallel_sampling_with_a_cached_prompt(smol):
     warm = [c.token_ids for c in llm.generate([ids], params, use_tqdm=False)[0].outputs]
     assert cold == warm
     assert llm.engine.stats().prefix_cache_hit_tokens == 5 * full
+
+
+def test_the_trace_records_hits_and_reset_prefix_cache_starts_cold(smol):
+    """StepRecord's ScheduledSeq.num_computed_tokens counts the cached tokens a prefill starts
+    past (what the simulator's calibration needs to price a hit's attention); after
+    LLM.reset_prefix_cache the same prompt computes from its first token."""
+    llm = smol(max_model_len=512)
+    ids = llm.tokenizer.encode(SYSTEM + QUESTIONS[0])
+    full = (len(ids) - 1) // 16 * 16
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    llm.generate([ids], params, use_tqdm=False)
+    with llm.engine.trace() as warm:
+        llm.generate([ids], params, use_tqdm=False)
+    assert llm.reset_prefix_cache()
+    with llm.engine.trace() as cold:
+        llm.generate([ids], params, use_tqdm=False)
+    first = warm[0].scheduled[0]
+    assert (first.num_computed_tokens, first.num_tokens, first.samples) == (
+        full, len(ids) - full, True)
+    assert (cold[0].scheduled[0].num_computed_tokens, cold[0].num_prefill_tokens) == (0, len(ids))
+    assert warm[1].scheduled[0].num_computed_tokens == len(ids)      # the decode step after
 
 
 def test_a_prefix_computed_twice_in_one_step_stays_reachable():

@@ -30,8 +30,14 @@ def test_features_are_stepcosts_counts():
     timer = StepTimer(mc, PROFILES["H100"])
     cost = StepCost.of(mc, torch.bfloat16)
     new, ctx = [512, 1, 1, 37], [512, 900, 17, 1037]
-    _, linear, attn, moved = timer.features(new, ctx, sampled=3)
-    assert (linear + attn, moved) == cost.step(new, ctx, sampled=3)
+    seqs, linear, attn, decode_attn, moved, prefills = timer.features(new, ctx, sampled=3)
+    assert (linear + attn + decode_attn, moved) == cost.step(new, ctx, sampled=3)
+    assert (seqs, prefills) == (4, 2)
+    # decode attention: one query over each context (4 L q_dim ctx FLOPs), apart from prefill's
+    assert decode_attn == 4 * mc.num_hidden_layers * cost.q_dim * (900 + 17)
+    # a CPU profile's min_rows: a one-row step is counted as two
+    two = StepTimer(mc, dataclasses.replace(PROFILES["H100"], min_rows=2))
+    assert two.features([1], [10], 1)[:2] == timer.features([1, 1], [10, 1], 2)[:2]
 
 
 def test_fit_recovers_a_known_profile():
@@ -41,6 +47,7 @@ def test_fit_recovers_a_known_profile():
     predicts are still the truth's."""
     truth = dataclasses.replace(PROFILES["L4"], overlap=False, overhead=2e-3, per_seq=1e-4,
                                 compute_efficiency=0.5, attention_efficiency=0.2,
+                                decode_attention_efficiency=0.05, prefill_overhead=5e-3,
                                 memory_efficiency=1.0, link_bandwidth=0)
     timer = StepTimer(model_config("SmolLM2-135M"), truth)
     rng = np.random.default_rng(0)
@@ -53,7 +60,7 @@ def test_fit_recovers_a_known_profile():
         seconds.append(timer.time(new, ctx, b))
     fit = fit_profile(rows, seconds, truth.peak_flops, truth.bandwidth)
     for name in ("overhead", "per_seq", "compute_efficiency", "attention_efficiency",
-                 "memory_efficiency"):
+                 "decode_attention_efficiency", "prefill_overhead", "memory_efficiency"):
         assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
     # Decode steps only (the bytes nearly all weights), read at 80% of the measured bandwidth:
     # the fit still predicts each step, the weights' extra time in its overhead.

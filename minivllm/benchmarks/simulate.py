@@ -30,8 +30,9 @@ import numpy as np
 from minivllm.benchmarks.workloads import ServeResult, poisson_arrivals, serve
 from minivllm.engine.arg_utils import add_cli_args as add_engine_args
 from minivllm.engine.arg_utils import engine_kwargs
-from minivllm.simulator.cost_model import (MODEL_SHAPES, PROFILES, get_profile, model_config,
-                                           save_profile)
+from minivllm.simulator.calibrate import step_features
+from minivllm.simulator.cost_model import (MODEL_SHAPES, PROFILES, StepTimer, get_profile,
+                                           model_config, profile_path)
 from minivllm.simulator.disaggregated import simulate_disaggregated
 from minivllm.engine.stats import StepRecord
 from minivllm.simulator.simulator import SLO, SimResult, simulate, synthetic_requests
@@ -101,7 +102,11 @@ def engine_settings(llm) -> dict:
 
 
 def run_both(llm, requests, profile) -> tuple[ServeResult, SimResult]:
-    """The same requests served by the real engine and by the simulator set up like it."""
+    """The same requests served by the real engine and by the simulator set up like it. The
+    real engine starts as the simulated one does, its prefix cache empty (blocks an earlier
+    run left cached would turn the real run's prefills into hits). Emptied, not rebuilt: a
+    fresh pool's first steps would pay for touching its pages."""
+    llm.reset_prefix_cache()
     real = serve(llm, requests)
     sim = simulate([dataclasses.replace(r) for r in requests],
                    model=llm.engine.model_config.hf_config, profile=profile,
@@ -125,6 +130,32 @@ def real_latencies(run: ServeResult) -> dict[str, np.ndarray]:
     return {"ttft": np.array(run.ttfts, dtype=float),
             "e2e": np.array([o.metrics.finished_time - t
                              for o, t in zip(run.outputs, run.arrival_time)])}
+
+
+def step_kind(step: StepRecord) -> str:
+    """decode, decode (batch 1), prefill or mixed (prefill chunks beside decodes), and
+    "with prefix hits" when a prefill chunk starts past cached tokens."""
+    prefill = [s for s in step.scheduled if s.num_tokens > 1]
+    kind = ("mixed" if prefill and len(prefill) < step.num_seqs else "prefill" if prefill
+            else "decode (batch 1)" if step.num_seqs == 1 else "decode")
+    hit = any(s.num_computed_tokens and s.is_prefill for s in prefill)
+    return kind + (" with prefix hits" if hit else "")
+
+
+def step_errors(steps: list[StepRecord], timer) -> dict[str, dict[str, float]]:
+    """Per kind of step (step_kind): how many, measured and predicted seconds (a StepTimer's
+    for each recorded step's shape), and the error, predicted / measured - 1: where a
+    simulation's error comes from. Measured is the step's own duration: an idle wait for an
+    arrival before the next step is not the step's."""
+    table: dict[str, dict[str, float]] = {}
+    for st, row in zip(steps, step_features(steps, timer)):
+        e = table.setdefault(step_kind(st), {"steps": 0, "measured": 0.0, "predicted": 0.0})
+        e["steps"] += 1
+        e["measured"] += st.duration
+        e["predicted"] += timer.time_of(*row, st.num_batched_tokens)
+    for e in table.values():
+        e["error"] = e["predicted"] / e["measured"] - 1
+    return dict(sorted(table.items()))
 
 
 def plot(res: SimResult, path: str, slo: SLO | None = None) -> None:
@@ -178,18 +209,55 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disaggregated", type=int, nargs=2, metavar=("PREFILL", "DECODE"),
                    help="prefill/decode disaggregation: this many prefill and decode engines, "
                    "each -tp GPUs, the KV handed over the profile's link")
+    p.add_argument("--validate", action="store_true",
+                   help="calibrate, then serve held-out workloads for real and simulated and "
+                   "print the error per kind of step and of TTFT / E2E p50 and p90")
     p.add_argument("--calibrate", action="store_true",
                    help="fit this CPU's profile from real steps of the packaged model, store it")
     add_engine_args(p)
 
 
+def validate(llm, profile, workloads: dict[str, list]) -> tuple[str, dict]:
+    """Each workload served for real twice, and simulated on `profile`: the error per kind of
+    step (step_errors, over both real runs' steps), and of TTFT and E2E latency's p50 and p90
+    against the two runs' mean, beside the two runs' own spread (what the machine's noise
+    alone moves). Returns the printed report and the numbers."""
+    timer = StepTimer(llm.engine.model_config.hf_config, profile)
+    lines, numbers = [f"profile: {profile.label}, {profile.source}"], {}
+    for name, requests in workloads.items():
+        (real, sim), (again, _) = (run_both(llm, requests, profile) for _ in range(2))
+        total = [real.elapsed, again.elapsed]
+        lines += [f"\n{name}: {len(requests)} requests, {len(real.steps)} / {len(again.steps)} "
+                  f"steps real, {len(sim.steps)} simulated; total {sim.elapsed:.2f} s vs "
+                  f"{total[0]:.2f} / {total[1]:.2f} s ({sim.elapsed / np.mean(total) - 1:+.1%})",
+                  f"  {'step kind':<30}{'steps':>6}{'measured ms':>13}{'predicted':>11}"
+                  f"{'error':>8}"]
+        kinds = step_errors(real.steps + again.steps, timer)
+        for kind, e in kinds.items():
+            lines.append(f"  {kind:<30}{e['steps']:>6}{1e3 * e['measured'] / e['steps']:>13.1f}"
+                         f"{1e3 * e['predicted'] / e['steps']:>11.1f}{e['error']:>+8.1%}")
+        numbers[name] = {"steps": kinds, "total": sim.elapsed / np.mean(total) - 1}
+        for key in ("ttft", "e2e"):
+            for q in (50, 90):
+                m = [np.percentile(real_latencies(r)[key], q) for r in (real, again)]
+                p = np.percentile(getattr(sim, key), q)
+                numbers[name][f"{key} p{q}"] = (p / np.mean(m) - 1, abs(m[0] - m[1]) / np.mean(m))
+                lines.append(f"  {key.upper()} p{q}: simulated {p:.2f} s, real {m[0]:.2f} / "
+                             f"{m[1]:.2f} s: error {p / np.mean(m) - 1:+.1%}, real spread "
+                             f"{abs(m[0] - m[1]) / np.mean(m):.1%}")
+    return "\n".join(lines), numbers
+
+
 def run(args: argparse.Namespace) -> None:
-    if args.calibrate:
+    if args.calibrate or args.validate:
         from minivllm import LLM
-        from minivllm.simulator.calibrate import calibrate
-        fit = calibrate(LLM(max_model_len=512, enable_prefix_caching=False), save=False,
-                        progress=True)
-        print(f"stored {save_profile(fit)}:\n{fit}")
+        from minivllm.simulator.calibrate import calibrate, validation_workloads
+        llm = LLM(max_model_len=512)
+        fit = calibrate(llm, save=not args.validate, progress=True)
+        if args.validate:
+            print(validate(llm, fit, validation_workloads(llm.tokenizer))[0])
+        else:
+            print(f"stored {profile_path()}:\n{fit}")
         return
     profile = get_profile(args.profile)
     if args.link_bandwidth is not None:

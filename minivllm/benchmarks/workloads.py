@@ -115,6 +115,27 @@ def tool_catalog_prompt(tokenizer, name: str, num_tokens: int) -> list[int]:
     return tokenizer.encode(text)[:num_tokens]
 
 
+def bimodal_requests(tokenizer, num_requests: int, seed: int = 0, system_tokens: int = 128,
+                     max_prompt: int = 380) -> list[Request]:
+    """Two kinds of prompt, in a seeded mix: short questions (log-normal around 33 tokens)
+    and long documents (200-330 tokens), and about half of each behind one shared system
+    prompt of `system_tokens` (prefix caching's case), cut to `max_prompt` tokens; short
+    answers. The simulator's held-out shape (simulator/calibrate.py, validation_workloads)."""
+    rng = np.random.default_rng(seed)
+    system = tool_catalog_prompt(tokenizer, "InventoryBot", system_tokens)
+    short = lognormal_requests(tokenizer, num_requests, prompt=(3.5, 0.4, 16, 60),
+                               output=(3.0, 0.5, 4, 40), seed=seed)
+    long = lognormal_requests(tokenizer, num_requests, prompt=(5.6, 0.2, 200, 330),
+                              output=(2.5, 0.5, 4, 30), seed=seed + 1)
+    out = []
+    for s, d in zip(short, long):
+        r = d if rng.random() < 0.5 else s
+        if rng.random() < 0.5:
+            r.prompt = (system + list(r.prompt))[:max_prompt]
+        out.append(r)
+    return out
+
+
 def shared_prefix_requests(tokenizer, num_questions: int, prefix_tokens: int = 1024,
                            max_tokens: int = 16) -> list[Request]:
     """One long system prompt, many different questions behind it, as a server sees them once

@@ -214,6 +214,15 @@ class BlockManager:
         for block_id in child.block_table:
             self.ref_counts[block_id] += 1
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's reset_prefix_cache): a benchmark's next run then
+        starts cold. Only when no request holds a block; False (nothing done) otherwise."""
+        if any(self.ref_counts):
+            return False
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+        return True
+
     def free(self, request: Request) -> None:
         for block_id in reversed(request.block_table):    # tail first: evicted before the head
             self._release(block_id)

@@ -70,6 +70,11 @@ class PrefixCache:
         if key.parent_block is not None:
             self.children.setdefault(key.parent_block, set()).add(block)
 
+    def clear(self) -> None:
+        """Forget every block (the hit counters stay: they count since the engine started)."""
+        for table in (self.block_of_hash, self.hash_of_block, self.key_of_block, self.children):
+            table.clear()
+
     def evict(self, block: int) -> None:
         """Forget `block` (it is being reused for other tokens) and every block chained to it."""
         block_hash = self.hash_of_block.pop(block, None)

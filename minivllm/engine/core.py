@@ -323,12 +323,16 @@ class EngineCore:
         rids = lambda seqs: [s.request_id for s in seqs]  # noqa: E731
         finished = [o.request_id for o in outputs
                     if o.finish_reason is not None and o.request_id not in self.requests]
+        computed = {r.seq_id: r.num_computed_tokens for r in batch.scheduled_new_reqs}
+        cached = batch.scheduled_cached_reqs
+        computed.update(zip(cached.seq_ids, cached.num_computed_tokens))
         record = StepRecord(
             step=self.num_steps - 1,
-            scheduled=[ScheduledSeq(s.request_id, s.index, n, p, len(d), s.lora_int_id)
-                       for s, n, p, d in
+            scheduled=[ScheduledSeq(s.request_id, s.index, n, p, len(d), s.lora_int_id,
+                                    computed[s.seq_id], samples)
+                       for s, n, p, d, samples in
                        zip(batch.scheduled_requests, batch.num_new_tokens, batch.is_prefill,
-                           batch.spec_token_ids)],
+                           batch.spec_token_ids, batch.sampling)],
             preempted=rids(batch.preempted), swapped_out=rids(batch.swapped_out),
             swapped_in=rids(batch.swapped_in), num_blocks_copied=len(batch.blocks_to_copy),
             finished=list(dict.fromkeys(finished)), duration=self.clock() - t0,

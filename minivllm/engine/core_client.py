@@ -124,6 +124,9 @@ class InprocClient:
                              "with enable_lora=True (and max_loras, max_lora_rank)")
         manager.add_lora(lora_request)
 
+    def reset_prefix_cache(self) -> bool:
+        return self.engine_core.block_manager.reset_prefix_cache()
+
     def list_loras(self) -> set[int]:
         manager = self._runner.lora_manager
         return set(manager.slots) if manager else set()

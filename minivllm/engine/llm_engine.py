@@ -318,6 +318,11 @@ class LLMEngine:
         old), or with fresh=True its answer now, once it has applied every earlier message."""
         return self.engine_core.stats(fresh)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, so the next request starts cold (vLLM's name); False,
+        and nothing forgotten, while a request holds blocks."""
+        return self.engine_core.reset_prefix_cache()
+
     def list_loras(self) -> set[int]:
         """The ids of the LoRA adapters now in the engine's slots (vLLM's name)."""
         return self.engine_core.list_loras()

@@ -78,6 +78,8 @@ class ScheduledSeq:              # trace or a simulation builds one per sequence
     is_prefill: bool           # a prefill chunk (or a recompute), not a one-token decode
     num_draft_tokens: int = 0  # of num_tokens, draft tokens verified (speculative decoding)
     lora_int_id: int = 0       # its LoRA adapter (minivllm/lora/models.py), 0 for the base model
+    num_computed_tokens: int = 0   # tokens in its KV before the step (prefix-cache hits too)
+    samples: bool = True       # its new tokens reach its end, so it samples (not a mid chunk)
 
 
 @dataclass(slots=True)

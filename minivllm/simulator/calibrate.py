@@ -5,48 +5,37 @@
 (The check that keeps the simulator honest, the same workload served for real and simulated,
 schedule and seconds side by side, is benchmarks/simulate.py's run_both.)
 
-A step's shape (sequences, linear FLOPs, attention FLOPs, bytes) is rebuilt from its
-StepRecord: each request's context grows by the tokens it computed, and drops to zero when it
-is preempted (recomputed). The fit (cost_model.fit_profile) is least squares of the steps'
-measured seconds on those features. The calibration workloads (prompt lengths 16 to 400, one
-to 16 sequences at once) are seeded apart from any workload a test or lesson validates on.
+A step's shape (sequences, linear FLOPs, prefill and decode attention FLOPs, bytes) is
+rebuilt from its StepRecord: each sequence's new tokens, the tokens already in its KV (prefix-
+cache hits included) and whether it sampled. The fit (cost_model.fit_profile) is least squares
+of the steps' measured seconds on those features. The calibration workloads (prompt lengths 16
+to 400, one to 16 sequences at once) are seeded apart from any workload a test or lesson
+validates on (validation_workloads: `minivllm simulate --validate`).
 
 No vLLM twin (Vidur profiles each operator on the GPU instead, then fits random forests).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
-import numpy as np
+import torch
 
 from minivllm.benchmarks.roofline import measure_peaks
-from minivllm.benchmarks.workloads import lognormal_requests, poisson_arrivals, serve
+from minivllm.benchmarks.workloads import (bimodal_requests, lognormal_requests, poisson_arrivals,
+                                           serve)
 from minivllm.engine.stats import StepRecord
 from minivllm.simulator.cost_model import HardwareProfile, StepTimer, fit_profile, save_profile
 
 
-def step_features(steps: list[StepRecord], prompt_lens: dict[str, int], timer: StepTimer
-                  ) -> list[tuple[float, ...]]:
-    """StepTimer.features of each recorded step, from what it scheduled: prompt_lens maps a
-    request id to its prompt length (to tell which sequences reached their end and sampled)."""
-    context: dict[str, int] = {}
-    emitted: dict[str, int] = {}
-    rows = []
-    for st in steps:
-        for rid in st.preempted:                      # recomputed from the start
-            context[rid] = 0
-        new, ctx = [], []
-        sampled = 0
-        for s in st.scheduled:
-            context[s.request_id] = context.get(s.request_id, 0) + s.num_tokens
-            new.append(s.num_tokens)
-            ctx.append(context[s.request_id])
-            if context[s.request_id] >= prompt_lens[s.request_id] + emitted.get(s.request_id, 0):
-                emitted[s.request_id] = emitted.get(s.request_id, 0) + 1
-                sampled += 1
-        rows.append(timer.features(new, ctx, sampled))
-    return rows
+def step_features(steps: list[StepRecord], timer: StepTimer) -> list[tuple[float, ...]]:
+    """StepTimer.features of each recorded step, from what it scheduled: each sequence's new
+    tokens, its context after them (prefix-cache hits included: their keys are read though
+    never computed) and whether it sampled."""
+    return [timer.features([s.num_tokens for s in st.scheduled],
+                           [s.num_computed_tokens + s.num_tokens for s in st.scheduled],
+                           sum(s.samples for s in st.scheduled)) for st in steps]
 
 
 def step_seconds(steps: list[StepRecord]) -> list[float]:
@@ -57,10 +46,13 @@ def step_seconds(steps: list[StepRecord]) -> list[float]:
 
 
 def calibration_workloads(tokenizer) -> list[list]:
-    """Varied shapes: long prompts alone, a crowd of short ones decoding together, a mix, and
-    prompts arriving one every two steps or so: steps of one short prefill beside a few
+    """Varied shapes: long prompts alone, a crowd of short ones decoding together, a mix,
+    prompts arriving one every two steps or so (steps of one short prefill beside a few
     decodes, the shape of open-loop serving, where a fit to whole-batch prefills alone
-    under-predicts (a small matmul runs further from the peak than a large one)."""
+    under-predicts: a small matmul runs further from the peak than a large one), and long
+    prompts decoding together (decode attention over long contexts: without them the decode
+    attention term is read off contexts under 100 tokens, and long ones were under-predicted
+    by 10-15%)."""
     return [lognormal_requests(tokenizer, 3, prompt=(5.5, 0.5, 100, 400), output=(1.5, 0.3, 3, 5),
                                seed=101),
             lognormal_requests(tokenizer, 16, prompt=(3.5, 0.5, 16, 80), output=(2.5, 0.4, 6, 20),
@@ -69,7 +61,27 @@ def calibration_workloads(tokenizer) -> list[list]:
                                seed=103),
             poisson_arrivals(lognormal_requests(tokenizer, 12, prompt=(4.0, 0.7, 16, 300),
                                                 output=(2.8, 0.5, 4, 30), seed=105),
-                             rate=0.5, seed=105, unit="steps")]
+                             rate=0.5, seed=105, unit="steps"),
+            lognormal_requests(tokenizer, 6, prompt=(5.7, 0.2, 200, 400), output=(3.0, 0.2, 12, 24),
+                               seed=106)]
+
+
+def validation_workloads(tokenizer, num_requests: int = 48) -> dict[str, list]:
+    """Held-out workloads, seeded apart from the calibration's and unlike it: bimodal
+    prompts (short questions, long documents), about half behind a shared system prompt,
+    Poisson arrivals in seconds that queue; and log-normal prompts with no sharing. What
+    `minivllm simulate --validate` and docs/benchmarks.md compare real and simulated runs on."""
+    arrive = lambda reqs, rate, seed: poisson_arrivals(reqs, rate, seed=seed)  # noqa: E731
+    return {
+        "bimodal, 128-token shared prefix, 4/s": arrive(
+            bimodal_requests(tokenizer, num_requests, seed=7), 4.0, 7),
+        "bimodal, 128-token shared prefix, 6/s": arrive(
+            bimodal_requests(tokenizer, num_requests, seed=11), 6.0, 11),
+        "bimodal, 64-token shared prefix, 3/s": arrive(
+            bimodal_requests(tokenizer, num_requests, seed=13, system_tokens=64), 3.0, 13),
+        "log-normal, no sharing, 8/s": arrive(lognormal_requests(
+            tokenizer, num_requests, prompt=(4.3, 0.6, 16, 300), output=(3.0, 0.5, 4, 48),
+            seed=32), 8.0, 32)}
 
 
 # --8<-- [start:calibrate]
@@ -81,20 +93,23 @@ def calibrate(llm, save: bool = True, progress: bool = False) -> HardwareProfile
     base = HardwareProfile("this CPU", kind="measured fit", source="", dtype=str(
         llm.engine.dtype).removeprefix("torch."), peak_flops=peaks.flops, bandwidth=peaks.bandwidth,
         memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), overlap=False)
+    # models/llama.py `linear` sends one fp32 row as two on a CPU: such a step costs two rows
+    min_rows = 2 if llm.engine.dtype == torch.float32 and llm.engine.device.type == "cpu" else 1
+    base = dataclasses.replace(base, min_rows=min_rows)
     timer = StepTimer(llm.engine.model_config.hf_config, base)   # 1-device profile, nothing fitted
     rows, seconds = [], []
     serve(llm, lognormal_requests(llm.tokenizer, 2, output=(1.0, 0.1, 2, 4), seed=100))  # warm-up
     workloads = calibration_workloads(llm.tokenizer)
     for k, requests in enumerate(workloads):
         tag = f"cal{k}-"
+        llm.reset_prefix_cache()              # no hits left over from an earlier workload
         run = serve(llm, requests, tag=tag)
-        lens = {f"{tag}{i}": len(r.prompt) for i, r in enumerate(requests)}
-        rows += step_features(run.steps, lens, timer)
+        rows += step_features(run.steps, timer)
         seconds += step_seconds(run.steps)
         if progress:
             print(f"calibration workload {k + 1}/{len(workloads)}: {len(run.steps)} steps")
     fit = fit_profile(rows, seconds, peaks.flops, peaks.bandwidth, dtype=base.dtype,
-                      memory_bytes=base.memory_bytes)
+                      memory_bytes=base.memory_bytes, min_rows=min_rows)
     if save:
         save_profile(fit)
     return fit

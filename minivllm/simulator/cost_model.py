@@ -9,9 +9,10 @@ bytes of the step, per GPU under tensor parallelism.
 
 A step's time is
 
-    overhead + per_seq x sequences + combine(compute, memory) + all-reduces
-    compute = linear FLOPs / (peak x compute_efficiency) + attention FLOPs / (peak x
-              attention_efficiency)
+    overhead + per_seq x sequences + prefill_overhead (if it computes a prompt)
+        + combine(compute, memory) + all-reduces
+    compute = linear FLOPs / (peak x compute_efficiency) + prefill attention FLOPs / (peak x
+              attention_efficiency) + decode attention FLOPs / (peak x decode_attention_eff.)
     memory  = bytes moved / (bandwidth x memory_efficiency)
     all-reduces = 2 per layer, each 2 (tp - 1) / tp x message / link_bandwidth + link_latency
 
@@ -42,6 +43,7 @@ import torch
 
 from minivllm.benchmarks.roofline import StepCost
 from minivllm.config import HfConfig
+from minivllm.distributed.pipeline import check_pipeline_parallel, get_pp_indices
 
 DATA = Path(__file__).parent / "data"
 # Named model shapes: the shape fields of each model's published config.json, in data/models/.
@@ -82,9 +84,13 @@ class HardwareProfile:
     overhead: float = 0.0          # seconds per step: scheduling, launch, sampling, Python
     per_seq: float = 0.0           # seconds per sequence in the step (metadata, sampling)
     compute_efficiency: float = 1.0    # share of peak_flops reached by the linear layers
-    attention_efficiency: float = 1.0  # ... by attention
+    attention_efficiency: float = 1.0  # ... by attention over several new tokens (prefill)
     memory_efficiency: float = 1.0     # share of bandwidth reached by decode's reads
     overlap: bool = True               # compute and memory overlap (max) or not (sum)
+    # ... by a decode's attention (one query over its context); None: attention_efficiency
+    decode_attention_efficiency: float | None = None
+    prefill_overhead: float = 0.0      # seconds more for a step that computes a prompt chunk
+    min_rows: int = 1                  # a step of fewer rows runs as this many (see below)
 
     @property
     def label(self) -> str:
@@ -135,14 +141,25 @@ def get_profile(profile) -> HardwareProfile:
 
 
 class StepTimer:
-    """Seconds per step for one model on one profile, tensor_parallel_size devices."""
+    """Seconds per step for one model on one profile, tensor_parallel_size devices; with
+    pipeline_parallel_size > 1, for one stage of it (`stage`): its layers as vLLM splits them
+    (get_pp_indices), its share of their weights and KV, and the LM head on the last."""
 
-    def __init__(self, mc: HfConfig, profile: HardwareProfile, tensor_parallel_size: int = 1):
+    def __init__(self, mc: HfConfig, profile: HardwareProfile, tensor_parallel_size: int = 1,
+                 pipeline_parallel_size: int = 1, stage: int = 0):
         tp = tensor_parallel_size
         if mc.num_attention_heads % tp:
             raise ValueError(f"tensor_parallel_size={tp} must divide the model's "
                              f"{mc.num_attention_heads} attention heads")
-        self.cost = StepCost.of(mc, getattr(torch, profile.dtype))
+        check_pipeline_parallel(mc, pipeline_parallel_size)
+        cost = StepCost.of(mc, getattr(torch, profile.dtype))
+        start, end = get_pp_indices(cost.layers, stage, pipeline_parallel_size)
+        share = (end - start) / cost.layers
+        last = stage == pipeline_parallel_size - 1
+        self.cost = dataclasses.replace(
+            cost, linear_params=round(cost.linear_params * share), layers=end - start,
+            kv_token_bytes=round(cost.kv_token_bytes * share),
+            head_params=cost.head_params if last else 0)
         self.profile = profile
         self.tp = tp
         # Per device: each weight is split tp ways; K/V heads too, or replicated if fewer.
@@ -152,6 +169,8 @@ class StepTimer:
         p = profile
         self.s_per_flop = 1 / (p.peak_flops * p.compute_efficiency) / tp
         self.s_per_attn_flop = 1 / (p.peak_flops * p.attention_efficiency) / tp
+        self.s_per_decode_attn_flop = 1 / (p.peak_flops * (p.decode_attention_efficiency
+                                                           or p.attention_efficiency)) / tp
         self.s_per_byte = 1 / (p.bandwidth * p.memory_efficiency)
         self.attn_unit = 2 * self.cost.layers * self.cost.q_dim     # 4 L q x (sum of j) / 2
         self.num_all_reduces = 2 * self.cost.layers if tp > 1 else 0
@@ -167,17 +186,25 @@ class StepTimer:
         return blocks
 
     def features(self, new_tokens, context_lens, sampled: int) -> tuple[float, ...]:
-        """(sequences, linear FLOPs, attention FLOPs, bytes) of one step on one device; the
-        same counts as StepCost.step, in closed form (the attention sum over a chunk is an
-        arithmetic series), since a simulation asks this once per step."""
+        """(sequences, linear FLOPs, prefill attention FLOPs, decode attention FLOPs, bytes,
+        prefills) of one step on one device: the same counts as StepCost.step, in closed form
+        (the attention sum over a chunk is an arithmetic series), since a simulation asks this
+        once per step. A sequence computing one token is a decode, one computing several a
+        prefill (a prompt chunk, a recompute, a verification of drafts). A step of fewer than
+        the profile's min_rows rows is counted as min_rows sequences of one token: on a CPU
+        the engine sends one row as two (models/llama.py `linear`: a GEMM, not a GEMV)."""
         c = self.cost
-        tokens = sum(new_tokens)
-        attn = self.attn_unit * sum(n * (2 * ctx - n + 1) for n, ctx in zip(new_tokens,
-                                                                           context_lens))
+        pad = max(0, self.profile.min_rows - sum(new_tokens))
+        new_tokens, context_lens = list(new_tokens) + [1] * pad, list(context_lens) + [1] * pad
+        tokens, sampled = sum(new_tokens), sampled + pad
+        attn = [n * (2 * ctx - n + 1) for n, ctx in zip(new_tokens, context_lens)]
+        prefill = sum(a for a, n in zip(attn, new_tokens) if n > 1)
         linear = 2 * c.linear_params * tokens + 2 * c.head_params * sampled
         moved = (self.weight_bytes + self.kv_token_bytes * sum(context_lens)
                  + 4 * c.hidden_bytes * tokens)
-        return len(new_tokens), linear, attn, moved
+        return (len(new_tokens), linear, self.attn_unit * prefill,
+                self.attn_unit * (sum(attn) - prefill), moved,
+                sum(n > 1 for n in new_tokens))
 
     def time(self, new_tokens, context_lens, sampled: int | None = None) -> float:
         """Seconds for a step in which sequence i computes new_tokens[i] tokens and then
@@ -185,25 +212,28 @@ class StepTimer:
         sampled = len(new_tokens) if sampled is None else sampled
         return self.time_of(*self.features(new_tokens, context_lens, sampled), sum(new_tokens))
 
-    def time_of(self, num_seqs: int, linear: float, attn: float, moved: float,
-                tokens: int) -> float:
+    def time_of(self, num_seqs: int, linear: float, attn: float, decode_attn: float,
+                moved: float, prefills: int, tokens: int) -> float:
         p = self.profile
-        compute = linear * self.s_per_flop + attn * self.s_per_attn_flop
+        compute = (linear * self.s_per_flop + attn * self.s_per_attn_flop
+                   + decode_attn * self.s_per_decode_attn_flop)
         memory = moved * self.s_per_byte
         busy = max(compute, memory) if p.overlap else compute + memory
         message = tokens * self.cost.hidden_bytes           # one all-reduce's payload
         comm = self.num_all_reduces * (message * self.ring + p.link_latency)
-        return p.overhead + p.per_seq * num_seqs + busy + comm
+        return (p.overhead + p.per_seq * num_seqs + p.prefill_overhead * (prefills > 0) + busy
+                + comm)
 
 
 # --8<-- [start:fit]
 def fit_profile(rows: list[tuple[float, ...]], durations: list[float], peak_flops: float,
                 bandwidth: float, name: str = "this CPU", dtype: str = "float32",
-                memory_bytes: float = 8 * GiB) -> HardwareProfile:
-    """Least squares, non-negative, of step seconds on [1, sequences, linear FLOPs, attention
-    FLOPs] (rows from StepTimer.features on a 1-device profile), once the bytes' time at the
-    measured `bandwidth` is taken off: the intercept is the per-step overhead, the other
-    coefficients are seconds per unit, turned into efficiencies against the measured peaks.
+                memory_bytes: float = 8 * GiB, min_rows: int = 1) -> HardwareProfile:
+    """Least squares, non-negative, of step seconds on [1, sequences, holds a prefill, linear
+    FLOPs, prefill attention FLOPs, decode attention FLOPs] (rows from StepTimer.features on a
+    1-device profile with the same min_rows), once the bytes' time at the measured `bandwidth`
+    is taken off: the intercept is the per-step overhead, the others are seconds per unit,
+    the FLOPs' turned into efficiencies against the measured peaks.
     The bytes are not fitted: on one model they are nearly all the weights, the same in every
     step, so a fitted bytes coefficient and the overhead trade places from one calibration to
     the next (collinear columns), and the fit lands elsewhere each time. Read at the measured
@@ -213,9 +243,10 @@ def fit_profile(rows: list[tuple[float, ...]], durations: list[float], peak_flop
     short decodes that pin the overhead down. A coefficient that comes out negative is dropped
     and the rest refitted (the active-set idea of Lawson-Hanson's NNLS, one column at a time)."""
     rows, t = np.asarray(rows, dtype=float), np.asarray(durations, dtype=float)
-    X = np.column_stack([np.ones(len(rows)), rows[:, :3]]) / t[:, None]     # relative errors
-    y = (t - rows[:, 3] / bandwidth) / t
-    scale = X.max(axis=0)                       # columns of 1 and of 1e9 FLOPs: condition it
+    seqs, linear, attn, decode_attn, moved, prefills = rows.T
+    X = np.column_stack([np.ones(len(rows)), seqs, prefills > 0, linear, attn, decode_attn])
+    X, y = X / t[:, None], (t - moved / bandwidth) / t                      # relative errors
+    scale = np.where(X.max(axis=0) > 0, X.max(axis=0), 1.0)   # 1 and 1e9 FLOPs: condition it
     active = list(range(X.shape[1]))
     while True:
         coef, *_ = np.linalg.lstsq(X[:, active] / scale[active], y, rcond=None)
@@ -224,12 +255,14 @@ def fit_profile(rows: list[tuple[float, ...]], durations: list[float], peak_flop
         active.pop(int(np.argmin(coef)))
     full = np.zeros(X.shape[1])
     full[active] = coef / scale[active]
-    overhead, per_seq, s_linear, s_attn = full
+    overhead, per_seq, prefill_overhead, s_linear, s_attn, s_decode_attn = full
     eff = lambda s: 1 / (s * peak_flops) if s > 0 else math.inf  # noqa: E731 (term unseen)
     return HardwareProfile(name, kind="measured fit", source=f"{len(y)} engine steps, "
                            "least squares (minivllm simulate --calibrate)", dtype=dtype,
                            peak_flops=peak_flops, bandwidth=bandwidth,
                            memory_bytes=memory_bytes, overhead=float(overhead),
                            per_seq=float(per_seq), compute_efficiency=eff(s_linear),
-                           attention_efficiency=eff(s_attn), overlap=False)
+                           attention_efficiency=eff(s_attn),
+                           decode_attention_efficiency=eff(s_decode_attn), overlap=False,
+                           prefill_overhead=float(prefill_overhead), min_rows=min_rows)
 # --8<-- [end:fit]

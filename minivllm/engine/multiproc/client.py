@@ -323,6 +323,9 @@ class SyncMPClient:
     def list_loras(self) -> set[int]:
         return self.call_utility("list_loras")
 
+    def reset_prefix_cache(self) -> bool:
+        return self.call_utility("reset_prefix_cache")
+
     def prompt_logits(self, token_ids: list[int]):
         return self.call_utility("prompt_logits", list(token_ids))
 

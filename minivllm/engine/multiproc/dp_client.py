@@ -204,6 +204,9 @@ class DPLBClient:
     def list_loras(self) -> set[int]:
         return self.replicas[0].list_loras()
 
+    def reset_prefix_cache(self) -> bool:
+        return all([r.reset_prefix_cache() for r in self.replicas])     # every one, not lazily
+
     def prompt_logits(self, token_ids: list[int]):
         return self.replicas[0].prompt_logits(token_ids)
 
