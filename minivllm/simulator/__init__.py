@@ -10,7 +10,8 @@
 
     from minivllm.simulator import simulate, synthetic_requests
     res = simulate(synthetic_requests(1000), model="Llama-3-70B", profile="H100",
-                   tensor_parallel_size=8, max_num_seqs=256)
+                   tensor_parallel_size=8, max_num_seqs=256)   # pipeline_parallel_size=,
+                                                              # data_parallel_size= too
     res.ttft, res.e2e, res.itl, res.goodput(SLO(ttft=2.0, itl=0.1))
 
 No vLLM twin: vLLM has no simulator; Vidur (MLSys 2024) is the research answer.

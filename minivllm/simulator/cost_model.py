@@ -1,6 +1,6 @@
 """What one engine step costs, in seconds, on a device that may not be here: a model's shapes
 (named, or any Llama/Qwen config.json), a hardware profile, and roofline.StepCost's FLOPs and
-bytes of the step, per GPU under tensor parallelism.
+bytes of the step, per GPU under tensor parallelism, per stage under pipeline parallelism.
 
     profile = get_profile("H100")                       # data-sheet peaks, assumed efficiencies
     timer = StepTimer(model_config("Llama-3-70B"), profile, tensor_parallel_size=8)
@@ -16,6 +16,10 @@ A step's time is
     memory  = bytes moved / (bandwidth x memory_efficiency)
     all-reduces = 2 per layer, each 2 (tp - 1) / tp x message / link_bandwidth + link_latency
 
+A pipeline stage pays its share of the layers' terms (FLOPs, bytes, all-reduces, the per-
+sequence and prefill terms); the per-step overhead falls on the last stage, where the core
+and the sampler are (checked against real pp=2 stages: tests/test_simulator_parallel.py).
+
 `combine` is max on a GPU (its copy engines and tensor cores overlap: the roofline) and a sum
 on a CPU (one core does both in turn; a fit decides how much of each). A profile is either a
 **measured fit** (`calibrate`, over real engine steps on this machine, least squares) or a
@@ -24,8 +28,8 @@ labelled as such, until a GPU run replaces them with a fit.
 
 No vLLM twin: vLLM has no simulator. Vidur (Agrawal et al., MLSys 2024) profiles each operator
 and predicts with random forests; this is the one-line roofline version of that idea. Left out:
-pipeline parallelism, MoE, quantized weights, prefix-cache hits' cheaper attention (a hit's
-tokens are not computed, which the scheduler already counts), and CUDA-graph buckets.
+MoE, quantized weights, and CUDA-graph buckets. (A prefix-cache hit's tokens are not computed,
+which the scheduler counts; their keys are still read, which the context lengths count.)
 """
 
 from __future__ import annotations
@@ -156,6 +160,11 @@ class StepTimer:
         start, end = get_pp_indices(cost.layers, stage, pipeline_parallel_size)
         share = (end - start) / cost.layers
         last = stage == pipeline_parallel_size - 1
+        # A stage pays its share of the layers' work: FLOPs, bytes, the weights a prefill step
+        # repacks and the per-sequence term (attention calls, layer by layer); the per-step
+        # overhead (scheduling, sampling, outputs) falls on the last, where the core is.
+        self.share = share
+        self.step_share = 1.0 if last else share
         self.cost = dataclasses.replace(
             cost, linear_params=round(cost.linear_params * share), layers=end - start,
             kv_token_bytes=round(cost.kv_token_bytes * share),
@@ -221,8 +230,8 @@ class StepTimer:
         busy = max(compute, memory) if p.overlap else compute + memory
         message = tokens * self.cost.hidden_bytes           # one all-reduce's payload
         comm = self.num_all_reduces * (message * self.ring + p.link_latency)
-        return (p.overhead + p.per_seq * num_seqs + p.prefill_overhead * (prefills > 0) + busy
-                + comm)
+        return (p.overhead * self.step_share + (p.per_seq * num_seqs + p.prefill_overhead
+                                                * (prefills > 0)) * self.share + busy + comm)
 
 
 # --8<-- [start:fit]

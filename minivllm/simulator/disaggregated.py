@@ -44,8 +44,8 @@ def simulate_disaggregated(requests: list[Request], num_prefill: int = 1, num_de
     tensor_parallel_size devices with the same settings (engine_kwargs, as `simulate`).
     kv_link_bandwidth (bytes/s per device) defaults to the profile's link_bandwidth."""
     wall0 = time.perf_counter()
-    mc, timer, config, num_blocks, label = deployment(model, profile, tensor_parallel_size,
-                                                      engine_kwargs)
+    mc, (timer,), config, num_blocks, label = deployment(model, profile, tensor_parallel_size,
+                                                         engine_kwargs)
     link = kv_link_bandwidth or timer.profile.link_bandwidth
     engines = {f"{role}-{k}": engine_core(timer, config, num_blocks)
                for role, count in (("prefill", num_prefill), ("decode", num_decode))

@@ -13,8 +13,13 @@ engine's own EngineCore (minivllm/engine/core.py) over a SimulatedExecutor, so e
 EngineCore.step: `Scheduler.schedule()`, the executor's made-up ModelRunnerOutput, then
 `Scheduler.update_from_output` (tests/test_scheduler.py drives the core the same way). So the
 simulated schedule is the engine's by construction, and tests/test_simulator.py checks it
-equals a real run's, step for step. A request's output length is its max_tokens (make workloads with ignore_eos, or
-draw max_tokens from a length distribution: `synthetic_requests`).
+equals a real run's, step for step. A request's output length is its max_tokens (make
+workloads with ignore_eos, or draw max_tokens from a length distribution: `synthetic_requests`).
+
+Pipeline parallelism is the same core keeping one batch in flight per stage
+(step_with_batch_queue), over an executor whose stages each have a clock; data parallelism is
+several cores behind the front end's own balancer (dp_client.load_score), stepped in time
+order. tests/test_simulator_parallel.py checks both against real pp=2 and dp=2 engines.
 
 No vLLM twin. Vidur (MLSys 2024) simulates vLLM by re-implementing its scheduler; this one
 imports it. Prefill/decode disaggregation is prefill and decode cores and a KV link:
@@ -24,10 +29,10 @@ but the cost model does not price drafts or adapters), and multi-turn `follows`.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections import deque
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +43,7 @@ from minivllm.config import HfConfig, VllmConfig
 from minivllm.core.scheduler import SchedulerOutput
 from minivllm.engine.arg_utils import LOAD_TIME_ARGS, EngineArgs
 from minivllm.engine.core import EngineCore, EngineCoreRequest
+from minivllm.engine.multiproc.dp_client import load_score
 from minivllm.engine.processor import validate_request
 from minivllm.engine.stats import StepRecord
 from minivllm.outputs import ModelRunnerOutput
@@ -51,16 +57,29 @@ class SimulatedExecutor:
     the virtual clock by what the StepTimer says. With n > 1, a finished prompt also draws the
     other samples' first tokens, as the real runner does. It has no drafter, so its
     ModelRunnerOutput carries no drafts and a simulation with speculative_config never
-    speculates (were drafts scheduled, they would be verified as all rejected)."""
+    speculates (were drafts scheduled, they would be verified as all rejected).
 
-    def __init__(self, timer: StepTimer, num_blocks: int, num_cpu_blocks: int = 0):
-        self.timer = timer
+    Pipeline parallelism: one StepTimer per stage, and max_concurrent_batches = stages, so the
+    EngineCore keeps that many batches in flight (step_with_batch_queue, as with the real
+    executor). A batch enters stage s when the batch before it has left that stage and its
+    hidden states have crossed from stage s - 1 (tokens x hidden bytes over the link, plus its
+    latency); the core's clock reaches a batch's end when the core waits for it."""
+
+    def __init__(self, timers, num_blocks: int, num_cpu_blocks: int = 0,
+                 link_bandwidth: float = 0.0, link_latency: float = 0.0):
+        self.stages = timers if isinstance(timers, list) else [timers]
+        self.timer = self.stages[0]
+        self.max_concurrent_batches = len(self.stages)
         self.num_blocks = num_blocks            # the pools the engine core's managers get
         self.num_cpu_blocks = num_cpu_blocks
-        self.clock = 0.0                        # simulated seconds: when the last step ended
+        self.link_bandwidth, self.link_latency = link_bandwidth, link_latency
+        self.clock = 0.0                        # simulated seconds: the core's now
+        self.free_at = [0.0] * len(self.stages)     # when each stage finishes its last batch
+        self.busy = [0.0] * len(self.stages)        # seconds each stage computed
+        self.num_sends = self.send_bytes = 0        # hidden states between stages
 
     # --8<-- [start:execute_model]
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput, non_block: bool = False):
         out = ModelRunnerOutput()
         contexts = []
         for seq, n, samples in zip(so.scheduled_requests, so.num_new_tokens, so.sampling):
@@ -70,13 +89,43 @@ class SimulatedExecutor:
                 out.sampled[seq.seq_id] = [(token, None)]
                 if seq.num_unforked:
                     out.forked[seq.seq_id] = [(token, None)] * seq.num_unforked
+        done = self.clock
         if so.scheduled_requests:
-            self.clock += self.timer.time(so.num_new_tokens, contexts, len(out.sampled))
-        return out
+            done = self._run_stages(so.num_new_tokens, contexts, len(out.sampled))
+        pending = PendingBatch(self, out, done)
+        return pending if non_block else pending.result()
     # --8<-- [end:execute_model]
+
+    def _run_stages(self, new_tokens, contexts, sampled: int) -> float:
+        """When the batch leaves the last stage, each stage starting when it is free."""
+        t = self.clock
+        for s, timer in enumerate(self.stages):
+            if s:                                   # hidden states from the stage before
+                message = sum(new_tokens) * timer.cost.hidden_bytes
+                self.num_sends += 1
+                self.send_bytes += message
+                t += (message / self.link_bandwidth if self.link_bandwidth else 0.0)
+                t += self.link_latency
+            seconds = timer.time(new_tokens, contexts, sampled)
+            t = max(t, self.free_at[s]) + seconds
+            self.free_at[s] = t
+            self.busy[s] += seconds
+        return t
 
     def free(self, seqs) -> None:
         """Finished samples: a simulated executor keeps no state of them."""
+
+
+class PendingBatch:
+    """A batch in flight (the real executor's PendingStep): result() is its output, and the
+    clock moves to when it left the last stage, if that is later."""
+
+    def __init__(self, executor: SimulatedExecutor, out: ModelRunnerOutput, done: float):
+        self.executor, self.out, self.done = executor, out, done
+
+    def result(self) -> ModelRunnerOutput:
+        self.executor.clock = max(self.executor.clock, self.done)
+        return self.out
 
 
 @dataclass(frozen=True)
@@ -103,6 +152,8 @@ class SimResult:
     num_kv_blocks: int
     wall: float = 0.0              # real seconds the simulation took
     engine_steps: dict[str, list[StepRecord]] = field(default_factory=dict)  # each engine's
+    # each engine's executor: its stages' busy seconds, the hidden states sent between them
+    executors: dict[str, SimulatedExecutor] = field(default_factory=dict)
 
     def goodput(self, slo: SLO) -> float:
         """Share of the requests that met the SLO (DistServe's goodput, as a share)."""
@@ -113,15 +164,19 @@ class SimResult:
         return sum(s[-1].stats.num_preemptions for s in self.engine_steps.values() if s)
 
 
-def engine_core(timer: StepTimer, config: VllmConfig, num_blocks: int) -> EngineCore:
-    """One simulated engine: the engine's own EngineCore over a SimulatedExecutor, on the
+def engine_core(timers, config: VllmConfig, num_blocks: int, link_bandwidth: float = 0.0
+                ) -> EngineCore:
+    """One simulated engine: the engine's own EngineCore over a SimulatedExecutor (a StepTimer,
+    or one per pipeline stage with hidden states crossing link_bandwidth between them), on the
     executor's virtual clock (vLLM twin: EngineCore with no model behind its executor). Its
     stats count cached tokens per sequence, cheap enough to take every simulated step."""
+    timer = timers[0] if isinstance(timers, list) else timers
     num_cpu_blocks = 0
     if config.scheduler_config.preemption_mode == "swap":
         block_bytes = timer.kv_token_bytes * config.cache_config.block_size
         num_cpu_blocks = max(1, int(config.cache_config.swap_space // block_bytes))
-    executor = SimulatedExecutor(timer, num_blocks, num_cpu_blocks)
+    executor = SimulatedExecutor(timers, num_blocks, num_cpu_blocks, link_bandwidth,
+                                 timer.profile.link_latency)
     return EngineCore(config, executor, eos_token_ids={2}, clock=lambda: executor.clock,
                       exact_stats=False)
 
@@ -163,24 +218,30 @@ class RequestTimes:
                          mean_itl, np.asarray(self.gaps), int(tokens.sum()),
                          max(e.model_executor.clock for e in engines.values()), label,
                          sum(e.block_manager.num_blocks for e in engines.values()),
-                         time.perf_counter() - wall0, steps)
+                         time.perf_counter() - wall0, steps,
+                         {name: e.model_executor for name, e in engines.items()})
 
 
-def deployment(model, profile, tensor_parallel_size: int, engine_kwargs: dict
-               ) -> tuple[HfConfig, StepTimer, VllmConfig, int, str]:
-    """The model's shapes, its StepTimer, the VllmConfig, the KV pool's blocks (what
-    gpu_memory_utilization of one device holds beside its share of the weights, unless
-    num_kv_blocks is given) and a label naming model, deployment and profile."""
+def deployment(model, profile, tensor_parallel_size: int, engine_kwargs: dict,
+               pipeline_parallel_size: int = 1
+               ) -> tuple[HfConfig, list[StepTimer], VllmConfig, int, str]:
+    """The model's shapes, a StepTimer per pipeline stage, the VllmConfig, the KV pool's
+    blocks (what gpu_memory_utilization of one device holds beside its share of the weights,
+    on the stage with the least room, unless num_kv_blocks is given) and a label naming
+    model, deployment and profile."""
     mc = model_config(model)
-    timer = StepTimer(mc, get_profile(profile), tensor_parallel_size)
+    pp = pipeline_parallel_size
+    timers = [StepTimer(mc, get_profile(profile), tensor_parallel_size, pp, stage)
+              for stage in range(pp)]
     EngineArgs.check_names(engine_kwargs, fixed=LOAD_TIME_ARGS)
     config = EngineArgs(**engine_kwargs).create_engine_config(mc)
     cache = config.cache_config
-    num_blocks = cache.num_kv_blocks or timer.kv_pool_blocks(cache.block_size,
-                                                             cache.gpu_memory_utilization)
+    num_blocks = cache.num_kv_blocks or min(
+        t.kv_pool_blocks(cache.block_size, cache.gpu_memory_utilization) for t in timers)
     name = model if isinstance(model, str) else f"{mc.architecture} {mc.num_hidden_layers}L"
-    label = f"{name} on {tensor_parallel_size} x {timer.profile.label}"
-    return mc, timer, config, num_blocks, label
+    shape = f"TP{tensor_parallel_size} x PP{pp}" if pp > 1 else str(tensor_parallel_size)
+    label = f"{name} on {shape} x {timers[0].profile.label}"
+    return mc, timers, config, num_blocks, label
 
 
 def prompt_of(r: Request, i: int) -> list[int]:
@@ -192,40 +253,75 @@ def prompt_of(r: Request, i: int) -> list[int]:
 
 
 def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
-             tensor_parallel_size: int = 1, progress: bool = False, tag: str = "req-",
-             **engine_kwargs) -> SimResult:
+             tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+             data_parallel_size: int = 1, pipeline_link_bandwidth: float | None = None,
+             progress: bool = False, tag: str = "req-", **engine_kwargs) -> SimResult:
     """Serve `requests` on a simulated deployment; engine_kwargs are EngineArgs fields
     (max_num_seqs, max_num_batched_tokens, block_size, num_kv_blocks, enable_chunked_prefill,
     enable_prefix_caching, preemption_mode, ...). A request joins when its arrival_step and
-    arrival_time have come, as in workloads.serve."""
+    arrival_time have come, as in workloads.serve (arrival_step counts every replica's steps).
+
+    pipeline_parallel_size stages per engine, hidden states crossing pipeline_link_bandwidth
+    (default: the profile's link; a slower one between nodes). data_parallel_size replicas,
+    each the whole engine, behind the real front end's balancer (dp_client.load_score, from
+    each replica's stats after its last step and the requests sent since with no output yet);
+    the replicas step in time order, each on its own clock."""
     wall0 = time.perf_counter()
-    mc, timer, config, num_blocks, label = deployment(model, profile, tensor_parallel_size,
-                                                      engine_kwargs)
-    core = engine_core(timer, config, num_blocks)
-    executor = core.model_executor
-    n = len(requests)
-    times = RequestTimes(n)
-    pending = deque(sorted(range(n), key=lambda i: (requests[i].arrival_step,
-                                                    requests[i].arrival_time)))
-    index: dict[str, int] = {}
-    bar = tqdm(total=n, unit="req", desc="simulating", mininterval=0.5, disable=not progress)
-    with core.trace() as steps:
-        while pending or core.has_unfinished_requests():
-            step = len(steps)
-            if not core.has_unfinished_requests():        # idle: jump to the next arrival
-                nxt = requests[pending[0]]
-                executor.clock = max(executor.clock, nxt.arrival_time)
-                step = max(step, nxt.arrival_step)
-            while pending and (requests[pending[0]].arrival_step <= step
-                               and requests[pending[0]].arrival_time <= executor.clock):
-                i = pending.popleft()
-                index[f"{tag}{i}"] = i
-                core.add_request(core_request(core, f"{tag}{i}", prompt_of(requests[i], i),
-                                              requests[i].params))
-                times.arrival[i] = requests[i].arrival_time or executor.clock
-            for out in core.step().outputs:                # schedule, "execute", update
-                if out.new_token_ids:
-                    times.token(index[out.request_id], executor.clock)
-            bar.update(len(steps[-1].finished))
+    mc, timers, config, num_blocks, label = deployment(
+        model, profile, tensor_parallel_size, engine_kwargs, pipeline_parallel_size)
+    link = pipeline_link_bandwidth or timers[0].profile.link_bandwidth
+    cores = {f"engine-{k}": engine_core(timers, config, num_blocks, link)
+             for k in range(data_parallel_size)}
+    if data_parallel_size > 1:
+        label += f", DP{data_parallel_size}"
+    times = RequestTimes(len(requests))
+    bar = tqdm(total=len(requests), unit="req", desc="simulating", mininterval=0.5,
+               disable=not progress)
+    with ExitStack() as stack:
+        steps = {name: stack.enter_context(c.trace()) for name, c in cores.items()}
+        _serve(requests, list(cores.values()), tag, times, bar)
     bar.close()
-    return times.result({"engine-0": core}, {"engine-0": steps}, label, wall0)
+    return times.result(cores, steps, label, wall0)
+
+
+def _serve(requests: list[Request], cores: list[EngineCore], tag: str, times: RequestTimes,
+           bar) -> None:
+    """The next event, until none is left: a request arriving (to the replica the balancer
+    picks; an idle one starts its clock at the arrival) or the earliest busy replica's step."""
+    clock = lambda c: c.model_executor.clock  # noqa: E731
+    pending = deque(sorted(range(len(requests)), key=lambda i: (requests[i].arrival_step,
+                                                                requests[i].arrival_time)))
+    snapshot = {id(c): c.stats() for c in cores}       # each replica's, after its last step
+    unseen: dict[int, set[str]] = {id(c): set() for c in cores}
+    owner: dict[str, int] = {}
+    num_steps = 0
+    while pending or any(c.has_unfinished_requests() for c in cores):
+        busy = [c for c in cores if c.has_unfinished_requests()]
+        core = min(busy, key=clock) if busy else None
+        if pending and (core is None or requests[pending[0]].arrival_step <= num_steps):
+            nxt = requests[pending[0]]
+            if core is None:                 # all idle: the next arrival comes now
+                num_steps = max(num_steps, nxt.arrival_step)
+            if core is None or nxt.arrival_time <= clock(core):
+                now = nxt.arrival_time if core is None else clock(core)
+                while pending and (requests[pending[0]].arrival_step <= num_steps
+                                   and requests[pending[0]].arrival_time <= now):
+                    i = pending.popleft()
+                    rid = f"{tag}{i}"
+                    target = min(cores, key=lambda c: load_score(snapshot[id(c)],
+                                                                 len(unseen[id(c)])))
+                    target.model_executor.clock = max(clock(target), requests[i].arrival_time)
+                    target.add_request(core_request(target, rid, prompt_of(requests[i], i),
+                                                    requests[i].params))
+                    times.arrival[i] = requests[i].arrival_time or clock(target)
+                    unseen[id(target)].add(rid)
+                    owner[rid] = i
+                continue
+        for out in core.step().outputs:                # schedule, "execute", update
+            unseen[id(core)].discard(out.request_id)
+            if out.new_token_ids:
+                times.token(owner[out.request_id], clock(core))
+            bar.update(out.finish_reason is not None)
+        if core.last_record is not None:             # a batch came back (pipeline: or not)
+            num_steps += 1
+            snapshot[id(core)] = core.last_record.stats

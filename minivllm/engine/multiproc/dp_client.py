@@ -59,6 +59,13 @@ def sum_stats(snapshots: list[EngineStats]) -> EngineStats:
     return EngineStats(**total)
 
 
+def load_score(stats: EngineStats, num_unseen: int) -> int:
+    """vLLM V1's load score of a replica: 4 x waiting + running, from its last stats snapshot,
+    the requests sent to it since whose first output has not come back counted as waiting
+    (the simulator's data parallelism balances by this same function)."""
+    return 4 * (stats.num_waiting + num_unseen) + stats.num_running
+
+
 class DPLBClient:
     def __init__(self, vllm_config: VllmConfig, ready_timeout: float = READY_TIMEOUT_S,
                  balance: str = "score"):
@@ -107,9 +114,7 @@ class DPLBClient:
 
     # ---------------------------------------------------------------- requests in, outputs out
     def score(self, rank: int) -> int:
-        """vLLM V1's load score of replica `rank`: 4 x waiting + running."""
-        stats = self.replicas[rank].process.stats
-        return 4 * (stats.num_waiting + len(self.unseen[rank])) + stats.num_running
+        return load_score(self.replicas[rank].process.stats, len(self.unseen[rank]))
 
     def choose(self) -> int:
         if self.balance == "round_robin":
