@@ -8,20 +8,25 @@ app = marimo.App(width="medium")
 def _():
     import minivllm.platforms  # noqa: F401  first: without CUDA, Triton's interpreter on
 
+    import dataclasses
     import time
 
     import marimo as mo
     import matplotlib.pyplot as plt
+    import numpy as np
     import torch
 
     from minivllm import LLM, SamplingParams
     from minivllm.benchmarks.roofline import StepCost
     from minivllm.distributed.parallel_state import check_tensor_parallel, kv_head_range
     from minivllm.distributed.pipeline import check_pipeline_parallel, get_pp_indices
-    from minivllm.simulator import MODEL_SHAPES, model_config
-    return (LLM, MODEL_SHAPES, SamplingParams, StepCost, check_pipeline_parallel,
-            check_tensor_parallel, get_pp_indices, kv_head_range, mo, model_config, plt, time,
-            torch)
+    from minivllm.simulator import (MODEL_SHAPES, PROFILES, SLO, StepTimer, model_config,
+                                    simulate, synthetic_requests)
+    from minivllm.workloads import Request, poisson_arrivals
+    return (LLM, MODEL_SHAPES, PROFILES, Request, SLO, SamplingParams, StepCost, StepTimer,
+            check_pipeline_parallel, check_tensor_parallel, dataclasses, get_pp_indices,
+            kv_head_range, mo, model_config, np, plt, poisson_arrivals, simulate,
+            synthetic_requests, time, torch)
 
 
 @app.cell
@@ -38,7 +43,9 @@ def _(mo):
     fills that bubble, and why a data-parallel front end should not hand out requests
     round-robin. You
     will run the default model as two stages, three tensor ranks and two replicas on this
-    machine, and check every run against one process.
+    machine, and check every run against one process. Then, simulated on data-sheet H100s,
+    you lay a 405B-class model out over two nodes and count the bytes that decide it, and
+    weigh four replicas against one wide engine.
 
     Lesson 17 simulated TP=8 over NVLink and found the same all-reduces slower over PCIe;
     NVLink joins the eight GPUs of one node. This lesson goes past that node, and past one copy
@@ -451,6 +458,347 @@ def _(mo, plan, plan_dp, plan_model, plan_pp, plan_tp):
 @app.cell
 def _(mo):
     mo.md(r"""
+    ## A 405B-class model on two nodes of 8 H100 (simulated)
+
+    Llama-3.1-405B's weights are 810 GB in bf16: more than one node of eight 80 GB GPUs
+    holds. With two nodes there are two obvious layouts of its 16 GPUs:
+
+    - **TP8 x PP2**: tensor parallel inside each node, over NVLink (450 GB/s a direction);
+      the two pipeline stages across the node link, one 400 Gb/s InfiniBand NIC per GPU
+      (50 GB/s);
+    - **TP16**: one tensor-parallel group of 16, so every all-reduce crosses the node link.
+
+    No machine here has 16 H100s, so the simulator of lesson 17 serves the same 200 requests
+    (prompts of about 900 tokens, answers of about 180, 4 a second) on both: the engine's own
+    scheduler on a virtual clock, each step timed by the cost model. **Every number in this
+    section and the next is simulated** on NVIDIA's data-sheet peaks, with efficiencies and
+    overheads that are assumptions (`minivllm/simulator/cost_model.py`); the counts of bytes,
+    blocks and requests are not.
+    """)
+    return
+
+
+@app.cell
+def _(PROFILES, dataclasses, mo, np, plan, poisson_arrivals, simulate, synthetic_requests):
+    def sim_workload(n: int, rate: float) -> list:
+        """n requests: prompts of ~900 tokens, answers of ~180 (log-normal, 4 to 1000 tokens),
+        Poisson arrivals at `rate` a second; the same list for the same n and rate."""
+        reqs = synthetic_requests(n, prompt=(6.5, 0.6, 16, 4000), output=(5.0, 0.6, 4, 1000),
+                                  seed=3)
+        return poisson_arrivals(reqs, rate, seed=3)
+
+    NODE_LINK = 50e9           # bytes/s a direction: one 400 Gb/s NIC per GPU (data sheet)
+    # TP16's all-reduces cross that link: the H100 profile with it in place of NVLink.
+    IB = dataclasses.replace(PROFILES["H100"], link_bandwidth=NODE_LINK, link_latency=2e-5,
+                             name="H100, 400 Gb/s InfiniBand between nodes")
+    _big = dict(model="Llama-3.1-405B", max_num_seqs=128, max_model_len=8192)
+    print("simulating Llama-3.1-405B on 16 H100s, two layouts of 200 requests (about a "
+          "second) ...", flush=True)
+    big_workload = sim_workload(200, 4)
+    big_runs = {
+        "TP8 x PP2": simulate(sim_workload(200, 4), profile="H100", tensor_parallel_size=8,
+                              pipeline_parallel_size=2, pipeline_link_bandwidth=NODE_LINK,
+                              **_big),
+        "TP16": simulate(sim_workload(200, 4), profile=IB, tensor_parallel_size=16, **_big),
+    }
+    big_plans = {"TP8 x PP2": plan("Llama-3.1-405B", 8, 2, 1),
+                 "TP16": plan("Llama-3.1-405B", 16, 1, 1)}
+
+    def latency_table(first: str, runs: dict, more: list[str], cells) -> str:
+        """A markdown table, a row a SimResult: TTFT p50 / p90, ITL p50, E2E p50, output
+        tokens/s, then the columns `more` that cells(name, result) fills."""
+        head = [first, "TTFT p50 / p90, s", "ITL p50, ms", "E2E p50, s", "output tokens/s"]
+        lines = ["| " + " | ".join(head + more) + " |", "|---" * (len(head) + len(more)) + "|"]
+        for name, res in runs.items():
+            t50, t90 = np.percentile(res.ttft, [50, 90])
+            row = [f"**{name}** · {res.label}", f"{t50:.2f} / {t90:.2f}",
+                   f"{1000 * np.median(res.itl):.0f}", f"{np.median(res.e2e):.1f}",
+                   f"{res.num_output_tokens / res.elapsed:,.0f}", *cells(name, res)]
+            lines.append("| " + " | ".join(row) + " |")
+        return "\n".join(lines)
+
+    _table = latency_table(
+        "16 GPUs, simulated", big_runs, ["KV blocks a GPU holds", "KV bytes a token, a GPU"],
+        lambda k, r: [f"{r.num_kv_blocks:,}", f"{big_plans[k]['stages'][0]['kv_per_token']:,}"])
+    mo.md(f"""
+    {_table}
+
+    The same 200 requests, the same GPUs: TP16 makes a request wait
+    **{np.median(big_runs['TP16'].ttft) / np.median(big_runs['TP8 x PP2'].ttft):.0f}x**
+    longer for its first token (simulated, on the labels' profiles; the first row's stages
+    sit across the 50 GB/s link, which its label does not name). And it holds half the KV:
+    16 ranks share Llama's 8 KV heads, so each head is kept on two GPUs (`kv_head_range`),
+    while a TP8 rank holds one head of half the layers (the planner above, `plan`). The
+    bytes below say where the seconds go.
+    """)
+    return IB, NODE_LINK, big_plans, big_runs, big_workload, latency_table, sim_workload
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## Exercise: predict what crosses the node link
+
+    One decode step of 64 sequences (one new token each) of Llama-3.1-405B, in bf16 (2
+    bytes), hidden size 16384, 126 layers. How many bytes cross the node link in **TP8 x PP2**
+    (all of them, at the one stage boundary), and how many go through **each GPU's** link in
+    **TP16**, whose ring all-reduces cross the node link? The simulator decides: its
+    executor counts what stage 0 sends, and its cost model (`StepTimer`) the all-reduces it
+    prices for TP16.
+    """)
+    return
+
+
+@app.cell
+def _(IB, NODE_LINK, Request, SamplingParams, StepTimer, model_config, simulate):
+    def pp_bytes_sent(max_tokens: int) -> int:
+        """What stage 0 sends in a simulated TP8 x PP2 run of 64 prompts of 16 tokens."""
+        reqs = [Request(list(range(100 + 16 * i, 116 + 16 * i)),
+                        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+                for i in range(64)]
+        res = simulate(reqs, model="Llama-3.1-405B", profile="H100", tensor_parallel_size=8,
+                       pipeline_parallel_size=2, pipeline_link_bandwidth=NODE_LINK,
+                       max_num_seqs=64, max_model_len=8192)
+        return res.executors["engine-0"].send_bytes
+
+    _timer = StepTimer(model_config("Llama-3.1-405B"), IB, tensor_parallel_size=16)
+    _message = 64 * _timer.cost.hidden_bytes            # one all-reduce: (64, hidden) in bf16
+    link_truth = {
+        # one more token each: 64 more tokens through stage 0, one decode step's worth
+        "TP8 x PP2": pp_bytes_sent(3) - pp_bytes_sent(2),
+        # all-reduces a step x 2 (tp - 1) / tp of the message (ring = that / link bandwidth)
+        "TP16": round(_timer.num_all_reduces * _timer.ring * IB.link_bandwidth * _message),
+    }
+
+    def check_link_bytes(pp_guess: float, tp_guess: float) -> str:
+        pp, tp = link_truth["TP8 x PP2"], link_truth["TP16"]
+        if pp_guess == pp and tp_guess == tp:
+            return (f"Correct: {pp:,} bytes against {tp:,} through each GPU's link, "
+                    f"{tp / pp:.1f}x: 2 x 126 all-reduces x 2 (16 - 1) / 16 per GPU, to one "
+                    "hidden state a token.")
+        notes = []
+        if pp_guess == 2 * pp:
+            notes.append("TP8 x PP2: bf16 is 2 bytes a value, not 4.")
+        elif pp_guess == 8 * pp:
+            notes.append("TP8 x PP2: one hidden state a token crosses, not one per tensor "
+                         "rank (vLLM sends each rank's eighth and gathers it on the far side).")
+        elif pp_guess != pp:
+            notes.append("TP8 x PP2: one (64, 16384) bf16 tensor crosses the boundary.")
+        if tp_guess == 2 * 126 * _message:
+            notes.append("TP16: a ring all-reduce moves 2 (tp - 1) / tp of the message "
+                         "through every GPU (reduce-scatter, then all-gather), 1.875x here.")
+        elif tp_guess * 2 == tp:
+            notes.append("TP16: two all-reduces a layer, after attention's o_proj and after "
+                         "the MLP's down_proj.")
+        elif tp_guess == tp * 253 // 252:
+            notes.append("TP16: that adds the embedding's all-reduce, which the real engine "
+                         "does (2L + 1 above) but the simulator's cost model leaves out.")
+        elif tp_guess != tp:
+            notes.append("TP16: count all-reduces a step x 2 (tp - 1) / tp x (64, 16384) x 2 "
+                         "bytes.")
+        return "Not yet. " + " ".join(notes)
+    return check_link_bytes, link_truth
+
+
+@app.cell
+def _(link_truth, mo):
+    # The headless run fills in the right answers; the checks at the end also try wrong ones.
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    link_guess_pp = mo.ui.number(start=0, stop=10**12, step=1, label="bytes, TP8 x PP2",
+                                 value=link_truth["TP8 x PP2"] if _headless else 0)
+    link_guess_tp = mo.ui.number(start=0, stop=10**12, step=1, label="bytes per GPU, TP16",
+                                 value=link_truth["TP16"] if _headless else 0)
+    mo.hstack([link_guess_pp, link_guess_tp], justify="start")
+    return link_guess_pp, link_guess_tp
+
+
+@app.cell
+def _(check_link_bytes, link_guess_pp, link_guess_tp, mo):
+    _verdict = check_link_bytes(link_guess_pp.value, link_guess_tp.value)
+    mo.callout(mo.md(f"Your prediction: **{link_guess_pp.value:,.0f}** and "
+                     f"**{link_guess_tp.value:,.0f}** bytes. {_verdict}"),
+               kind="success" if _verdict.startswith("Correct") else "warn")
+    return
+
+
+@app.cell
+def _(NODE_LINK, big_runs, big_workload, mo, model_config):
+    big_cfg = model_config("Llama-3.1-405B")
+    big_hidden_bytes = big_cfg.hidden_size * 2           # one token's hidden state, bf16
+    _layers = big_cfg.num_hidden_layers
+
+    def link_bytes(tokens: int) -> dict:
+        """Bytes that cross the node link in a step of `tokens` tokens, from the shapes: the
+        pipeline sends one hidden state a token over its one boundary; TP16's ring, two
+        all-reduces a layer, moves 2 (tp - 1) / tp of each through every GPU's link, so
+        through the node link too (a ring goes at its slowest hop). And TP8's all-reduces
+        inside a node (63 layers a stage), over NVLink, per GPU."""
+        return {"TP8 x PP2": tokens * big_hidden_bytes,
+                "TP16": 2 * _layers * 2 * 15 * tokens * big_hidden_bytes // 16,
+                "NVLink": 2 * (_layers // 2) * 2 * 7 * tokens * big_hidden_bytes // 8}
+
+    _steps = big_runs["TP8 x PP2"].engine_steps["engine-0"]
+    _executor = big_runs["TP8 x PP2"].executors["engine-0"]
+    pp_sim_tokens = sum(s.num_batched_tokens for s in _steps)
+    pp_sim_sent = _executor.send_bytes
+    # Every prompt token and every answer token but the last goes through stage 0 once.
+    big_tokens_expected = sum(len(r.prompt) + r.params.max_tokens - 1 for r in big_workload)
+    step_bytes = {"a decode step of 64 sequences": link_bytes(64),
+                  "a prefill step of 2048 tokens (the token budget)": link_bytes(2048)}
+
+    def _cell(n: float, bandwidth: float = NODE_LINK) -> str:
+        return f"{n / 1e6:,.1f} MB ({1000 * n / bandwidth:,.2f} ms)"
+
+    _head = ("| counted from the shapes | TP8 x PP2: across the node link, in all | "
+             "TP16: through each GPU's link | TP8 x PP2: over NVLink, each GPU |\n"
+             "|---|---|---|---|")
+    _rows = "\n".join(f"| {_k} | {_cell(_b['TP8 x PP2'])} | {_cell(_b['TP16'])} | "
+                      f"{_cell(_b['NVLink'], 450e9)} |" for _k, _b in step_bytes.items())
+    _decode, _prefill = (_b["TP16"] / NODE_LINK for _b in step_bytes.values())
+    mo.md(f"""
+    ## The count: bytes across the node link
+
+    {_head}
+    {_rows}
+
+    (times: the bytes over the link's data-sheet bandwidth, 50 GB/s between nodes, 450 GB/s
+    NVLink, before any latency.) The pipeline sends one hidden state a token across the node
+    link: {big_hidden_bytes:,} bytes. TP16's every all-reduce crosses it, two a layer, 126
+    layers: **{link_bytes(1)['TP16'] / link_bytes(1)['TP8 x PP2']:.1f}x** the bytes a token,
+    and each of its {2 * _layers} all-reduces a step waits the link's latency too. TP8 x PP2
+    keeps those all-reduces inside each node, on a link nine times faster. A decode step
+    costs TP16 {1000 * _decode:.0f} ms of node link, a full prefill step
+    {1000 * _prefill:,.0f} ms: where its TTFT went.
+
+    The simulator agrees on the pipeline's share: over the whole run its executor counted
+    **{pp_sim_sent:,} bytes** in {_executor.num_sends:,} sends for the {pp_sim_tokens:,}
+    tokens stage 0 computed ({pp_sim_tokens:,} x {big_hidden_bytes:,} =
+    {pp_sim_tokens * big_hidden_bytes:,}), and those are the workload's prompts plus its
+    answers less one token each ({big_tokens_expected:,}). The TP16 count is a flat ring's,
+    what the simulator prices; NCCL across two nodes would reduce inside each node first and
+    send each message over the node link once each way, 252 messages a step to the
+    pipeline's one: still the same verdict. vLLM's advice follows: tensor parallel inside a
+    node, pipeline stages across nodes.
+    """)
+    return big_hidden_bytes, big_tokens_expected, link_bytes, pp_sim_sent, pp_sim_tokens
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
+    ## Four replicas or one wide engine? Qwen3-32B on 8 H100s (simulated)
+
+    Qwen3-32B's 65 GB of bf16 weights fit on two H100s with room for KV. Eight GPUs can run
+    it as **TP8**, one engine with every layer cut eight ways, or as **DP4 x TP2**, four
+    engines of two GPUs behind the front end's balancer (the same `load_score` as the real
+    `DPLBClient` above). 300 requests of the same shape arrive at 60 a second.
+    """)
+    return
+
+
+@app.cell
+def _(SLO, latency_table, mo, model_config, np, plan, plt, sim_workload, simulate):
+    DP_RATE = 60                               # requests/s, where the two layouts part
+    SLO_32B = SLO(ttft=1.0, itl=0.05)          # the same for both: TTFT 1 s, mean ITL 50 ms
+    _mid = dict(model="Qwen3-32B", profile="H100", max_num_seqs=128, max_model_len=8192)
+    print("simulating Qwen3-32B on 8 H100s as TP8 and as DP4 x TP2, 300 requests each "
+          "(a few seconds) ...", flush=True)
+    layout_workload = sim_workload(300, DP_RATE)
+    layout_runs = {
+        "TP8": simulate(sim_workload(300, DP_RATE), tensor_parallel_size=8, **_mid),
+        "DP4 x TP2": simulate(sim_workload(300, DP_RATE), tensor_parallel_size=2,
+                              data_parallel_size=4, **_mid),
+    }
+
+    def per_engine(res) -> dict:
+        """Each engine's requests, KV pool (blocks of 16 tokens) and computed tokens."""
+        return {name: {"requests": len({q.request_id for s in steps for q in s.scheduled}),
+                       "kv_blocks": steps[-1].stats.num_blocks_total,
+                       "tokens": sum(s.num_batched_tokens for s in steps)}
+                for name, steps in res.engine_steps.items()}
+
+    engines = {_k: per_engine(_r) for _k, _r in layout_runs.items()}
+    _last_arrival = max(r.arrival_time for r in layout_workload)
+    # Requests waiting, all engines, after each one's first step past the last arrival.
+    waiting_at_last_arrival = {
+        _k: sum(next((s.stats.num_waiting for s in _steps if s.start_time >= _last_arrival), 0)
+                for _steps in _r.engine_steps.values())
+        for _k, _r in layout_runs.items()}
+    _qwen = model_config("Qwen3-32B")
+
+    def all_reduce_bytes(tp: int, tokens: int) -> int:
+        """What one GPU of a TP group moves in all-reduces for `tokens` tokens: two a layer,
+        each 2 (tp - 1) / tp of the (tokens, hidden) bf16 message."""
+        return 2 * _qwen.num_hidden_layers * 2 * (tp - 1) * tokens * _qwen.hidden_size * 2 // tp
+
+    gpu_all_reduce_bytes = {
+        "TP8": all_reduce_bytes(8, engines["TP8"]["engine-0"]["tokens"]),
+        "DP4 x TP2": max(all_reduce_bytes(2, e["tokens"])
+                         for e in engines["DP4 x TP2"].values())}
+    _weights = {"TP8": plan("Qwen3-32B", 8, 1, 1), "DP4 x TP2": plan("Qwen3-32B", 2, 1, 4)}
+    _longest = max(r.params.max_tokens for r in layout_workload)
+    _itl = {_k: 1000 * np.median(_r.itl) for _k, _r in layout_runs.items()}
+
+    _fig, _ax = plt.subplots(figsize=(8, 2.8))
+    for _k, _r in layout_runs.items():
+        _ax.plot(_r.arrival, _r.ttft, ".", ms=3, label=f"{_k}: {_r.label}")
+    _ax.axhline(SLO_32B.ttft, ls=":", c="k", label="TTFT SLO")
+    _ax.set(xlabel="arrival, s (simulated)", ylabel="TTFT, s (simulated)", yscale="log")
+    _ax.legend(fontsize=7)
+    _fig.tight_layout()
+    _table = latency_table(
+        f"8 GPUs, simulated, {DP_RATE} req/s", layout_runs,
+        ["within the SLO", "waiting at the last arrival", "preemptions"],
+        lambda k, r: [f"{r.goodput(SLO_32B):.0%}", f"{waiting_at_last_arrival[k]}",
+                      f"{r.num_preemptions}"])
+
+    def _per(field: str) -> str:
+        return " | ".join(", ".join(f"{e[field]:,}" for e in engines[k].values())
+                          for k in layout_runs)
+
+    _gb = {_k: f"{_p['stages'][0]['weights_gb']:.1f} GB" for _k, _p in _weights.items()}
+    _ar = {_k: f"{_b / 1e9:,.0f} GB" for _k, _b in gpu_all_reduce_bytes.items()}
+    _counts = "\n".join([
+        "| counted | TP8 | DP4 x TP2 |", "|---|---|---|",
+        f"| weights a GPU holds (the planner) | {_gb['TP8']} | {_gb['DP4 x TP2']} |",
+        f"| KV pool per engine, blocks of 16 tokens | {_per('kv_blocks')} |",
+        f"| requests each engine served | {_per('requests')} |",
+        f"| tokens each engine computed | {_per('tokens')} |",
+        f"| bytes a GPU all-reduced (DP4: busiest engine) | {_ar['TP8']} | {_ar['DP4 x TP2']} |"])
+    mo.vstack([_fig, mo.md(f"""
+    {_table}
+
+    {_counts}
+
+    The counts first. The balancer spread the requests evenly. One TP8 engine keeps the
+    weights once and so has the bigger KV pool: four replicas hold four copies, and their
+    pools add up to {sum(e['kv_blocks'] for e in engines['DP4 x TP2'].values())
+    / engines['TP8']['engine-0']['kv_blocks']:.0%} of it (no run here needed more). Each TP8
+    GPU all-reduces every token of every request, 2 x 7/8 of the message; a TP2 GPU only its
+    engine's quarter, 2 x 1/2 of it:
+    {gpu_all_reduce_bytes['TP8'] / gpu_all_reduce_bytes['DP4 x TP2']:.0f}x fewer bytes.
+
+    Then the seconds, **simulated on the data-sheet profile, whose efficiencies are
+    assumptions**. TP8 gives each token the lower ITL, {_itl['TP8']:.1f} ms against
+    {_itl['DP4 x TP2']:.1f} (p50): a step reads a quarter of the weights a GPU. But one
+    engine does every step for all 300 requests, and at {DP_RATE} req/s it falls behind:
+    when the last request arrived, {waiting_at_last_arrival['TP8']} requests were waiting in
+    its queue, against {waiting_at_last_arrival['DP4 x TP2']} in all four replicas'. TTFT
+    grows with each arrival (the climbing dots), and
+    {layout_runs['TP8'].goodput(SLO_32B):.0%} of the requests meet the SLO against
+    {layout_runs['DP4 x TP2'].goodput(SLO_32B):.0%}. Output tokens/s (vLLM bench's: tokens
+    over first arrival to last token) can still favour TP8 in a run of 300: it ends with the
+    longest answer, {_longest} tokens, which at each layout's ITL p50 takes
+    {_longest * _itl['TP8'] / 1000:.0f} s and {_longest * _itl['DP4 x TP2'] / 1000:.0f} s.
+    Lesson 17's capacity search finds the rate where each layout stops meeting an SLO.
+    """)])
+    return (DP_RATE, SLO_32B, engines, gpu_all_reduce_bytes, layout_runs, layout_workload,
+            waiting_at_last_arrival)
+
+
+@app.cell
+def _(mo):
+    mo.md(r"""
     ## Where the code lives
 
     - `minivllm/distributed/pipeline.py`: `get_pp_indices`, `split_for_stage` (each stage's
@@ -461,6 +809,9 @@ def _(mo):
       `in_flight` set in `minivllm/core/scheduler.py`.
     - `minivllm/executor/multiproc_executor.py`: the ranks, `execute_model(non_block=True)`.
     - `minivllm/engine/multiproc/dp_client.py`: `DPLBClient`, the score and round-robin.
+    - `minivllm/simulator/simulator.py`: `SimulatedExecutor._run_stages` (a clock per stage,
+      the hidden states counted as they cross) and `simulate(data_parallel_size=...)` (the
+      replicas behind `load_score`); `cost_model.py`: `StepTimer`'s all-reduce term.
     - Several hosts and Ray: README's *Scale out* section (`--nnodes`, `--headless`,
       `distributed_executor_backend="ray"`) and `scripts/two_hosts.sh`.
 
@@ -492,9 +843,11 @@ def _(mo):
 
 
 @app.cell
-def _(PROMPTS, bubble_runs, check_bytes, cfg, dp_runs, exercise_bytes, plan, pp_bytes,
-      pp_tokens, pp_tokens_computed, reference, tp_all_reduces_per_step, tp_bytes, tp_tokens,
-      tp_tokens_computed):
+def _(PROMPTS, big_hidden_bytes, big_plans, big_runs, big_tokens_expected, big_workload,
+      bubble_runs, check_bytes, check_link_bytes, cfg, dp_runs, engines, exercise_bytes,
+      gpu_all_reduce_bytes, layout_runs, layout_workload, link_bytes, link_truth, np, plan,
+      pp_bytes, pp_sim_sent, pp_sim_tokens, pp_tokens, pp_tokens_computed, reference,
+      tp_all_reduces_per_step, tp_bytes, tp_tokens, tp_tokens_computed):
     def test_pipeline_and_tensor_ranks_match_one_process():
         assert pp_tokens == reference and tp_tokens == reference
         assert all(len(t) == 4 for t in reference) and len(reference) == len(PROMPTS)
@@ -528,12 +881,52 @@ def _(PROMPTS, bubble_runs, check_bytes, cfg, dp_runs, exercise_bytes, plan, pp_
         assert not check_bytes((7 + 12 + 20) * cfg.hidden_size * 4).startswith("Correct")
         assert not check_bytes(exercise_bytes // 2).startswith("Correct")
         assert exercise_bytes == (7 + 12 + 20 + 3 * 2) * cfg.hidden_size * 4
+
+    # The simulated sections: counts only (bytes, blocks, requests), none of which moves with
+    # the profile's assumed efficiencies; their seconds are shown, not asserted.
+    def test_simulated_layouts_finish_every_request():
+        for runs, workload in ((big_runs, big_workload), (layout_runs, layout_workload)):
+            for res in runs.values():
+                assert len(res.ttft) == len(workload) and np.isfinite(res.ttft).all()
+                assert res.num_output_tokens == sum(r.params.max_tokens for r in workload)
+
+    def test_one_hidden_state_a_token_crosses_the_simulated_stages():
+        # No preemption: each GPU's pool holds ~800k tokens, 128 sequences at most 640k.
+        assert big_runs["TP8 x PP2"].num_preemptions == 0
+        assert pp_sim_tokens == big_tokens_expected
+        assert pp_sim_sent == pp_sim_tokens * big_hidden_bytes
+        assert link_truth["TP8 x PP2"] == link_bytes(64)["TP8 x PP2"] == 64 * big_hidden_bytes
+
+    def test_tp16_sends_hundreds_of_times_the_bytes_across_the_node_link():
+        assert link_truth["TP16"] == link_bytes(64)["TP16"]     # the cost model's count agrees
+        assert link_truth["TP16"] > 400 * link_truth["TP8 x PP2"]
+
+    def test_tp16_keeps_each_kv_head_twice():
+        kv = {k: p["stages"][0]["kv_per_token"] for k, p in big_plans.items()}
+        assert kv["TP16"] == 2 * kv["TP8 x PP2"]
+        assert big_runs["TP8 x PP2"].num_kv_blocks > 1.9 * big_runs["TP16"].num_kv_blocks
+
+    def test_replicas_split_the_requests_and_the_memory():
+        tp8, dp4 = engines["TP8"]["engine-0"], engines["DP4 x TP2"].values()
+        assert tp8["requests"] == 300 == sum(e["requests"] for e in dp4)
+        assert len(dp4) == 4 and min(e["requests"] for e in dp4) > 0.15 * 300
+        assert len({e["kv_blocks"] for e in dp4}) == 1
+        assert sum(e["kv_blocks"] for e in dp4) < tp8["kv_blocks"]      # four weight copies
+        assert gpu_all_reduce_bytes["TP8"] > 2 * gpu_all_reduce_bytes["DP4 x TP2"]
+
+    def test_exercise_node_link():
+        pp, tp = link_truth["TP8 x PP2"], link_truth["TP16"]
+        assert check_link_bytes(pp, tp).startswith("Correct")
+        assert not check_link_bytes(pp, 2 * 126 * 64 * big_hidden_bytes).startswith("Correct")
+        assert not check_link_bytes(2 * pp, tp).startswith("Correct")
+        assert not check_link_bytes(pp, tp // 2).startswith("Correct")
     return
 
 
 @app.cell
-def _(bubble_runs, dp_runs, exercise_bytes, pp_bytes, pp_tokens, pp_tokens_computed,
-      reference, tp_all_reduces_per_step, tp_bytes, tp_tokens, tp_tokens_computed):
+def _(SLO_32B, big_runs, bubble_runs, dp_runs, engines, exercise_bytes, layout_runs,
+      link_truth, np, pp_bytes, pp_tokens, pp_tokens_computed, reference,
+      tp_all_reduces_per_step, tp_bytes, tp_tokens, tp_tokens_computed):
     findings = {
         "pp_tokens_identical": pp_tokens == reference,
         "tp_tokens_identical": tp_tokens == reference,
@@ -544,6 +937,13 @@ def _(bubble_runs, dp_runs, exercise_bytes, pp_bytes, pp_tokens, pp_tokens_compu
         "stage_idle_measured": {k: round(v["bubble"], 3) for k, v in bubble_runs.items()},
         "dp_long_requests": {k: v["longs"] for k, v in dp_runs.items()},
         "exercise_bytes": exercise_bytes,
+        "sim_405b_node_link_bytes_per_64_seq_decode": link_truth,
+        "sim_405b_kv_blocks_per_gpu": {k: r.num_kv_blocks for k, r in big_runs.items()},
+        "sim_405b_ttft_p50_s": {k: round(float(np.median(r.ttft)), 2)
+                                for k, r in big_runs.items()},
+        "sim_32b_requests_per_engine": {k: [e["requests"] for e in v.values()]
+                                        for k, v in engines.items()},
+        "sim_32b_within_slo": {k: round(r.goodput(SLO_32B), 2) for k, r in layout_runs.items()},
     }
     print("findings:", findings)
     return
