@@ -270,3 +270,21 @@ def test_simulated_seconds_within_twenty_percent(calibrated):
                     f"{again.elapsed:.3f} s): " + "; ".join(lines))
     bad = {k: e for k, e in errors.items() if abs(e) >= PREDICTION_BOUND}
     assert not bad, f"prediction off by {PREDICTION_BOUND:.0%} or more:\n" + "\n".join(lines)
+
+
+def test_validate_reports_the_error_per_kind_of_step(calibrated):
+    """`minivllm simulate --validate`'s report on a small held-out workload: every kind of
+    step the real runs took has a row, its counts add up to both real runs' steps, and each
+    percentile has its error beside the real runs' spread."""
+    from minivllm.benchmarks.simulate import validate
+    from minivllm.workloads import bimodal_requests
+    llm, profile = calibrated
+    requests = poisson_arrivals(bimodal_requests(llm.tokenizer, 6, seed=5, system_tokens=32),
+                                rate=0.5, seed=5, unit="steps")
+    report, numbers = validate(llm, profile, {"small": requests})
+    kinds = numbers["small"]["steps"]
+    assert {"decode", "prefill"} <= set(kinds) or {"decode", "mixed"} <= set(kinds)
+    assert all(e["measured"] > 0 and e["predicted"] > 0 for e in kinds.values())
+    assert all(f"{k.upper()} p{q}" in report for k in ("ttft", "e2e") for q in (50, 90))
+    assert all(kind in report for kind in kinds)
+    print(report)
