@@ -132,13 +132,12 @@ def real_latencies(run: ServeResult) -> dict[str, np.ndarray]:
                              for o, t in zip(run.outputs, run.arrival_time)])}
 
 
-def step_kind(step: StepRecord) -> str:
+def step_kind(step: StepRecord, hit: bool = False) -> str:
     """decode, decode (batch 1), prefill or mixed (prefill chunks beside decodes), and
-    "with prefix hits" when a prefill chunk starts past cached tokens."""
-    prefill = [s for s in step.scheduled if s.num_tokens > 1]
-    kind = ("mixed" if prefill and len(prefill) < step.num_seqs else "prefill" if prefill
+    "with prefix hits" when `hit` (a prompt's first chunk starts past cached tokens)."""
+    prefill = sum(s.num_tokens > 1 for s in step.scheduled)
+    kind = ("mixed" if 0 < prefill < step.num_seqs else "prefill" if prefill
             else "decode (batch 1)" if step.num_seqs == 1 else "decode")
-    hit = any(s.num_computed_tokens and s.is_prefill for s in prefill)
     return kind + (" with prefix hits" if hit else "")
 
 
@@ -148,8 +147,13 @@ def step_errors(steps: list[StepRecord], timer) -> dict[str, dict[str, float]]:
     simulation's error comes from. Measured is the step's own duration: an idle wait for an
     arrival before the next step is not the step's."""
     table: dict[str, dict[str, float]] = {}
-    for st, row in zip(steps, step_features(steps, timer)):
-        e = table.setdefault(step_kind(st), {"steps": 0, "measured": 0.0, "predicted": 0.0})
+    started: set[str] = set()             # requests whose prompt has begun (a later chunk
+    for st, row in zip(steps, step_features(steps, timer)):    # also starts past tokens)
+        hit = any(s.is_prefill and s.num_computed_tokens and s.request_id not in started
+                  for s in st.scheduled)
+        started.update(s.request_id for s in st.scheduled)
+        e = table.setdefault(step_kind(st, hit), {"steps": 0, "measured": 0.0,
+                                                  "predicted": 0.0})
         e["steps"] += 1
         e["measured"] += st.duration
         e["predicted"] += timer.time_of(*row, st.num_batched_tokens)
@@ -225,7 +229,9 @@ def validate(llm, profile, workloads: dict[str, list]) -> tuple[str, dict]:
     timer = StepTimer(llm.engine.model_config.hf_config, profile)
     lines, numbers = [f"profile: {profile.label}, {profile.source}"], {}
     for name, requests in workloads.items():
-        (real, sim), (again, _) = (run_both(llm, requests, profile) for _ in range(2))
+        real, sim = run_both(llm, requests, profile)
+        llm.reset_prefix_cache()                          # the second run starts cold too
+        again = serve(llm, requests)
         total = [real.elapsed, again.elapsed]
         lines += [f"\n{name}: {len(requests)} requests, {len(real.steps)} / {len(again.steps)} "
                   f"steps real, {len(sim.steps)} simulated; total {sim.elapsed:.2f} s vs "

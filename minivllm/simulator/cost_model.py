@@ -203,9 +203,11 @@ class StepTimer:
         the profile's min_rows rows is counted as min_rows sequences of one token: on a CPU
         the engine sends one row as two (models/llama.py `linear`: a GEMM, not a GEMV)."""
         c = self.cost
-        pad = max(0, self.profile.min_rows - sum(new_tokens))
-        new_tokens, context_lens = list(new_tokens) + [1] * pad, list(context_lens) + [1] * pad
-        tokens, sampled = sum(new_tokens), sampled + pad
+        tokens = sum(new_tokens)
+        pad = self.profile.min_rows - tokens
+        if pad > 0:                                   # (rare: one-token steps on a CPU)
+            new_tokens, context_lens = [*new_tokens, *[1] * pad], [*context_lens, *[1] * pad]
+            tokens, sampled = tokens + pad, sampled + pad
         attn = [n * (2 * ctx - n + 1) for n, ctx in zip(new_tokens, context_lens)]
         prefill = sum(a for a, n in zip(attn, new_tokens) if n > 1)
         linear = 2 * c.linear_params * tokens + 2 * c.head_params * sampled

@@ -47,7 +47,7 @@ def simulate_disaggregated(requests: list[Request], num_prefill: int = 1, num_de
     mc, (timer,), config, num_blocks, label = deployment(model, profile, tensor_parallel_size,
                                                          engine_kwargs)
     link = kv_link_bandwidth or timer.profile.link_bandwidth
-    engines = {f"{role}-{k}": engine_core(timer, config, num_blocks)
+    engines = {f"{role}-{k}": engine_core([timer], config, num_blocks)
                for role, count in (("prefill", num_prefill), ("decode", num_decode))
                for k in range(count)}
     times = RequestTimes(len(requests))

@@ -65,10 +65,9 @@ class SimulatedExecutor:
     hidden states have crossed from stage s - 1 (tokens x hidden bytes over the link, plus its
     latency); the core's clock reaches a batch's end when the core waits for it."""
 
-    def __init__(self, timers, num_blocks: int, num_cpu_blocks: int = 0,
+    def __init__(self, stages: list[StepTimer], num_blocks: int, num_cpu_blocks: int = 0,
                  link_bandwidth: float = 0.0, link_latency: float = 0.0):
-        self.stages = timers if isinstance(timers, list) else [timers]
-        self.timer = self.stages[0]
+        self.stages = stages                    # one StepTimer per pipeline stage
         self.max_concurrent_batches = len(self.stages)
         self.num_blocks = num_blocks            # the pools the engine core's managers get
         self.num_cpu_blocks = num_cpu_blocks
@@ -164,13 +163,13 @@ class SimResult:
         return sum(s[-1].stats.num_preemptions for s in self.engine_steps.values() if s)
 
 
-def engine_core(timers, config: VllmConfig, num_blocks: int, link_bandwidth: float = 0.0
-                ) -> EngineCore:
-    """One simulated engine: the engine's own EngineCore over a SimulatedExecutor (a StepTimer,
-    or one per pipeline stage with hidden states crossing link_bandwidth between them), on the
+def engine_core(timers: list[StepTimer], config: VllmConfig, num_blocks: int,
+                link_bandwidth: float = 0.0) -> EngineCore:
+    """One simulated engine: the engine's own EngineCore over a SimulatedExecutor (a StepTimer
+    per pipeline stage, hidden states crossing link_bandwidth between them), on the
     executor's virtual clock (vLLM twin: EngineCore with no model behind its executor). Its
     stats count cached tokens per sequence, cheap enough to take every simulated step."""
-    timer = timers[0] if isinstance(timers, list) else timers
+    timer = timers[0]
     num_cpu_blocks = 0
     if config.scheduler_config.preemption_mode == "swap":
         block_bytes = timer.kv_token_bytes * config.cache_config.block_size
