@@ -68,37 +68,59 @@ def _(mo):
     mo.md(r"""
     ## 1. Calibrate on this machine, then check the prediction against a real run
 
-    `calibrate` serves five small workloads of different shapes (long prompts alone, a
-    crowd of short ones decoding together, a mix, prompts arriving every other step, and
-    long prompts decoding together), rebuilds each step's FLOPs, bytes and sequence count
-    from its `StepRecord`, and fits seconds per step by least squares: a per-step overhead,
-    a cost per sequence, one more for a step that computes a prompt chunk (on this CPU,
-    a GEMM of more than 64 rows repacks every weight), and seconds per FLOP of the linear
-    layers, of prefill attention and of decode attention, kept apart because a decode's
-    one query over a long context runs far from the peak. The bytes are not fitted: they are
-    read at the bandwidth `measure_peaks` measured, since on one model they are nearly all
-    weights, the same every step, and a fitted bytes term would trade places with the
-    per-step overhead from one calibration to the next; and each step's error counts
-    relative to its length, so the many short decode steps pin the overhead down. Then a
-    workload the fit never saw is served twice: for real, and simulated with the fitted
-    profile. The schedules must be identical, step for step; the seconds are a prediction.
+    `calibrate` first times the model's linear layers alone at every row count from 1 to
+    64, because a CPU's matrix multiply is nowhere near linear in its rows: MKL works in
+    blocks of 8 and 16 columns, and on the AMD EPYC where this was found 15 rows took 129 ms
+    and 16 rows 76 ms (the plot below is this machine's). A step of 15 sequences is then
+    charged as the 26 rows it costs. Next it serves five small workloads of different shapes
+    (long prompts alone, a crowd of short ones decoding together, a mix, prompts arriving
+    every other step, and long prompts decoding together), rebuilds each step's FLOPs, bytes
+    and sequence count from its `StepRecord`, and fits seconds per step by least squares: a
+    per-step overhead, a cost per sequence, one more for a step that computes a prompt
+    chunk, and seconds per FLOP of the linear layers, of prefill attention and of decode
+    attention, kept apart because a decode's one query over a long context runs far from the
+    peak. The weights' reads were timed with the linears; the KV's bytes are read at the
+    bandwidth `measure_peaks` measured, not fitted. Each step's error counts relative to its
+    length, so the many short decode steps pin the overhead down. Then a workload the fit
+    never saw is served twice: for real, and simulated with the fitted profile. The
+    schedules must be identical, step for step; the seconds are a prediction.
     """)
     return
 
 
 @app.cell
-def _(calibrate, llm, mo):
-    print("calibrating on this machine: its matmul and memory peaks, then about 110 real engine "
-          "steps (up to a couple of minutes on a busy 2-core CPU) ...", flush=True)
+def _(StepTimer, calibrate, llm, mo):
+    print("calibrating on this machine: its peaks, its linear layers at 1-128 rows, then "
+          "about 110 real engine steps (up to a couple of minutes on a busy 2-core CPU) ...",
+          flush=True)
     with mo.status.spinner("calibrating: about 110 real engine steps"):
         cpu = calibrate(llm, save=False)
+    _pct = lambda e: "too small to see" if e == float("inf") else f"at {e:.0%}"  # noqa: E731
+    _timer = StepTimer(llm.engine.model_config.hf_config, cpu)
+    _linear_ms = 1e3 * _timer.features([128], [128], 128)[1] * _timer.s_per_flop
     print(f"fitted: overhead {1000 * cpu.overhead:.1f} ms/step, {1000 * cpu.per_seq:.2f} ms "
           f"per sequence, {1000 * cpu.prefill_overhead:.1f} ms more with a prompt chunk; "
-          f"linear layers at {cpu.compute_efficiency:.0%} of the measured "
-          f"{cpu.peak_flops / 1e9:.0f} GFLOP/s matmul peak, prefill attention at "
-          f"{cpu.attention_efficiency:.0%}, decode attention at "
-          f"{cpu.decode_attention_efficiency:.0%}")
+          f"the linear layers {_linear_ms:.0f} ms for 128 rows (per row at fewer: the plot), "
+          f"prefill attention {_pct(cpu.attention_efficiency)} and decode attention "
+          f"{_pct(cpu.decode_attention_efficiency)} of the measured "
+          f"{cpu.peak_flops / 1e9:.0f} GFLOP/s matmul peak")
     return (cpu,)
+
+
+@app.cell
+def _(cpu, plt):
+    # What a row costs: the linear layers timed alone at each row count, per row, against
+    # their cost per row at 128 rows (calibrate's linear_row_costs).
+    _rows = range(1, 65)
+    _fig, _ax = plt.subplots(figsize=(7, 2.6))
+    _ax.bar(_rows, [cpu.linear_row_cost[r - 1] for r in _rows], color="tab:blue")
+    _ax.axhline(1, ls=":", c="k", label="per row at 128 rows")
+    _ax.set(xlabel="rows in the step (sequences decoding)", ylabel="cost per row (x)",
+            title="the linear layers on this CPU: cost per row, timed")
+    _ax.legend()
+    _fig.tight_layout()
+    _fig
+    return
 
 
 @app.cell

@@ -10,6 +10,7 @@ of the real engine (docs/benchmarks.md records a run)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -35,9 +36,18 @@ def test_features_are_stepcosts_counts():
     assert (seqs, prefills) == (4, 2)
     # decode attention: one query over each context (4 L q_dim ctx FLOPs), apart from prefill's
     assert decode_attn == 4 * mc.num_hidden_layers * cost.q_dim * (900 + 17)
-    # a CPU profile's min_rows: a one-row step is counted as two
-    two = StepTimer(mc, dataclasses.replace(PROFILES["H100"], min_rows=2))
-    assert two.features([1], [10], 1)[:2] == timer.features([1, 1], [10, 1], 2)[:2]
+    # a measured row cost (a CPU's sawtooth): 15 rows that take as long as 26 count as 26 in
+    # the linear layers, the LM head's one row as one; past the table, rows are rows. The
+    # weights' reads were timed with the linears: the bytes are the KV's and activations' alone
+    sawtooth = StepTimer(mc, dataclasses.replace(PROFILES["H100"],
+                                                 linear_row_cost=(1.0,) * 14 + (26 / 15, 1.0)))
+    assert sawtooth.features([15], [15], 1)[1] == pytest.approx(
+        timer.features([26], [26], 1)[1], rel=1e-12)
+    for new, ctx, sampled in (([15], [15], 1), ([40], [40], 40)):
+        a, b = sawtooth.features(new, ctx, sampled), timer.features(new, ctx, sampled)
+        assert a[2:4] + a[5:] == b[2:4] + b[5:]
+        assert a[4] == b[4] - timer.weight_bytes
+    assert sawtooth.features([40], [40], 40)[:2] == timer.features([40], [40], 40)[:2]
 
 
 def test_fit_recovers_a_known_profile():
@@ -182,6 +192,11 @@ def test_cli_prints_the_summary(capsys, tmp_path):
         model_config("Llama-9-1T")
     with pytest.raises(ValueError, match="no hardware profile"):
         get_profile("TPU")
+    # a profile an older minivllm stored (min_rows, since replaced by linear_row_cost)
+    stale = tmp_path / "old.json"
+    stale.write_text(json.dumps({**dataclasses.asdict(PROFILES["L4"]), "min_rows": 2}))
+    with pytest.raises(ValueError, match="min_rows.*simulate --calibrate"):
+        get_profile(str(stale))
 
 
 # ----------------------------------------------------------------- against the real engine
@@ -216,6 +231,9 @@ def test_simulated_schedule_equals_the_engines(calibrated):
     assert real.steps[-1].stats.num_preemptions > 0          # the small pool preempts
     assert max(s.num_batched_tokens for s in real.steps) == 64   # prompts are chunked
     assert schedule(sim.steps) == schedule(real.steps)
+    # the fit carries its timed rows: 1 to 128, each relative to 128 rows' cost per row
+    table = profile.linear_row_cost
+    assert len(table) == 128 and table[-1] == 1.0 and min(table) > 0
     assert sim.num_preemptions == real.steps[-1].stats.num_preemptions
 
 

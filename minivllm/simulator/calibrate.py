@@ -5,23 +5,24 @@
 (The check that keeps the simulator honest, the same workload served for real and simulated,
 schedule and seconds side by side, is benchmarks/simulate.py's run_both.)
 
-A step's shape (sequences, linear FLOPs, prefill and decode attention FLOPs, bytes) is
-rebuilt from its StepRecord: each sequence's new tokens, the tokens already in its KV (prefix-
-cache hits included) and whether it sampled. The fit (cost_model.fit_profile) is least squares
-of the steps' measured seconds on those features. The calibration workloads (prompt lengths 16
+First the linear layers alone are timed at each row count from 1 to 64 (linear_row_costs): a
+CPU's GEMM is a sawtooth in its rows, which no cost per FLOP can follow. Then a step's shape
+(sequences, linear FLOPs, prefill and decode attention FLOPs, bytes) is rebuilt from its
+StepRecord: each sequence's new tokens, the tokens already in its KV (prefix-cache hits
+included) and whether it sampled. The fit (cost_model.fit_profile) is least squares of the
+steps' measured seconds on those features. The calibration workloads (prompt lengths 16
 to 400, one to 16 sequences at once) are seeded apart from any workload a test or lesson
 validates on (validation_workloads: `minivllm simulate --validate`).
 
-No vLLM twin (Vidur profiles each operator on the GPU instead, then fits random forests).
+No vLLM twin. Vidur profiles every operator at every shape, then fits random forests; this
+times one operator (the linears) at every row count and fits six numbers for the rest.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
-import torch
-
+from minivllm.benchmarks.cpu import linears_alone
 from minivllm.benchmarks.roofline import measure_peaks
 from minivllm.benchmarks.workloads import (bimodal_requests, lognormal_requests, poisson_arrivals,
                                            serve)
@@ -84,6 +85,22 @@ def validation_workloads(tokenizer, num_requests: int = 48) -> dict[str, list]:
             seed=32), 8.0, 32)}
 
 
+def linear_row_costs(model, max_rows: int = 128, stepped: int = 64) -> tuple[float, ...]:
+    """The linear layers' seconds per row at 1 ... max_rows rows, relative to their seconds per
+    row at max_rows: HardwareProfile.linear_row_cost. Every count up to `stepped` is timed
+    (benchmarks/cpu.py linears_alone: each nn.Linear of the model in order, through its own
+    `linear`), once each, since neighbours differ by far more than a timing's noise (15 rows
+    129 ms, 16 rows 76 ms on the 2-core AMD EPYC where this was found); past it, one GEMM
+    path, close to linear, read off a straight line to max_rows (timed best of two)."""
+    linears_alone(model, stepped, stepped)                               # warm-up
+    seconds = [linears_alone(model, r, r) for r in range(1, stepped + 1)]
+    last = min(linears_alone(model, max_rows, max_rows) for _ in range(2))
+    seconds += [seconds[-1] + (last - seconds[-1]) * (r - stepped) / (max_rows - stepped)
+                for r in range(stepped + 1, max_rows + 1)]
+    per_row = last / max_rows
+    return tuple(round(t / r / per_row, 3) for r, t in enumerate(seconds, start=1))
+
+
 # --8<-- [start:calibrate]
 def calibrate(llm, save: bool = True, progress: bool = False) -> HardwareProfile:
     """Measure this machine's peaks (roofline.measure_peaks), serve the calibration workloads
@@ -92,10 +109,8 @@ def calibrate(llm, save: bool = True, progress: bool = False) -> HardwareProfile
     peaks = measure_peaks("cpu", llm.engine.dtype)
     base = HardwareProfile("this CPU", kind="measured fit", source="", dtype=str(
         llm.engine.dtype).removeprefix("torch."), peak_flops=peaks.flops, bandwidth=peaks.bandwidth,
-        memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), overlap=False)
-    # models/llama.py `linear` sends one fp32 row as two on a CPU: such a step costs two rows
-    min_rows = 2 if llm.engine.dtype == torch.float32 and llm.engine.device.type == "cpu" else 1
-    base = dataclasses.replace(base, min_rows=min_rows)
+        memory_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), overlap=False,
+        linear_row_cost=linear_row_costs(llm.engine.runner.model))
     timer = StepTimer(llm.engine.model_config.hf_config, base)   # 1-device profile, nothing fitted
     rows, seconds = [], []
     serve(llm, lognormal_requests(llm.tokenizer, 2, output=(1.0, 0.1, 2, 4), seed=100))  # warm-up
@@ -109,7 +124,7 @@ def calibrate(llm, save: bool = True, progress: bool = False) -> HardwareProfile
         if progress:
             print(f"calibration workload {k + 1}/{len(workloads)}: {len(run.steps)} steps")
     fit = fit_profile(rows, seconds, peaks.flops, peaks.bandwidth, dtype=base.dtype,
-                      memory_bytes=base.memory_bytes, min_rows=min_rows)
+                      memory_bytes=base.memory_bytes, linear_row_cost=base.linear_row_cost)
     if save:
         save_profile(fit)
     return fit

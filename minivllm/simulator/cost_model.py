@@ -11,8 +11,9 @@ A step's time is
 
     overhead + per_seq x sequences + prefill_overhead (if it computes a prompt)
         + combine(compute, memory) + all-reduces
-    compute = linear FLOPs / (peak x compute_efficiency) + prefill attention FLOPs / (peak x
-              attention_efficiency) + decode attention FLOPs / (peak x decode_attention_eff.)
+    compute = linear FLOPs x row cost / (peak x compute_efficiency)
+              + prefill attention FLOPs / (peak x attention_efficiency)
+              + decode attention FLOPs / (peak x decode_attention_efficiency)
     memory  = bytes moved / (bandwidth x memory_efficiency)
     all-reduces = 2 per layer, each 2 (tp - 1) / tp x message / link_bandwidth + link_latency
 
@@ -24,7 +25,9 @@ and the sampler are (checked against real pp=2 stages: tests/test_simulator_para
 on a CPU (one core does both in turn; a fit decides how much of each). A profile is either a
 **measured fit** (`calibrate`, over real engine steps on this machine, least squares) or a
 **data sheet**: peak numbers from the vendor's sheet with efficiencies that are assumptions,
-labelled as such, until a GPU run replaces them with a fit.
+labelled as such, until a GPU run replaces them with a fit. The row cost is 1 on a data
+sheet; a CPU fit carries a table, the linear layers timed alone at each row count, since a
+CPU's GEMM is far from linear in its rows (HardwareProfile.linear_row_cost).
 
 No vLLM twin: vLLM has no simulator. Vidur (Agrawal et al., MLSys 2024) profiles each operator
 and predicts with random forests; this is the one-line roofline version of that idea. Left out:
@@ -94,7 +97,10 @@ class HardwareProfile:
     # ... by a decode's attention (one query over its context); None: attention_efficiency
     decode_attention_efficiency: float | None = None
     prefill_overhead: float = 0.0      # seconds more for a step that computes a prompt chunk
-    min_rows: int = 1                  # a step of fewer rows runs as this many (see below)
+    # The linear layers' seconds per row at 1, 2, ... rows, relative to their rate at the
+    # table's last row count (measured by calibrate: on a CPU it is a sawtooth in the rows);
+    # None, or rows past the table: every row costs the same (a GPU's data sheet).
+    linear_row_cost: tuple[float, ...] | None = None
 
     @property
     def label(self) -> str:
@@ -141,7 +147,14 @@ def get_profile(profile) -> HardwareProfile:
         hint = ("run `minivllm simulate --calibrate` first" if profile == "cpu"
                 else f"give one of {sorted(PROFILES)}, 'cpu' or a profile JSON file")
         raise ValueError(f"no hardware profile {str(profile)!r} ({path}): {hint}")
-    return HardwareProfile(**json.loads(path.read_text()))
+    fields = json.loads(path.read_text())
+    known = {f.name for f in dataclasses.fields(HardwareProfile)}
+    if stale := sorted(set(fields) - known):     # written by an older minivllm
+        raise ValueError(f"{path} has fields this version does not know ({', '.join(stale)}): "
+                         "run `minivllm simulate --calibrate` again")
+    if fields.get("linear_row_cost") is not None:           # JSON has lists, not tuples
+        fields["linear_row_cost"] = tuple(fields["linear_row_cost"])
+    return HardwareProfile(**fields)
 
 
 class StepTimer:
@@ -174,6 +187,9 @@ class StepTimer:
         # Per device: each weight is split tp ways; K/V heads too, or replicated if fewer.
         self.kv_share = max(1, mc.num_key_value_heads // tp) / mc.num_key_value_heads
         self.weight_bytes = self.cost.weight_bytes / tp
+        # A measured row cost timed the linears whole, their weights' reads included: the
+        # memory term then moves only the KV and the activations.
+        self.weight_reads = 0 if profile.linear_row_cost else self.weight_bytes
         self.kv_token_bytes = self.cost.kv_token_bytes * self.kv_share
         p = profile
         self.s_per_flop = 1 / (p.peak_flops * p.compute_efficiency) / tp
@@ -199,23 +215,28 @@ class StepTimer:
         prefills) of one step on one device: the same counts as StepCost.step, in closed form
         (the attention sum over a chunk is an arithmetic series), since a simulation asks this
         once per step. A sequence computing one token is a decode, one computing several a
-        prefill (a prompt chunk, a recompute, a verification of drafts). A step of fewer than
-        the profile's min_rows rows is counted as min_rows sequences of one token: on a CPU
-        the engine sends one row as two (models/llama.py `linear`: a GEMM, not a GEMV)."""
+        prefill (a prompt chunk, a recompute, a verification of drafts). With the profile's
+        linear_row_cost, the linear FLOPs are those of the rows' measured cost: 15 rows that
+        take as long as 26 count as 26 (rows_cost)."""
         c = self.cost
         tokens = sum(new_tokens)
-        pad = self.profile.min_rows - tokens
-        if pad > 0:                                   # (rare: one-token steps on a CPU)
-            new_tokens, context_lens = [*new_tokens, *[1] * pad], [*context_lens, *[1] * pad]
-            tokens, sampled = tokens + pad, sampled + pad
         attn = [n * (2 * ctx - n + 1) for n, ctx in zip(new_tokens, context_lens)]
         prefill = sum(a for a, n in zip(attn, new_tokens) if n > 1)
-        linear = 2 * c.linear_params * tokens + 2 * c.head_params * sampled
-        moved = (self.weight_bytes + self.kv_token_bytes * sum(context_lens)
+        rows, head_rows = self.rows_cost(tokens), self.rows_cost(sampled)
+        linear = 2 * c.linear_params * rows + 2 * c.head_params * head_rows
+        moved = (self.weight_reads + self.kv_token_bytes * sum(context_lens)
                  + 4 * c.hidden_bytes * tokens)
         return (len(new_tokens), linear, self.attn_unit * prefill,
                 self.attn_unit * (sum(attn) - prefill), moved,
                 sum(n > 1 for n in new_tokens))
+
+    def rows_cost(self, rows: int) -> float:
+        """What `rows` rows through the linear layers cost, in rows at the full rate: rows
+        itself unless the profile measured otherwise (linear_row_cost). On the 2-core AMD EPYC
+        the table was found on, MKL's GEMM works in blocks of 8 and 16 columns: 15 rows took
+        129 ms, 16 rows 76 ms."""
+        table = self.profile.linear_row_cost
+        return rows * table[rows - 1] if table and 0 < rows <= len(table) else rows
 
     def time(self, new_tokens, context_lens, sampled: int | None = None) -> float:
         """Seconds for a step in which sequence i computes new_tokens[i] tokens and then
@@ -239,20 +260,22 @@ class StepTimer:
 # --8<-- [start:fit]
 def fit_profile(rows: list[tuple[float, ...]], durations: list[float], peak_flops: float,
                 bandwidth: float, name: str = "this CPU", dtype: str = "float32",
-                memory_bytes: float = 8 * GiB, min_rows: int = 1) -> HardwareProfile:
+                memory_bytes: float = 8 * GiB,
+                linear_row_cost: tuple[float, ...] | None = None) -> HardwareProfile:
     """Least squares, non-negative, of step seconds on [1, sequences, holds a prefill, linear
     FLOPs, prefill attention FLOPs, decode attention FLOPs] (rows from StepTimer.features on a
-    1-device profile with the same min_rows), once the bytes' time at the measured `bandwidth`
-    is taken off: the intercept is the per-step overhead, the others are seconds per unit,
-    the FLOPs' turned into efficiencies against the measured peaks.
-    The bytes are not fitted: on one model they are nearly all the weights, the same in every
-    step, so a fitted bytes coefficient and the overhead trade places from one calibration to
-    the next (collinear columns), and the fit lands elsewhere each time. Read at the measured
-    bandwidth, whatever that misses of the weights' time is also the same every step, and the
-    overhead takes it. Each step's error counts relative to its seconds: a shared CPU's noise is
-    a share of the step, and in absolute terms the few long prefills would outvote the many
-    short decodes that pin the overhead down. A coefficient that comes out negative is dropped
-    and the rest refitted (the active-set idea of Lawson-Hanson's NNLS, one column at a time)."""
+    1-device profile with the same linear_row_cost), once the bytes' time at the measured
+    `bandwidth` is taken off: the intercept is the per-step overhead, the others are seconds
+    per unit, the FLOPs' turned into efficiencies against the measured peaks.
+    The bytes are not fitted: without a row cost they are nearly all the weights, the same in
+    every step, so a fitted bytes coefficient and the overhead trade places from one
+    calibration to the next (collinear columns); with one, the weights' reads are inside the
+    timed linears and the bytes are the KV's alone. Read at the measured bandwidth, whatever
+    that misses is much the same every step, and the overhead takes it. Each step's error
+    counts relative to its seconds: a shared CPU's noise is a share of the step, and in
+    absolute terms the few long prefills would outvote the many short decodes that pin the
+    overhead down. A coefficient that comes out negative is dropped and the rest refitted
+    (the active-set idea of Lawson-Hanson's NNLS, one column at a time)."""
     rows, t = np.asarray(rows, dtype=float), np.asarray(durations, dtype=float)
     seqs, linear, attn, decode_attn, moved, prefills = rows.T
     X = np.column_stack([np.ones(len(rows)), seqs, prefills > 0, linear, attn, decode_attn])
@@ -275,5 +298,6 @@ def fit_profile(rows: list[tuple[float, ...]], durations: list[float], peak_flop
                            per_seq=float(per_seq), compute_efficiency=eff(s_linear),
                            attention_efficiency=eff(s_attn),
                            decode_attention_efficiency=eff(s_decode_attn), overlap=False,
-                           prefill_overhead=float(prefill_overhead), min_rows=min_rows)
+                           prefill_overhead=float(prefill_overhead),
+                           linear_row_cost=linear_row_cost)
 # --8<-- [end:fit]
