@@ -72,9 +72,10 @@ def _(mo):
     64, because a CPU's matrix multiply is nowhere near linear in its rows: MKL works in
     blocks of 8 and 16 columns, and on the AMD EPYC where this was found 15 rows took 129 ms
     and 16 rows 76 ms (the plot below is this machine's). A step of 15 sequences is then
-    charged as the 26 rows it costs. Next it serves five small workloads of different shapes
-    (long prompts alone, a crowd of short ones decoding together, a mix, prompts arriving
-    every other step, and long prompts decoding together), rebuilds each step's FLOPs, bytes
+    charged what 15 rows cost: there, 3.7 times as much per row as in a step of 128 rows
+    (16 rows: 2.0 times). Next it serves five small workloads of different shapes (long
+    prompts alone, a crowd of short ones decoding together, a mix, prompts arriving every
+    other step, and long prompts decoding together), rebuilds each step's FLOPs, bytes
     and sequence count from its `StepRecord`, and fits seconds per step by least squares: a
     per-step overhead, a cost per sequence, one more for a step that computes a prompt
     chunk, and seconds per FLOP of the linear layers, of prefill attention and of decode
