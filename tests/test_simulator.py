@@ -299,7 +299,9 @@ def test_validate_reports_the_error_per_kind_of_step(calibrated):
     llm, profile = calibrated
     requests = poisson_arrivals(bimodal_requests(llm.tokenizer, 6, seed=5, system_tokens=32),
                                 rate=0.5, seed=5, unit="steps")
-    report, numbers = validate(llm, profile, {"small": requests})
+    fits = []                     # the CLI passes a function: a fit just before each workload
+    report, numbers = validate(llm, lambda: fits.append(profile) or profile, {"small": requests})
+    assert len(fits) == 1 and f"fitted just before: {profile.source}" in report
     kinds = numbers["small"]["steps"]
     assert {"decode", "prefill"} <= set(kinds) or {"decode", "mixed"} <= set(kinds)
     assert all(e["measured"] > 0 and e["predicted"] > 0 for e in kinds.values())

@@ -214,8 +214,9 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
                    help="prefill/decode disaggregation: this many prefill and decode engines, "
                    "each -tp GPUs, the KV handed over the profile's link")
     p.add_argument("--validate", action="store_true",
-                   help="calibrate, then serve held-out workloads for real and simulated and "
-                   "print the error per kind of step and of TTFT / E2E p50 and p90")
+                   help="serve held-out workloads for real and simulated (each after a fresh "
+                   "calibration) and print the error per kind of step and of TTFT / E2E p50 "
+                   "and p90")
     p.add_argument("--calibrate", action="store_true",
                    help="fit this CPU's profile from real steps of the packaged model, store it")
     add_engine_args(p)
@@ -225,17 +226,23 @@ def validate(llm, profile, workloads: dict[str, list]) -> tuple[str, dict]:
     """Each workload served for real twice, and simulated on `profile`: the error per kind of
     step (step_errors, over both real runs' steps), and of TTFT and E2E latency's p50 and p90
     against the two runs' mean, beside the two runs' own spread (what the machine's noise
-    alone moves). Returns the printed report and the numbers."""
-    timer = StepTimer(llm.engine.model_config.hf_config, profile)
-    lines, numbers = [f"profile: {profile.label}, {profile.source}"], {}
+    alone moves). `profile` may also be a function that fits one, called before each workload:
+    a fit taken just before the real runs it predicts (a shared VM's speed drifts 10-20% within
+    minutes, and a fit from minutes before puts that drift into every number). Returns the
+    printed report and the numbers."""
+    refit = callable(profile)
+    lines, numbers = [] if refit else [f"profile: {profile.label}, {profile.source}"], {}
     for name, requests in workloads.items():
-        real, sim = run_both(llm, requests, profile)
+        fit = profile() if refit else profile
+        timer = StepTimer(llm.engine.model_config.hf_config, fit)
+        real, sim = run_both(llm, requests, fit)
         llm.reset_prefix_cache()                          # the second run starts cold too
         again = serve(llm, requests)
         total = [real.elapsed, again.elapsed]
         lines += [f"\n{name}: {len(requests)} requests, {len(real.steps)} / {len(again.steps)} "
                   f"steps real, {len(sim.steps)} simulated; total {sim.elapsed:.2f} s vs "
                   f"{total[0]:.2f} / {total[1]:.2f} s ({sim.elapsed / np.mean(total) - 1:+.1%})",
+                  *([f"  fitted just before: {fit.source}"] if refit else []),
                   f"  {'step kind':<30}{'steps':>6}{'measured ms':>13}{'predicted':>11}"
                   f"{'error':>8}"]
         kinds = step_errors(real.steps + again.steps, timer)
@@ -259,11 +266,11 @@ def run(args: argparse.Namespace) -> None:
         from minivllm import LLM
         from minivllm.simulator.calibrate import calibrate, validation_workloads
         llm = LLM(max_model_len=512)
-        fit = calibrate(llm, save=not args.validate, progress=True)
         if args.validate:
+            fit = functools.partial(calibrate, llm, save=False, progress=True)
             print(validate(llm, fit, validation_workloads(llm.tokenizer))[0])
         else:
-            print(f"stored {profile_path()}:\n{fit}")
+            print(f"stored {profile_path()}:\n{calibrate(llm, progress=True)}")
         return
     profile = get_profile(args.profile)
     if args.link_bandwidth is not None:
