@@ -103,9 +103,10 @@ def linear_row_costs(model, max_rows: int = 128, stepped: int = 64) -> tuple[flo
 
 # --8<-- [start:calibrate]
 def calibrate(llm, save: bool = True, progress: bool = False) -> HardwareProfile:
-    """Measure this machine's peaks (roofline.measure_peaks), serve the calibration workloads
-    through `llm` (its engine settings as they are), and fit the profile to the steps' seconds.
-    save=True stores it where get_profile("cpu") finds it (cost_model.profile_path)."""
+    """Measure this machine's peaks (roofline.measure_peaks), time the model's linear layers at
+    each row count (linear_row_costs: `llm`'s engine core must run in this process), serve the
+    calibration workloads through `llm` (its engine settings as they are), and fit the profile
+    to the steps' seconds. save=True stores it where get_profile("cpu") finds it."""
     peaks = measure_peaks("cpu", llm.engine.dtype)
     base = HardwareProfile("this CPU", kind="measured fit", source="", dtype=str(
         llm.engine.dtype).removeprefix("torch."), peak_flops=peaks.flops, bandwidth=peaks.bandwidth,
