@@ -14,7 +14,7 @@ def _():
     import torch
 
     from minivllm import LLM
-    from minivllm.benchmarks.simulate import real_latencies, run_both, same_schedule, step_errors
+    from minivllm.simulator.cli import real_latencies, run_both, same_schedule, step_errors
     from minivllm.simulator import SLO, PROFILES, StepTimer, model_config, simulate
     from minivllm.simulator import simulate_disaggregated, synthetic_requests
     from minivllm.simulator.calibrate import calibrate, step_features
@@ -506,7 +506,7 @@ def _(mo):
 
     Sections 2 and 4 again for every variant would be 14 × 20 simulations; this takes 40 or so.
     It rests on what a capacity search assumes too (`capacity` in
-    `minivllm/benchmarks/simulate.py` bisects on it): SLO attainment falls, and TTFT rises,
+    `minivllm/simulator/cli.py` bisects on it): SLO attainment falls, and TTFT rises,
     as requests arrive faster or steps run slower. Then the two ends stand for the band
     between them, and each check runs only where it could break. Of two deployments, the one
     that met an SLO at the higher rate is served at that rate on a slower variant (the other
@@ -795,7 +795,7 @@ def _(best_rate, cache_ttft, chunk_rows, computed, decode_rode, engine_tokens, f
       the roofline, the all-reduces), the profiles, and `fit_profile`.
     * `minivllm/simulator/calibrate.py`: `calibrate` and `step_features` (a step's shape
       from its StepRecord).
-    * `minivllm/benchmarks/simulate.py`: the `minivllm simulate` command, its table and plots,
+    * `minivllm/simulator/cli.py`: the `minivllm simulate` command, its table and plots,
       `capacity` (the binary search over the rate) and `run_both` (real against simulated).
     * Everything the simulator schedules with is `minivllm/core/`: `Scheduler`,
       `BlockManager`, `Request`, untouched.

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from minivllm.benchmarks.roofline import StepCost
-from minivllm.benchmarks.simulate import capacity
+from minivllm.simulator.cli import capacity
 from minivllm.entrypoints.cli import main
 from minivllm.simulator import (PROFILES, SLO, StepTimer, get_profile, model_config, simulate,
                                 simulate_disaggregated, synthetic_requests)
@@ -221,7 +221,7 @@ def held_out(llm, unit: str, rate: float):
 def test_simulated_schedule_equals_the_engines(calibrated):
     """Same requests, same output lengths (EOS ignored): every step schedules the same tokens
     for the same requests, chunks and preemptions included."""
-    from minivllm.benchmarks.simulate import run_both, schedule
+    from minivllm.simulator.cli import run_both, schedule
     llm, profile = calibrated
     llm.reconfigure(num_kv_blocks=32, max_num_batched_tokens=64)
     try:
@@ -255,7 +255,7 @@ def test_simulated_seconds_within_twenty_percent(calibrated):
     the two is the noise printed beside. The profile is fitted twice too. When the two real
     runs' totals, or the two fits' predicted totals, differ by more than 10% (a machine shared
     with other jobs), the claim cannot be judged and the test skips."""
-    from minivllm.benchmarks.simulate import engine_settings, real_latencies, run_both
+    from minivllm.simulator.cli import engine_settings, real_latencies, run_both
     from minivllm.simulator.calibrate import calibrate
     llm, profile = calibrated
     runs = [run_both(llm, held_out(llm, "seconds", 8.0), profile) for _ in range(2)]
@@ -294,7 +294,7 @@ def test_validate_reports_the_error_per_kind_of_step(calibrated):
     """`minivllm simulate --validate`'s report on a small held-out workload: every kind of
     step the real runs took has a row, its counts add up to both real runs' steps, and each
     percentile has its error beside the real runs' spread."""
-    from minivllm.benchmarks.simulate import validate
+    from minivllm.simulator.cli import validate
     from minivllm.workloads import bimodal_requests
     llm, profile = calibrated
     requests = poisson_arrivals(bimodal_requests(llm.tokenizer, 6, seed=5, system_tokens=32),

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from minivllm import LLM
-from minivllm.benchmarks.simulate import real_latencies, schedule
+from minivllm.simulator.cli import real_latencies, schedule
 from minivllm.simulator import simulate
 from minivllm.simulator.calibrate import calibrate
 from minivllm.workloads import lognormal_requests, poisson_arrivals, serve

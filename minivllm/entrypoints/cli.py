@@ -9,7 +9,7 @@ vLLM twin: vllm/entrypoints/cli/ (main.py, serve.py, benchmark/), in one file.
     minivllm bench serve --request-rate 4 --num-prompts 64     # load test a running server
     minivllm bench NAME ...                # every benchmark: minivllm/benchmarks/main.py
     minivllm disagg [MODEL] [--role both|producer|consumer] [--kv-ip IP --kv-port PORT] ...
-    minivllm simulate --model Llama-3-70B --profile H100 -tp 8 ...   # minivllm/benchmarks/simulate.py
+    minivllm simulate --model Llama-3-70B --profile H100 -tp 8 ...   # minivllm/simulator/cli.py
 
 Engine flags keep vLLM's names (minivllm/engine/arg_utils.py), so a vLLM command line works
 after `s/vllm/minivllm/` for the flags minivllm has. With no MODEL, the packaged
@@ -27,7 +27,7 @@ import sys
 from minivllm.benchmarks import main as benchmarks
 from minivllm.engine.arg_utils import add_cli_args, engine_kwargs
 from minivllm.entrypoints.openai.cli_args import DEFAULT_MODEL_NAME, make_arg_parser
-from minivllm.benchmarks import simulate as simulator
+from minivllm.simulator import cli as simulator
 
 
 def make_engine(args: argparse.Namespace):

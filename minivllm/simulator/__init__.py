@@ -4,9 +4,9 @@
     simulator.py    SimulatedExecutor, `engine_core` and `simulate`: the engine's own EngineCore
                     over an executor with no model, on a virtual clock
     disaggregated.py  prefill engines and decode engines, the KV handed over a timed link
-    calibrate.py    fit this machine's profile from real engine steps; compare with a real run
-    (the `minivllm simulate` command's flags, summary table, plots and capacity search:
-    minivllm/benchmarks/simulate.py)
+    calibrate.py    fit this machine's profile from real engine steps
+    cli.py          the `minivllm simulate` command: its flags, the summary table, plots, the
+                    capacity search; run_both and validate, a real run beside its simulation
 
     from minivllm.simulator import simulate, synthetic_requests
     res = simulate(synthetic_requests(1000), model="Llama-3-70B", profile="H100",

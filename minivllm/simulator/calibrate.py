@@ -3,7 +3,7 @@
     profile = calibrate(llm)                 # a few dozen steps of varied shape, a fit, stored
 
 (The check that keeps the simulator honest, the same workload served for real and simulated,
-schedule and seconds side by side, is benchmarks/simulate.py's run_both.)
+schedule and seconds side by side, is simulator/cli.py's run_both.)
 
 First the linear layers alone are timed at each row count from 1 to 64 (linear_row_costs): a
 CPU's GEMM is a sawtooth in its rows, which no cost per FLOP can follow. Then a step's shape

@@ -6,7 +6,7 @@ StepTimer (cost_model.py) in place of the forward pass.
                    max_num_seqs=256, max_num_batched_tokens=8192)
     res.steps[3]              # a StepRecord, as engine.trace() records one
     res.ttft, res.e2e, res.itl, res.goodput(SLO(ttft=2.0, itl=0.1))
-    benchmarks.simulate.summary(res)     # the table `minivllm simulate` prints
+    simulator.cli.summary(res)     # the table `minivllm simulate` prints
 
 Nothing about scheduling is re-implemented here, nor the step: the simulated engine is the
 engine's own EngineCore (minivllm/engine/core.py) over a SimulatedExecutor, so every step is

@@ -1,6 +1,7 @@
 """`minivllm simulate`: a deployment served in simulation (minivllm/simulator/), a summary
-table, plots, and the highest request rate that meets an SLO. The command's front end lives
-here, beside the benchmarks, as a tool around the engine.
+table, plots, and the highest request rate that meets an SLO. The command lives in the
+simulator's package: it imports the benchmarks' workloads and serving driver, as the simulator
+does, and nothing in benchmarks/ imports the simulator back.
 
     minivllm simulate --model Llama-3-70B --profile H100 -tp 8 --num-prompts 2000 \
         --request-rate 10 --slo-ttft 2 --slo-itl 0.1 --plot sim.png
