@@ -70,10 +70,10 @@ def _(mo):
 
     `calibrate` first times the model's linear layers alone at every row count from 1 to
     64, because a CPU's matrix multiply is nowhere near linear in its rows: MKL works in
-    blocks of 8 and 16 columns, and on the AMD EPYC where this was found 15 rows took 129 ms
-    and 16 rows 76 ms (the plot below is this machine's). A step of 15 sequences is then
-    charged what 15 rows cost: there, 3.7 times as much per row as in a step of 128 rows
-    (16 rows: 2.0 times). Next it serves five small workloads of different shapes (long
+    blocks of 8 and 16 columns, and on a 2-core AMD EPYC (Zen 3) 15 rows took 136 ms and 16
+    rows 73 ms (the plot below is this machine's). A step of 15 sequences is then charged
+    what 15 rows cost: there, 3.8 times as much per row as in a step of 128 rows (16 rows:
+    1.9 times). Next it serves five small workloads of different shapes (long
     prompts alone, a crowd of short ones decoding together, a mix, prompts arriving every
     other step, and long prompts decoding together), rebuilds each step's FLOPs, bytes
     and sequence count from its `StepRecord`, and fits seconds per step by least squares: a

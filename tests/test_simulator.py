@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import numpy as np
 import pytest
@@ -85,6 +86,20 @@ def test_fit_recovers_a_known_profile():
         assert fitted.time(n, c) == pytest.approx(slow.time(n, c), rel=0.02)
     weights = timer.weight_bytes / truth.bandwidth
     assert fit.overhead == pytest.approx(truth.overhead + weights * (1 / 0.8 - 1), rel=0.05)
+
+
+def test_linears_alone_times_the_linears_not_their_inputs(monkeypatch):
+    """benchmarks/cpu.py linears_alone draws its random inputs before the clock starts: drawn
+    inside it, they were a quarter of a 64-row measurement (and of calibrate's row table)."""
+    from torch import nn
+    from minivllm.benchmarks.cpu import linears_alone
+    model = nn.ModuleDict({"up": nn.Linear(8, 32), "down": nn.Linear(32, 8),
+                           "lm_head": nn.Linear(8, 16)})
+    model.lm_head = model["lm_head"]
+    randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: time.sleep(0.5) or randn(*a, **k))
+    start = time.perf_counter()
+    assert linears_alone(model, 4, 1) < 0.5 < time.perf_counter() - start
 
 
 def test_tensor_parallel_and_link_bandwidth():
@@ -294,14 +309,16 @@ def test_validate_reports_the_error_per_kind_of_step(calibrated):
     """`minivllm simulate --validate`'s report on a small held-out workload: every kind of
     step the real runs took has a row, its counts add up to both real runs' steps, and each
     percentile has its error beside the real runs' spread."""
-    from minivllm.simulator.cli import validate
+    from minivllm.simulator.cli import fitted_terms, validate
     from minivllm.workloads import bimodal_requests
     llm, profile = calibrated
     requests = poisson_arrivals(bimodal_requests(llm.tokenizer, 6, seed=5, system_tokens=32),
                                 rate=0.5, seed=5, unit="steps")
     fits = []                     # the CLI passes a function: a fit just before each workload
     report, numbers = validate(llm, lambda: fits.append(profile) or profile, {"small": requests})
-    assert len(fits) == 1 and f"fitted just before: {profile.source}" in report
+    assert len(fits) == 1
+    assert f"fitted just before: {profile.source}: {fitted_terms(profile)}" in report
+    assert "ms a step" in fitted_terms(profile) and "GFLOP/s" in fitted_terms(profile)
     kinds = numbers["small"]["steps"]
     assert {"decode", "prefill"} <= set(kinds) or {"decode", "mixed"} <= set(kinds)
     assert all(e["measured"] > 0 and e["predicted"] > 0 for e in kinds.values())

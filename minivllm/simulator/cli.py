@@ -32,8 +32,8 @@ from minivllm.benchmarks.workloads import ServeResult, poisson_arrivals, serve
 from minivllm.engine.arg_utils import add_cli_args as add_engine_args
 from minivllm.engine.arg_utils import engine_kwargs
 from minivllm.simulator.calibrate import step_features
-from minivllm.simulator.cost_model import (MODEL_SHAPES, PROFILES, StepTimer, get_profile,
-                                           model_config, profile_path)
+from minivllm.simulator.cost_model import (MODEL_SHAPES, PROFILES, HardwareProfile, StepTimer,
+                                           get_profile, model_config, profile_path)
 from minivllm.simulator.disaggregated import simulate_disaggregated
 from minivllm.engine.stats import StepRecord
 from minivllm.simulator.simulator import SLO, SimResult, simulate, synthetic_requests
@@ -223,6 +223,15 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p)
 
 
+def fitted_terms(p: HardwareProfile) -> str:
+    """A fitted profile's numbers in a line: what --calibrate and --validate print."""
+    return (f"overhead {1e3 * p.overhead:.1f} ms a step, {1e3 * p.per_seq:.2f} ms a sequence, "
+            f"{1e3 * p.prefill_overhead:.1f} ms more with a prompt chunk; linears at "
+            f"{p.compute_efficiency:.0%}, prefill attention at {p.attention_efficiency:.0%}, "
+            f"decode attention at {p.decode_attention_efficiency:.0%} of the measured "
+            f"{p.peak_flops / 1e9:.0f} GFLOP/s")
+
+
 def validate(llm, profile, workloads: dict[str, list]) -> tuple[str, dict]:
     """Each workload served for real twice, and simulated on `profile`: the error per kind of
     step (step_errors, over both real runs' steps), and of TTFT and E2E latency's p50 and p90
@@ -243,7 +252,8 @@ def validate(llm, profile, workloads: dict[str, list]) -> tuple[str, dict]:
         lines += [f"\n{name}: {len(requests)} requests, {len(real.steps)} / {len(again.steps)} "
                   f"steps real, {len(sim.steps)} simulated; total {sim.elapsed:.2f} s vs "
                   f"{total[0]:.2f} / {total[1]:.2f} s ({sim.elapsed / np.mean(total) - 1:+.1%})",
-                  *([f"  fitted just before: {fit.source}"] if refit else []),
+                  *([f"  fitted just before: {fit.source}: {fitted_terms(fit)}"]
+                    if refit else []),
                   f"  {'step kind':<30}{'steps':>6}{'measured ms':>13}{'predicted':>11}"
                   f"{'error':>8}"]
         kinds = step_errors(real.steps + again.steps, timer)
@@ -271,7 +281,8 @@ def run(args: argparse.Namespace) -> None:
             fit = functools.partial(calibrate, llm, save=False, progress=True)
             print(validate(llm, fit, validation_workloads(llm.tokenizer))[0])
         else:
-            print(f"stored {profile_path()}:\n{calibrate(llm, progress=True)}")
+            fit = calibrate(llm, progress=True)
+            print(f"stored {profile_path()}: {fit.source}\n{fitted_terms(fit)}")
         return
     profile = get_profile(args.profile)
     if args.link_bandwidth is not None:
