@@ -14,16 +14,17 @@ def _():
     import torch
 
     from minivllm import LLM
-    from minivllm.simulator.cli import real_latencies, run_both, same_schedule, step_errors
+    from minivllm.simulator.cli import (fitted_terms, real_latencies, run_both, same_schedule,
+                                        step_errors)
     from minivllm.simulator import SLO, PROFILES, StepTimer, model_config, simulate
     from minivllm.simulator import simulate_disaggregated, synthetic_requests
     from minivllm.simulator.calibrate import calibrate, step_features
     from minivllm.simulator.cost_model import PCIE_GEN5_BANDWIDTH
     from minivllm.workloads import lognormal_requests, poisson_arrivals
     return (LLM, PCIE_GEN5_BANDWIDTH, PROFILES, SLO, StepTimer, calibrate, dataclasses,
-            lognormal_requests, mo, model_config, np, plt, poisson_arrivals, real_latencies,
-            run_both, same_schedule, simulate, simulate_disaggregated, step_errors,
-            step_features, synthetic_requests, torch)
+            fitted_terms, lognormal_requests, mo, model_config, np, plt, poisson_arrivals,
+            real_latencies, run_both, same_schedule, simulate, simulate_disaggregated,
+            step_errors, step_features, synthetic_requests, torch)
 
 
 @app.cell
@@ -90,21 +91,16 @@ def _(mo):
 
 
 @app.cell
-def _(StepTimer, calibrate, llm, mo):
+def _(StepTimer, calibrate, fitted_terms, llm, mo):
     print("calibrating on this machine: its peaks, its linear layers at 1-128 rows, then "
           "about 110 real engine steps (up to a couple of minutes on a busy 2-core CPU) ...",
           flush=True)
     with mo.status.spinner("calibrating: about 110 real engine steps"):
         cpu = calibrate(llm, save=False)
-    _pct = lambda e: "too small to see" if e == float("inf") else f"at {e:.0%}"  # noqa: E731
     _timer = StepTimer(llm.engine.model_config.hf_config, cpu)
     _linear_ms = 1e3 * _timer.features([128], [128], 128)[1] * _timer.s_per_flop
-    print(f"fitted: overhead {1000 * cpu.overhead:.1f} ms/step, {1000 * cpu.per_seq:.2f} ms "
-          f"per sequence, {1000 * cpu.prefill_overhead:.1f} ms more with a prompt chunk; "
-          f"the linear layers {_linear_ms:.0f} ms for 128 rows (per row at fewer: the plot), "
-          f"prefill attention {_pct(cpu.attention_efficiency)} and decode attention "
-          f"{_pct(cpu.decode_attention_efficiency)} of the measured "
-          f"{cpu.peak_flops / 1e9:.0f} GFLOP/s matmul peak")
+    print(f"fitted: {fitted_terms(cpu)}; the linear layers {_linear_ms:.0f} ms for 128 rows "
+          "(per row at fewer: the plot)")
     return (cpu,)
 
 

@@ -224,12 +224,14 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
 
 
 def fitted_terms(p: HardwareProfile) -> str:
-    """A fitted profile's numbers in a line: what --calibrate and --validate print."""
+    """A fitted profile's numbers in a line: what --calibrate, --validate and lesson 17 print.
+    An efficiency is infinite where the fit dropped its term (a negative coefficient)."""
+    pct = lambda e: "too small to see" if e == float("inf") else f"at {e:.0%}"  # noqa: E731
     return (f"overhead {1e3 * p.overhead:.1f} ms a step, {1e3 * p.per_seq:.2f} ms a sequence, "
-            f"{1e3 * p.prefill_overhead:.1f} ms more with a prompt chunk; linears at "
-            f"{p.compute_efficiency:.0%}, prefill attention at {p.attention_efficiency:.0%}, "
-            f"decode attention at {p.decode_attention_efficiency:.0%} of the measured "
-            f"{p.peak_flops / 1e9:.0f} GFLOP/s")
+            f"{1e3 * p.prefill_overhead:.1f} ms more with a prompt chunk; linears "
+            f"{pct(p.compute_efficiency)}, prefill attention {pct(p.attention_efficiency)}, "
+            f"decode attention {pct(p.decode_attention_efficiency)} of the measured "
+            f"{p.peak_flops / 1e9:.0f} GFLOP/s matmul peak")
 
 
 def validate(llm, profile, workloads: dict[str, list]) -> tuple[str, dict]:
