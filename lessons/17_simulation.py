@@ -70,13 +70,15 @@ def _(mo):
     ## 1. Calibrate on this machine, then check the prediction against a real run
 
     `calibrate` first times the model's linear layers alone at every row count from 1 to
-    64, because a CPU's matrix multiply is nowhere near linear in its rows: MKL works in
-    blocks of 8 and 16 columns, and on a 2-core AMD EPYC (Zen 3) 15 rows took 136 ms and 16
-    rows 73 ms (the plot below is this machine's). A step of 15 sequences is then charged
-    what 15 rows cost: there, 3.8 times as much per row as in a step of 128 rows (16 rows:
-    1.9 times). Next it serves five small workloads of different shapes (long
-    prompts alone, a crowd of short ones decoding together, a mix, prompts arriving every
-    other step, and long prompts decoding together), rebuilds each step's FLOPs, bytes
+    64, because a CPU's matrix multiply is nowhere near linear in its rows. MKL works in
+    blocks of 8 columns: on a 2-core AMD EPYC (Zen 3) 15 rows took 139 ms and 16 rows 70,
+    until the engine's `linear` learned to pad a step's rows with zeros to a multiple of 8
+    (15 rows: 77 ms). What is left is a staircase (the plot below is this machine's): a step
+    of 15 sequences is charged what 15 rows cost, there 2.2 times as much per row as in a
+    step of 128 rows (16 rows: 1.9 times; 17, a new block: 2.5 times). Next it serves five
+    small workloads of different shapes (long prompts alone, a crowd of short ones decoding
+    together, a mix, prompts arriving every other step, and long prompts decoding
+    together), rebuilds each step's FLOPs, bytes
     and sequence count from its `StepRecord`, and fits seconds per step by least squares: a
     per-step overhead, a cost per sequence, one more for a step that computes a prompt
     chunk, and seconds per FLOP of the linear layers, of prefill attention and of decode

@@ -6,7 +6,9 @@
 schedule and seconds side by side, is simulator/cli.py's run_both.)
 
 First the linear layers alone are timed at each row count from 1 to 64 (linear_row_costs): a
-CPU's GEMM is a sawtooth in its rows, which no cost per FLOP can follow. Then a step's shape
+CPU's GEMM is far from linear in its rows (a staircase in blocks of 8, which the engine's
+`linear` pads to; below 128 rows a row costs more the fewer there are), which no cost per FLOP
+can follow. Then a step's shape
 (sequences, linear FLOPs, prefill and decode attention FLOPs, bytes) is rebuilt from its
 StepRecord: each sequence's new tokens, the tokens already in its KV (prefix-cache hits
 included) and whether it sampled. The fit (cost_model.fit_profile) is least squares of the
@@ -89,9 +91,9 @@ def linear_row_costs(model, max_rows: int = 128, stepped: int = 64) -> tuple[flo
     """The linear layers' seconds per row at 1 ... max_rows rows, relative to their seconds per
     row at max_rows: HardwareProfile.linear_row_cost. Every count up to `stepped` is timed
     (benchmarks/cpu.py linears_alone: each nn.Linear of the model in order, through its own
-    `linear`), once each, since neighbours differ by far more than a timing's noise (15 rows
-    129 ms, 16 rows 76 ms on the 2-core AMD EPYC where this was found); past it, one GEMM
-    path, close to linear, read off a straight line to max_rows (timed best of two)."""
+    `linear`), once each, since blocks of 8 rows differ by more than a timing's noise (`linear`
+    pads to them: 9 to 15 rows cost what 16 do, 17 rows 1.4 times as much on a Zen 3); past
+    it, one GEMM path, close to linear, read off a straight line to max_rows (best of two)."""
     linears_alone(model, stepped, stepped)                               # warm-up
     seconds = [linears_alone(model, r, r) for r in range(1, stepped + 1)]
     last = min(linears_alone(model, max_rows, max_rows) for _ in range(2))

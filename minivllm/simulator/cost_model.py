@@ -98,7 +98,7 @@ class HardwareProfile:
     decode_attention_efficiency: float | None = None
     prefill_overhead: float = 0.0      # seconds more for a step that computes a prompt chunk
     # The linear layers' seconds per row at 1, 2, ... rows, relative to their rate at the
-    # table's last row count (measured by calibrate: on a CPU it is a sawtooth in the rows);
+    # table's last row count (measured by calibrate: on a CPU, steps of 8 rows);
     # None, or rows past the table: every row costs the same (a GPU's data sheet).
     linear_row_cost: tuple[float, ...] | None = None
 
@@ -217,7 +217,7 @@ class StepTimer:
         once per step. A sequence computing one token is a decode, one computing several a
         prefill (a prompt chunk, a recompute, a verification of drafts). With the profile's
         linear_row_cost, the linear FLOPs are those of the rows' measured cost: 15 rows that
-        cost 3.7 times as much per row as 128 do count as 55 (rows_cost)."""
+        cost 2.2 times as much per row as 128 do count as 32 (rows_cost)."""
         c = self.cost
         tokens = sum(new_tokens)
         attn = [n * (2 * ctx - n + 1) for n, ctx in zip(new_tokens, context_lens)]
@@ -232,9 +232,9 @@ class StepTimer:
 
     def rows_cost(self, rows: int) -> float:
         """What `rows` rows through the linear layers cost, in rows at the full rate: rows
-        itself unless the profile measured otherwise (linear_row_cost). On the 2-core AMD EPYC
-        the table was found on, MKL's GEMM works in blocks of 8 and 16 columns: 15 rows took
-        129 ms, 16 rows 76 ms."""
+        itself unless the profile measured otherwise (linear_row_cost). On a CPU, MKL's GEMM
+        works in blocks of 8 columns, which the engine's `linear` pads to: on a Zen 3, 15 rows
+        took 77 ms and 16 rows 72 (139 and 70 before it padded), 128 rows 304."""
         table = self.profile.linear_row_cost
         return rows * table[rows - 1] if table and 0 < rows <= len(table) else rows
 
