@@ -55,7 +55,7 @@ def test_the_transposed_call_only_up_to_64_rows(monkeypatch):
 def test_rows_are_padded_to_the_gemms_blocks(monkeypatch):
     """Batch-1 decode: a one-column product is MKL's matrix-vector path (sgemv), which read the
     113 MB LM head at 17 GB/s against 45 GB/s for two columns; past 8 rows a count off MKL's
-    8-column blocks paid for the block (Zen 3: 15 rows 136 ms, 16 rows 73 ms). The zero
+    8-column blocks paid for the block (Zen 3: 15 rows 139 ms, 16 rows 70 ms). The zero
     columns are computed and dropped: the rows that come back are the rows that went in."""
     layer, widths = nn.Linear(64, 32, bias=True), []
 
