@@ -49,7 +49,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,7 +85,6 @@ class LLMEngine:
         """engine_kwargs: EngineArgs' fields (vLLM's names). multiprocess_mode: run the
         EngineCore in a process of its own (None: as MINIVLLM_ENABLE_MULTIPROCESSING says, off
         unless set)."""
-        t0 = time.perf_counter()
         EngineArgs.check_names(engine_kwargs, fixed=LOAD_TIME_ARGS)
         args = EngineArgs(model=model, dtype=dtype, device=device, **engine_kwargs)
         config = args.create_engine_config()
@@ -114,7 +112,6 @@ class LLMEngine:
             self.structured_output = core.structured_output    # the Processor checks with it
         self.eos_token_ids = self.engine_core.info.eos_token_ids
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.load_time = time.perf_counter() - t0
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, multiprocess_mode: bool | None = None
