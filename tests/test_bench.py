@@ -85,12 +85,14 @@ def test_cpu_report(capsys):
     breakdown (shares summing to 1), batch-1 decode against its read-bandwidth roofline (the
     run's threads and one core's) and its GEMVs alone, the batch-1 profile (shares summing to
     1), and the closing tables: int8 reads well under half of fp32's bytes a token. With
-    --compile, a compiled row of each format in both tables."""
+    --compile (float32's run only: with int8's compiled too this test took 212 s on a Zen 3,
+    118 s without), a compiled row in both tables."""
     from minivllm.benchmarks.cpu import read_bandwidth
 
     assert read_bandwidth(1, mib=16) > 1e8                      # > 0.1 GB/s: it measured
-    main(["cpu", "--num-prompts", "2", "--dtypes", "float32,int8", "--hf-batch-sizes", "",
-               "--no-reference", "--max-tokens", "6", "--compile"])
+    tiny = ["--num-prompts", "2", "--hf-batch-sizes", "", "--no-reference", "--max-tokens", "6"]
+    main(["cpu", "--dtypes", "float32", "--compile", *tiny])
+    main(["cpu", "--dtypes", "int8", *tiny])
     out = capsys.readouterr().out
     # the peak probe is one 1024 x 1024 shape timed on a shared machine: a busy neighbour can
     # leave the served rate above it, and then the report says so instead of a share
@@ -118,10 +120,10 @@ def test_cpu_report(capsys):
         read[fmt] = int(m[1])
         assert re.search(rf"^\| {fmt} \| [\d.]+ \|( -?\d+% \|){{6}}$", out, re.M), out
     assert 500 < read["float32"] < 560 and read["int8"] < 0.45 * read["float32"], read
-    for fmt in ("float32", "int8"):            # --compile: each format again, compiled
-        assert re.search(rf"^\| {fmt} compiled \| {read[fmt]} MB \| [\d.]+ \| [\d.]+ \| \d+% \| "
-                         r"[\d.]+ \| - \| - \|$", out, re.M), out
-        assert re.search(rf"^\| {fmt} compiled \| [\d.]+ \|( -?\d+% \|){{6}}$", out, re.M), out
+    # --compile: float32 again, compiled
+    assert re.search(rf"^\| float32 compiled \| {read['float32']} MB \| [\d.]+ \| [\d.]+ \| "
+                     r"\d+% \| [\d.]+ \| - \| - \|$", out, re.M), out
+    assert re.search(r"^\| float32 compiled \| [\d.]+ \|( -?\d+% \|){6}$", out, re.M), out
 
 
 # Every name the docs, README and lessons use: a rename or a lost entry fails here.

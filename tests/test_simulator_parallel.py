@@ -9,11 +9,13 @@ and seconds within the simulator's bound. Data parallelism: the front end's bala
 (dp_client.load_score) sends each request to the same replica in both, each replica computes
 the same tokens, and seconds are within the bound. (A real replica steps as soon as its first
 request lands, so its first step races the front end's later sends: a replica's schedule is
-compared by what it computed, not step by step.) Seconds cannot be judged on a machine
+compared by what it computed, not step by step; a run in which a replica began a step before
+the last send may have balanced otherwise, so up to four run for one that balanced as
+simulated, and a run that did not race must have.) Seconds cannot be judged on a machine
 another job shares (one started beside this test slows both real repeats alike, and two ranks
 on two cores lose half their speed): the CPU time other processes took during the real runs is
 measured, and the seconds check skips when it passes 10% of the machine, or when the two real
-repeats differ by more than 10%. The counts are checked whatever the load.
+repeats differ by more than 10%. The other counts are checked whatever the load.
 """
 
 from __future__ import annotations
@@ -147,53 +149,69 @@ def test_pipeline_parallel_simulated_as_it_runs(one_thread):
 def test_data_parallel_simulated_behind_the_same_balancer(one_thread):
     tokenizer, profile = one_thread
     llm = LLM(data_parallel_size=2, **SMALL)
-    runs = []
+
+    def real_run():
+        """(its steps, when the first request was sent, when the last was, the outputs)."""
+        requests = workload(tokenizer, False)
+        t0 = time.perf_counter()
+        with llm.engine.trace() as steps:
+            for i, r in enumerate(requests):
+                llm.engine.add_request(f"req-{i}", list(r.prompt), r.params)
+            sent = time.perf_counter()
+            done = {}
+            while llm.engine.has_unfinished_requests():
+                done.update({o.request_id: o for o in llm.engine.step() if o.finished})
+        return steps, t0, sent, [done[f"req-{i}"] for i in range(len(requests))]
+
     try:
         with ForeignLoad() as load:
-            for _ in range(2):
-                requests = workload(tokenizer, False)
-                t0 = time.perf_counter()
-                with llm.engine.trace() as steps:
-                    for i, r in enumerate(requests):
-                        llm.engine.add_request(f"req-{i}", list(r.prompt), r.params)
-                    done = {}
-                    while llm.engine.has_unfinished_requests():
-                        done.update({o.request_id: o for o in llm.engine.step() if o.finished})
-                runs.append((steps, t0, [done[f"req-{i}"] for i in range(len(requests))]))
+            runs = [real_run(), real_run()]
+        sim = simulate(workload(tokenizer, False), model=llm.engine.model_config.hf_config,
+                       profile=profile, data_parallel_size=2, **SMALL)
+        replica = {s.request_id: name for name, steps in sim.engine_steps.items()
+                   for st in steps for s in st.scheduled}
+        assert sorted(set(replica.values())) == ["engine-0", "engine-1"]
+
+        def computed(steps) -> dict[str, tuple] | None:
+            """Per replica: its requests, the prompt and decode tokens it computed (None: a
+            real step held requests the simulated balancer sent to different replicas)."""
+            out: dict[str, list] = {}
+            for st in steps:
+                owners = {replica[s.request_id] for s in st.scheduled}
+                if len(owners) > 1:
+                    return None
+                e = out.setdefault(owners.pop(), [set(), 0, 0])
+                e[0].update(s.request_id for s in st.scheduled)
+                e[1] += st.num_prefill_tokens
+                e[2] += st.num_decode_tokens
+            return {k: (sorted(v[0]), v[1], v[2]) for k, v in out.items()}
+        # The real front end reads each replica's stats as they stream back: a replica that
+        # schedules its first step while requests are still being sent (about 2 ms for the 12
+        # here) shows one running, not waiting, and changes the scores the rest see: a race
+        # the simulator, which steps only once all have arrived, never runs (vLLM's balancer
+        # has it too). A run with no step begun before its last send cannot have raced, and
+        # must balance as the simulator did; so must one run of up to four, or the machine is
+        # too loaded to tell (CI saw both timed runs race and differ once).
+        balance = [(computed(steps) == computed(sim.steps), any(st.start_time < sent
+                                                                 for st in steps))
+                   for steps, _, sent, _ in runs]
+        while not any(same for same, _ in balance) and len(balance) < 4:
+            steps, _, sent, _ = real_run()
+            balance.append((computed(steps) == computed(sim.steps),
+                            any(st.start_time < sent for st in steps)))
     finally:
         llm.engine.shutdown()
-    sim = simulate(workload(tokenizer, False), model=llm.engine.model_config.hf_config,
-                   profile=profile, data_parallel_size=2, **SMALL)
-    replica = {s.request_id: name for name, steps in sim.engine_steps.items()
-               for st in steps for s in st.scheduled}
-    assert sorted(set(replica.values())) == ["engine-0", "engine-1"]
-
-    def computed(steps) -> dict[str, tuple] | None:
-        """Per replica: its requests, the prompt and decode tokens it computed (None: a real
-        step held requests the simulated balancer sent to different replicas)."""
-        out: dict[str, list] = {}
-        for st in steps:
-            owners = {replica[s.request_id] for s in st.scheduled}
-            if len(owners) > 1:
-                return None
-            e = out.setdefault(owners.pop(), [set(), 0, 0])
-            e[0].update(s.request_id for s in st.scheduled)
-            e[1] += st.num_prefill_tokens
-            e[2] += st.num_decode_tokens
-        return {k: (sorted(v[0]), v[1], v[2]) for k, v in out.items()}
-    # The real front end reads each replica's stats as they stream back: a replica that
-    # schedules its first step while requests are still being added shows one running, not
-    # waiting, and changes the scores the rest see (a race the simulator, which steps only once
-    # all have arrived, never runs; vLLM's balancer has it too). One of the two real runs must
-    # have balanced exactly as the simulator did.
-    same = [computed(steps) == computed(sim.steps) for steps, *_ in runs]
-    print(f"DP=2 balanced as simulated: {same} (real runs 1 and 2)")
-    assert any(same)
+    print("DP=2 balanced as simulated (raced: a step began before the last send): "
+          + ", ".join(f"{same} (raced: {raced})" for same, raced in balance))
+    assert all(same or raced for same, raced in balance)
+    if not any(same for same, _ in balance):
+        pytest.skip("every real run raced its own sends (a machine too loaded to check the "
+                    "balancer against the simulator)")
 
     def numbers(outputs, t0):
         e2e = [o.metrics.finished_time - t0 for o in outputs]
         return {"total": max(e2e), "E2E p50": float(np.percentile(e2e, 50)),
                 "E2E p90": float(np.percentile(e2e, 90))}
-    judge("DP=2", [numbers(outputs, t0) for _, t0, outputs in runs],
+    judge("DP=2", [numbers(outputs, t0) for _, t0, _, outputs in runs],
           {"total": sim.elapsed, "E2E p50": float(np.percentile(sim.e2e, 50)),
            "E2E p90": float(np.percentile(sim.e2e, 90))}, load.share, DP_BOUND)
