@@ -260,9 +260,10 @@ def test_simulated_schedule_equals_the_engines(calibrated):
 # three quiet runs on a 2-core EPYC (load ~1.2) erred: total -4.3%, -5.4%, -6.3%; p50 -5.9%,
 # -8.4%, -9.8%; p90 -2.0%, -4.9%, -6.1%, with the real engine repeating itself within 0.1-2.2%.
 # CI runs on a shared machine: the bound was twice the 10% target, and a run too noisy to
-# judge skips. Since `linear` pads decode rows to MKL's blocks of 8 (stop 58), the Zen 3 EPYC
-# (AVX2) measured total -16.8% / -17.5%, p50 -22.0% / -21.3%, p90 -20.7% / -20.9% in two CI
-# runs (one judged, one too noisy): an under-prediction of one sign, issue 40's open bias.
+# judge skips. Since stop 58 (`linear` padding decode rows to MKL's blocks of 8; the cause is
+# not established) a Zen 3 EPYC (AVX2) measured total -16.8% / -17.5%, p50 -22.0% / -21.3%,
+# p90 -20.7% / -20.9% in two CI runs (one judged, one too noisy): issue 40's one-sign bias.
+# A lead: a second fit in the same process predicted within 1% where the first erred -13%.
 # The bound follows the measured error until that is found.
 PREDICTION_BOUND = 0.25
 
