@@ -192,13 +192,16 @@ def test_data_parallel_simulated_behind_the_same_balancer(one_thread):
         # has it too). A run with no step begun before its last send cannot have raced, and
         # must balance as the simulator did; so must one run of up to four, or the machine is
         # too loaded to tell (CI saw both timed runs race and differ once).
-        balance = [(computed(steps) == computed(sim.steps), any(st.start_time < sent
-                                                                 for st in steps))
-                   for steps, _, sent, _ in runs]
+        simulated = computed(sim.steps)
+
+        def balanced(steps, sent) -> tuple[bool, bool]:
+            """(balanced as simulated, raced: a step began before the last send)."""
+            return computed(steps) == simulated, any(st.start_time < sent for st in steps)
+
+        balance = [balanced(steps, sent) for steps, _, sent, _ in runs]
         while not any(same for same, _ in balance) and len(balance) < 4:
             steps, _, sent, _ = real_run()
-            balance.append((computed(steps) == computed(sim.steps),
-                            any(st.start_time < sent for st in steps)))
+            balance.append(balanced(steps, sent))
     finally:
         llm.engine.shutdown()
     print("DP=2 balanced as simulated (raced: a step began before the last send): "

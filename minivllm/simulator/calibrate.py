@@ -10,10 +10,10 @@ CPU's GEMM is far from linear in its rows (a staircase in blocks of 8, which the
 `linear` pads to; below 128 rows a row costs more the fewer there are), which no cost per FLOP
 can follow. Then a step's shape (sequences, linear FLOPs, prefill and decode attention FLOPs,
 bytes) is rebuilt from its StepRecord: each sequence's new tokens, the tokens already in its
-KV (prefix-cache hits included) and whether it sampled. The fit (cost_model.fit_profile) is least squares of the
-steps' measured seconds on those features. The calibration workloads (prompt lengths 16
-to 400, one to 16 sequences at once) are seeded apart from any workload a test or lesson
-validates on (validation_workloads: `minivllm simulate --validate`).
+KV (prefix-cache hits included) and whether it sampled. The fit (cost_model.fit_profile) is
+least squares of the steps' measured seconds on those features. The calibration workloads
+(prompt lengths 16 to 400, one to 16 sequences at once) are seeded apart from any workload a
+test or lesson validates on (validation_workloads: `minivllm simulate --validate`).
 
 No vLLM twin. Vidur profiles every operator at every shape, then fits random forests; this
 times one operator (the linears) at every row count and fits six numbers for the rest.
