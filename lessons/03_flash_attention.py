@@ -643,6 +643,7 @@ def _(check_merge, torch):
 def _(
     D,
     H,
+    counted_traffic,
     kernel_errors,
     naive_attention,
     naive_rows,

@@ -92,7 +92,7 @@ def _(ADAPTERS, chat_prompt, llm, loras, np, plt):
     _fig, _ax = plt.subplots(figsize=(6.5, 3))
     _ax.plot(_tenants, _tenants * model_bytes / 2**30, "o-", label="merged: a model per tenant")
     _ax.plot(_tenants, (model_bytes + _tenants * slot_bytes) / 2**30, "o-",
-             label=f"base + one rank-16 slot per tenant")
+             label="base + one rank-16 slot per tenant")
     _ax.plot(_tenants, (model_bytes + _tenants * _mean) / 2**30, "o-",
              label="base + the adapters as trained")
     _ax.set_xscale("log")

@@ -363,9 +363,10 @@ def _(cache_ttft, chunk_rows, computed, mo, tp_rows):
     |---|---|---|
     {_t}
 
-    Two all-reduces per layer, 160 per step for 70B: on NVLink they are a small share of a
-    decode step, on PCIe (64 GB/s) they are not, and TP=8 over PCIe can lose what halving
-    each GPU's weight reads won.
+    Two all-reduces per layer and one after the embedding, 161 per step for 70B, then an
+    all-gather of the logits: on NVLink they are a small share of a decode step, on PCIe
+    (64 GB/s) they are not, and TP=8 over PCIe can lose what halving each GPU's weight reads
+    won.
 
     **Prefix caching**, a 2,000-token system prompt in front of every request: prompt
     tokens computed **{computed['on']:,}** with caching against **{computed['off']:,}**

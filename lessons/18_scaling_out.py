@@ -95,7 +95,7 @@ def _(mo):
 
 
 @app.cell
-def _(COMMON, GREEDY, LLM, PROMPTS, cfg, get_pp_indices, mo):
+def _(COMMON, GREEDY, LLM, PROMPTS, cfg, get_pp_indices, mo, reference):
     print("pipeline: starting a second process for stage 1, which loads its half of the layers "
           "(seconds) ...", flush=True)
     pp_llm = LLM(pipeline_parallel_size=2, **COMMON)
@@ -307,10 +307,13 @@ def _(mo):
     own KV pool, behind one front end (`DPLBClient`, vLLM's `DPLBAsyncMPClient`). A request
     goes to one replica and stays there, so its stop strings and aborts reach it. Which one?
     Round-robin is the obvious rule, and it is blind: below, a long request (20 tokens) and a
-    short one (3 tokens) arrive in turn, a new one every few front-end steps. Round-robin
-    sends every long request to replica 0. vLLM V1's rule sends each request to the replica
-    with the lowest **4 x waiting + running**, from the stats each replica sends back with
-    its outputs (plus the requests sent to it that have not answered yet).
+    short one (3 tokens) arrive in turn, a new one a few front-end steps after the last one's
+    first token. Round-robin sends every long request to replica 0. vLLM V1's rule sends
+    each request to the replica with the lowest **4 x waiting + running**, from the stats
+    each replica sends back with its outputs, plus the requests sent to it that have not
+    answered yet, counted as waiting. (That guess is why the stream waits for a first token:
+    on a loaded CPU a replica slow to answer looks four times as busy as it is, and the long
+    requests can all land on the other one.)
     """)
     return
 
@@ -318,8 +321,9 @@ def _(mo):
 @app.cell
 def _(LLM, SamplingParams, time):
     def skewed_stream(llm, balance: str, n: int = 10, every: int = 3) -> dict:
-        """Long and short requests in turn; after each front-end step (one replica's outputs),
-        the time and each replica's queue."""
+        """Long and short requests in turn, the next one `every` front-end steps after the
+        last one's first output; after each step (one replica's outputs), the time and each
+        replica's queue."""
         client = llm.engine.engine_core
         client.balance = balance
         long = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -333,7 +337,11 @@ def _(LLM, SamplingParams, time):
         for _i in range(n):
             llm.engine.add_request(f"{balance}-{_i}", f"Request {_i}: say something.",
                                    (long, short)[_i % 2])
-            longs[client.owner[f"{balance}-{_i}"]] += _i % 2 == 0
+            _rank = client.owner[f"{balance}-{_i}"]
+            longs[_rank] += _i % 2 == 0
+            while client.unseen[_rank]:      # until its first output: the replica's own stats
+                llm.engine.step()            # count it from then on (before, a guess: waiting)
+                record()
             for _ in range(every):
                 llm.engine.step()
                 record()
@@ -540,11 +548,12 @@ def _(mo):
     ## Exercise: predict what crosses the node link
 
     One decode step of 64 sequences (one new token each) of Llama-3.1-405B, in bf16 (2
-    bytes), hidden size 16384, 126 layers. How many bytes cross the node link in **TP8 x PP2**
-    (all of them, at the one stage boundary), and how many go through **each GPU's** link in
-    **TP16**, whose ring all-reduces cross the node link? The simulator decides: its
-    executor counts what stage 0 sends, and its cost model (`StepTimer`) the all-reduces it
-    prices for TP16.
+    bytes), hidden size 16384, 126 layers, a vocabulary of 128,256. How many bytes cross the
+    node link in **TP8 x PP2** (all of them, at the one stage boundary), and how many go
+    through **each GPU's** link in **TP16**, whose ring collectives cross the node link: the
+    all-reduces the layers and the vocabulary-split embedding need, and the all-gather of
+    the logits the split LM head computes? The simulator decides: its executor counts what
+    stage 0 sends, and its cost model (`StepTimer`) the collectives it prices for TP16.
     """)
     return
 
@@ -563,19 +572,24 @@ def _(IB, NODE_LINK, Request, SamplingParams, StepTimer, model_config, simulate)
 
     _timer = StepTimer(model_config("Llama-3.1-405B"), IB, tensor_parallel_size=16)
     _message = 64 * _timer.cost.hidden_bytes            # one all-reduce: (64, hidden) in bf16
+    _logits = 64 * _timer.logits_bytes                   # the gathered (64, vocab) in bf16
     link_truth = {
         # one more token each: 64 more tokens through stage 0, one decode step's worth
         "TP8 x PP2": pp_bytes_sent(3) - pp_bytes_sent(2),
-        # all-reduces a step x 2 (tp - 1) / tp of the message (ring = that / link bandwidth)
-        "TP16": round(_timer.num_all_reduces * _timer.ring * IB.link_bandwidth * _message),
+        # all-reduces a step x 2 (tp - 1) / tp of the message (ring = that / link bandwidth),
+        # and the all-gather, (tp - 1) / tp of the logits
+        "TP16": round((_timer.num_all_reduces * _message + _logits / 2) * _timer.ring
+                      * IB.link_bandwidth),
     }
+    _ring = 2 * 15 * _message // 16                      # one all-reduce, through one GPU
+    _gather = 15 * _logits // 16
 
     def check_link_bytes(pp_guess: float, tp_guess: float) -> str:
         pp, tp = link_truth["TP8 x PP2"], link_truth["TP16"]
         if pp_guess == pp and tp_guess == tp:
             return (f"Correct: {pp:,} bytes against {tp:,} through each GPU's link, "
-                    f"{tp / pp:.1f}x: 2 x 126 all-reduces x 2 (16 - 1) / 16 per GPU, to one "
-                    "hidden state a token.")
+                    f"{tp / pp:.1f}x: (2 x 126 + 1) all-reduces x 2 (16 - 1) / 16 per GPU "
+                    "and (16 - 1) / 16 of the logits, to one hidden state a token.")
         notes = []
         if pp_guess == 2 * pp:
             notes.append("TP8 x PP2: bf16 is 2 bytes a value, not 4.")
@@ -584,18 +598,22 @@ def _(IB, NODE_LINK, Request, SamplingParams, StepTimer, model_config, simulate)
                          "rank (vLLM sends each rank's eighth and gathers it on the far side).")
         elif pp_guess != pp:
             notes.append("TP8 x PP2: one (64, 16384) bf16 tensor crosses the boundary.")
-        if tp_guess == 2 * 126 * _message:
+        if tp_guess in (252 * _message, 253 * _message):
             notes.append("TP16: a ring all-reduce moves 2 (tp - 1) / tp of the message "
                          "through every GPU (reduce-scatter, then all-gather), 1.875x here.")
-        elif tp_guess * 2 == tp:
+        elif tp_guess in (126 * _ring, 126 * _ring + _gather, 127 * _ring + _gather):
             notes.append("TP16: two all-reduces a layer, after attention's o_proj and after "
                          "the MLP's down_proj.")
-        elif tp_guess == tp * 253 // 252:
-            notes.append("TP16: that adds the embedding's all-reduce, which the real engine "
-                         "does (2L + 1 above) but the simulator's cost model leaves out.")
+        elif tp_guess in (252 * _ring, 252 * _ring + _gather):
+            notes.append("TP16: add the embedding's all-reduce: each rank looks up only its "
+                         "slice of the vocabulary, and the sum assembles the rows (2L + 1).")
+        elif tp_guess == 253 * _ring:
+            notes.append("TP16: add the logits' all-gather: each rank's LM head computes its "
+                         "slice of the vocabulary, (64, 128256 / 16), and every rank needs "
+                         "all of it: (tp - 1) / tp of (64, 128256) x 2 bytes through each GPU.")
         elif tp_guess != tp:
-            notes.append("TP16: count all-reduces a step x 2 (tp - 1) / tp x (64, 16384) x 2 "
-                         "bytes.")
+            notes.append("TP16: count (2 x layers + 1) all-reduces x 2 (tp - 1) / tp x "
+                         "(64, 16384) x 2 bytes, and (tp - 1) / tp of the (64, 128256) logits.")
         return "Not yet. " + " ".join(notes)
     return check_link_bytes, link_truth
 
@@ -625,17 +643,21 @@ def _(check_link_bytes, link_guess_pp, link_guess_tp, mo):
 def _(NODE_LINK, big_runs, big_workload, mo, model_config):
     big_cfg = model_config("Llama-3.1-405B")
     big_hidden_bytes = big_cfg.hidden_size * 2           # one token's hidden state, bf16
+    _logits_bytes = big_cfg.vocab_size * 2               # one sampled row's logits, bf16
     _layers = big_cfg.num_hidden_layers
 
-    def link_bytes(tokens: int) -> dict:
-        """Bytes that cross the node link in a step of `tokens` tokens, from the shapes: the
-        pipeline sends one hidden state a token over its one boundary; TP16's ring, two
-        all-reduces a layer, moves 2 (tp - 1) / tp of each through every GPU's link, so
-        through the node link too (a ring goes at its slowest hop). And TP8's all-reduces
-        inside a node (63 layers a stage), over NVLink, per GPU."""
+    def link_bytes(tokens: int, sampled: int) -> dict:
+        """Bytes that cross the node link in a step of `tokens` tokens, `sampled` of them
+        sampling, from the shapes: the pipeline sends one hidden state a token over its one
+        boundary; TP16's ring, two all-reduces a layer and one after the embedding, moves
+        2 (tp - 1) / tp of each through every GPU's link, so through the node link too (a ring
+        goes at its slowest hop), and (tp - 1) / tp of the logits it gathers. And TP8's inside
+        a node, over NVLink, per GPU of the last stage (63 layers, the logits' gather)."""
         return {"TP8 x PP2": tokens * big_hidden_bytes,
-                "TP16": 2 * _layers * 2 * 15 * tokens * big_hidden_bytes // 16,
-                "NVLink": 2 * (_layers // 2) * 2 * 7 * tokens * big_hidden_bytes // 8}
+                "TP16": ((2 * _layers + 1) * 2 * 15 * tokens * big_hidden_bytes // 16
+                         + 15 * sampled * _logits_bytes // 16),
+                "NVLink": (2 * (_layers // 2) * 2 * 7 * tokens * big_hidden_bytes // 8
+                           + 7 * sampled * _logits_bytes // 8)}
 
     _steps = big_runs["TP8 x PP2"].engine_steps["engine-0"]
     _executor = big_runs["TP8 x PP2"].executors["engine-0"]
@@ -643,14 +665,15 @@ def _(NODE_LINK, big_runs, big_workload, mo, model_config):
     pp_sim_sent = _executor.send_bytes
     # Every prompt token and every answer token but the last goes through stage 0 once.
     big_tokens_expected = sum(len(r.prompt) + r.params.max_tokens - 1 for r in big_workload)
-    step_bytes = {"a decode step of 64 sequences": link_bytes(64),
-                  "a prefill step of 2048 tokens (the token budget)": link_bytes(2048)}
+    step_bytes = {"a decode step of 64 sequences": link_bytes(64, 64),
+                  "a prefill step of 2048 tokens (the token budget), two prompts ending":
+                  link_bytes(2048, 2)}
 
     def _cell(n: float, bandwidth: float = NODE_LINK) -> str:
         return f"{n / 1e6:,.1f} MB ({1000 * n / bandwidth:,.2f} ms)"
 
     _head = ("| counted from the shapes | TP8 x PP2: across the node link, in all | "
-             "TP16: through each GPU's link | TP8 x PP2: over NVLink, each GPU |\n"
+             "TP16: through each GPU's link | TP8 x PP2: over NVLink, each GPU of stage 1 |\n"
              "|---|---|---|---|")
     _rows = "\n".join(f"| {_k} | {_cell(_b['TP8 x PP2'])} | {_cell(_b['TP16'])} | "
                       f"{_cell(_b['NVLink'], 450e9)} |" for _k, _b in step_bytes.items())
@@ -664,8 +687,9 @@ def _(NODE_LINK, big_runs, big_workload, mo, model_config):
     (times: the bytes over the link's data-sheet bandwidth, 50 GB/s between nodes, 450 GB/s
     NVLink, before any latency.) The pipeline sends one hidden state a token across the node
     link: {big_hidden_bytes:,} bytes. TP16's every all-reduce crosses it, two a layer, 126
-    layers: **{link_bytes(1)['TP16'] / link_bytes(1)['TP8 x PP2']:.1f}x** the bytes a token,
-    and each of its {2 * _layers} all-reduces a step waits the link's latency too. TP8 x PP2
+    layers, and the embedding's: **{link_bytes(1, 0)['TP16'] / big_hidden_bytes:.1f}x** the
+    bytes a token before the logits' gather, and each of its {2 * _layers + 1} all-reduces a
+    step waits the link's latency too. TP8 x PP2
     keeps those all-reduces inside each node, on a link nine times faster. A decode step
     costs TP16 {1000 * _decode:.0f} ms of node link, a full prefill step
     {1000 * _prefill:,.0f} ms: where its TTFT went.
@@ -676,9 +700,9 @@ def _(NODE_LINK, big_runs, big_workload, mo, model_config):
     {pp_sim_tokens * big_hidden_bytes:,}), and those are the workload's prompts plus its
     answers less one token each ({big_tokens_expected:,}). The TP16 count is a flat ring's,
     what the simulator prices; NCCL across two nodes would reduce inside each node first and
-    send each message over the node link once each way, 252 messages a step to the
-    pipeline's one: still the same verdict. vLLM's advice follows: tensor parallel inside a
-    node, pipeline stages across nodes.
+    send each message over the node link once each way, 254 collectives a step to the
+    pipeline's one send: still the same verdict. vLLM's advice follows: tensor parallel
+    inside a node, pipeline stages across nodes.
     """)
     return big_hidden_bytes, big_tokens_expected, link_bytes, pp_sim_sent, pp_sim_tokens
 
@@ -895,10 +919,10 @@ def _(PROMPTS, big_hidden_bytes, big_plans, big_runs, big_tokens_expected, big_w
         assert big_runs["TP8 x PP2"].num_preemptions == 0
         assert pp_sim_tokens == big_tokens_expected
         assert pp_sim_sent == pp_sim_tokens * big_hidden_bytes
-        assert link_truth["TP8 x PP2"] == link_bytes(64)["TP8 x PP2"] == 64 * big_hidden_bytes
+        assert link_truth["TP8 x PP2"] == link_bytes(64, 64)["TP8 x PP2"] == 64 * big_hidden_bytes
 
     def test_tp16_sends_hundreds_of_times_the_bytes_across_the_node_link():
-        assert link_truth["TP16"] == link_bytes(64)["TP16"]     # the cost model's count agrees
+        assert link_truth["TP16"] == link_bytes(64, 64)["TP16"]  # the cost model's count agrees
         assert link_truth["TP16"] > 400 * link_truth["TP8 x PP2"]
 
     def test_tp16_keeps_each_kv_head_twice():
@@ -920,6 +944,8 @@ def _(PROMPTS, big_hidden_bytes, big_plans, big_runs, big_tokens_expected, big_w
         assert not check_link_bytes(pp, 2 * 126 * 64 * big_hidden_bytes).startswith("Correct")
         assert not check_link_bytes(2 * pp, tp).startswith("Correct")
         assert not check_link_bytes(pp, tp // 2).startswith("Correct")
+        without_logits = 253 * 2 * 15 * 64 * big_hidden_bytes // 16       # all-reduces alone
+        assert "all-gather" in check_link_bytes(pp, without_logits)
     return
 
 

@@ -111,6 +111,14 @@ def test_tensor_parallel_and_link_bandwidth():
     step = ([1] * 64, [1000] * 64)
     assert StepTimer(mc, h100, 8).time(*step) < StepTimer(mc, h100, 4).time(*step)
     assert StepTimer(mc, pcie, 8).time(*step) > StepTimer(mc, h100, 8).time(*step)
+    # What the link carries, as the TP layers do: 2 all-reduces per layer and the embedding's
+    # of (64 tokens, hidden), and an all-gather of 64 rows of logits; a ring moves
+    # 2 (tp - 1) / tp of an all-reduce's bytes and (tp - 1) / tp of an all-gather's.
+    elem = 2                                                    # bf16
+    carried = ((2 * mc.num_hidden_layers + 1) * 64 * mc.hidden_size * 2 * 7 / 8
+               + 64 * mc.vocab_size * 7 / 8) * elem
+    slower = StepTimer(mc, pcie, 8).time(*step) - StepTimer(mc, h100, 8).time(*step)
+    assert slower == pytest.approx(carried * (1 / 64e9 - 1 / h100.link_bandwidth), rel=1e-9)
     with pytest.raises(ValueError, match="leave no KV memory"):
         StepTimer(mc, h100, 1).kv_pool_blocks(16)
     with pytest.raises(ValueError, match="must divide"):

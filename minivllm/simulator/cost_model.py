@@ -10,16 +10,20 @@ bytes of the step, per GPU under tensor parallelism, per stage under pipeline pa
 A step's time is
 
     overhead + per_seq x sequences + prefill_overhead (if it computes a prompt)
-        + combine(compute, memory) + all-reduces
+        + combine(compute, memory) + collectives
     compute = linear FLOPs x row cost / (peak x compute_efficiency)
               + prefill attention FLOPs / (peak x attention_efficiency)
               + decode attention FLOPs / (peak x decode_attention_efficiency)
     memory  = bytes moved / (bandwidth x memory_efficiency)
-    all-reduces = 2 per layer, each 2 (tp - 1) / tp x message / link_bandwidth + link_latency
+    collectives = (2 all-reduces per layer + 1 after the embedding)
+                  x (2 (tp - 1) / tp x tokens x hidden / link_bandwidth + link_latency)
+                  + the logits' all-gather, (tp - 1) / tp x sampled x vocab / link_bandwidth
+                  + link_latency    (vocab and hidden in bytes: one row's)
 
 A pipeline stage pays its share of the layers' terms (FLOPs, bytes, all-reduces, the per-
-sequence and prefill terms); the per-step overhead falls on the last stage, where the core
-and the sampler are (checked against real pp=2 stages: tests/test_simulator_parallel.py).
+sequence and prefill terms), the embedding's all-reduce on the first, the logits' all-gather
+and the per-step overhead on the last stage, where the core and the sampler are (checked
+against real pp=2 stages: tests/test_simulator_parallel.py).
 
 `combine` is max on a GPU (its copy engines and tensor cores overlap: the roofline) and a sum
 on a CPU (one core does both in turn; a fit decides how much of each). A profile is either a
@@ -198,7 +202,11 @@ class StepTimer:
                                                            or p.attention_efficiency)) / tp
         self.s_per_byte = 1 / (p.bandwidth * p.memory_efficiency)
         self.attn_unit = 2 * self.cost.layers * self.cost.q_dim     # 4 L q x (sum of j) / 2
-        self.num_all_reduces = 2 * self.cost.layers if tp > 1 else 0
+        # Under TP, what the model's layers meet (distributed/layers.py): two all-reduces per
+        # layer, one after the vocabulary-split embedding (first stage), and an all-gather of
+        # the logits (last stage), a row of vocab_size per sampled row.
+        self.num_all_reduces = 2 * self.cost.layers + (stage == 0) if tp > 1 else 0
+        self.logits_bytes = mc.vocab_size * cost.elem if last and tp > 1 else 0
         self.ring = 2 * (tp - 1) / tp / p.link_bandwidth if tp > 1 else 0.0
 
     def kv_pool_blocks(self, block_size: int, utilization: float = 0.9) -> int:
@@ -242,10 +250,11 @@ class StepTimer:
         """Seconds for a step in which sequence i computes new_tokens[i] tokens and then
         holds context_lens[i]; `sampled` rows reach the LM head (default: one each)."""
         sampled = len(new_tokens) if sampled is None else sampled
-        return self.time_of(*self.features(new_tokens, context_lens, sampled), sum(new_tokens))
+        return self.time_of(*self.features(new_tokens, context_lens, sampled), sum(new_tokens),
+                            sampled)
 
     def time_of(self, num_seqs: int, linear: float, attn: float, decode_attn: float,
-                moved: float, prefills: int, tokens: int) -> float:
+                moved: float, prefills: int, tokens: int, sampled: int = 0) -> float:
         p = self.profile
         compute = (linear * self.s_per_flop + attn * self.s_per_attn_flop
                    + decode_attn * self.s_per_decode_attn_flop)
@@ -253,6 +262,8 @@ class StepTimer:
         busy = max(compute, memory) if p.overlap else compute + memory
         message = tokens * self.cost.hidden_bytes           # one all-reduce's payload
         comm = self.num_all_reduces * (message * self.ring + p.link_latency)
+        if self.logits_bytes and sampled:               # a ring all-gather: half the traffic
+            comm += sampled * self.logits_bytes * self.ring / 2 + p.link_latency
         return (p.overhead * self.step_share + (p.per_seq * num_seqs + p.prefill_overhead
                                                 * (prefills > 0)) * self.share + busy + comm)
 
