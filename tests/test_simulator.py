@@ -262,59 +262,92 @@ def test_simulated_schedule_equals_the_engines(calibrated):
 
 # The target is 10% (issue 32; Vidur's published bound is 9%). The fit reads the bytes at the
 # measured bandwidth, fits overhead, per-sequence and FLOP terms by relative least squares over
-# four calibration workloads (docs/benchmarks.md). Its last bias (-15%) was the engine's, not
-# the model's: fp32 batch-1 decode went through MKL's slow matrix-vector path (37 ms a step
-# against 20 ms at batch 2); with one row sent as two columns (models/llama.py `linear`),
-# three quiet runs on a 2-core EPYC (load ~1.2) erred: total -4.3%, -5.4%, -6.3%; p50 -5.9%,
-# -8.4%, -9.8%; p90 -2.0%, -4.9%, -6.1%, with the real engine repeating itself within 0.1-2.2%.
-# CI runs on a shared machine: the bound was twice the 10% target, and a run too noisy to
-# judge skips. Since stop 58 (`linear` padding decode rows to MKL's blocks of 8; the cause is
-# not established) a Zen 3 EPYC (AVX2) measured total -16.8% / -17.5%, p50 -22.0% / -21.3%,
-# p90 -20.7% / -20.9% in two CI runs (one judged, one too noisy): issue 40's one-sign bias.
-# A lead: a second fit in the same process predicted within 1% where the first erred -13%.
-# The bound follows the measured error until that is found.
+# five calibration workloads (docs/benchmarks.md). Its last bias (-15%) was the engine's, not
+# the model's: fp32 batch-1 decode went through MKL's slow matrix-vector path; with one row sent
+# as two columns, three quiet runs on a 2-core EPYC erred total -4% to -6%, p50 -6% to -10%.
+# Since stop 58 a Zen 3 EPYC (AVX2) measured -17% to -22% in CI, which looked like a one-sign
+# bias (issue 40) and was the machine's speed moving instead: the same calibration steps, served
+# three times in one process a minute apart, took 5.0 / 5.9 / 7.8 s (one workload) while the
+# held-out run repeated within 6%, and fits from them erred -22% to +3% on it. So the check
+# measures the machine's speed against the fit on a calibration workload before and after each
+# real run, and judges the prediction for a machine that much slower or faster (drift below);
+# six such runs here: raw total errors -13% to +16%, drift-corrected -12% to +6%
+# (docs/benchmarks.md). PP and DP (test_simulator_parallel.py) keep the raw bound.
 PREDICTION_BOUND = 0.25
+DRIFT_CORRECTED_BOUND = 0.20
 
 
-def test_simulated_seconds_within_twenty_five_percent(calibrated):
+def slower(profile, factor: float):
+    """The same fit on a machine `factor` times slower: every term's seconds times factor."""
+    return dataclasses.replace(
+        profile, peak_flops=profile.peak_flops / factor, bandwidth=profile.bandwidth / factor,
+        overhead=profile.overhead * factor, per_seq=profile.per_seq * factor,
+        prefill_overhead=profile.prefill_overhead * factor)
+
+
+def test_simulated_seconds_within_twenty_percent_of_the_machine_as_it_ran(calibrated):
     """Total time and per-request p50 / p90 E2E latency, predicted vs measured, within
-    PREDICTION_BOUND (the errors are printed). The real run is done twice; the spread between
-    the two is the noise printed beside. The profile is fitted twice too. When the two real
-    runs' totals, or the two fits' predicted totals, differ by more than 10% (a machine shared
-    with other jobs), the claim cannot be judged and the test skips."""
+    DRIFT_CORRECTED_BOUND (every error is printed, raw and corrected). The real run is done
+    twice; the spread between the two is the noise printed beside. Before, between and after
+    them, a calibration workload is served for real and simulated: its real / simulated
+    seconds is how much slower the machine runs now than when it was fitted (the drift), and
+    the held-out run is judged against the fit slowed by that much. The profile is fitted twice
+    too. When the two real runs' totals, the two fits' predicted totals or the three drift
+    readings differ by more than 10% (a machine shared with other jobs), the claim cannot be
+    judged and the test skips."""
     from minivllm.simulator.cli import engine_settings, real_latencies, run_both
-    from minivllm.simulator.calibrate import calibrate
+    from minivllm.simulator.calibrate import calibrate, calibration_workloads
+    from minivllm.workloads import serve
     llm, profile = calibrated
-    runs = [run_both(llm, held_out(llm, "seconds", 8.0), profile) for _ in range(2)]
+    settings = dict(model=llm.engine.model_config.hf_config, **engine_settings(llm))
+    reference = calibration_workloads(llm.tokenizer)[2]       # 10 mixed requests, ~4 s
+
+    def drift() -> float:
+        llm.reset_prefix_cache()
+        real = serve(llm, [dataclasses.replace(r) for r in reference], tag="drift-")
+        sim = simulate([dataclasses.replace(r) for r in reference], profile=profile, **settings)
+        return real.elapsed / sim.elapsed
+
+    drifts, runs = [drift()], []
+    for _ in range(2):
+        runs.append(run_both(llm, held_out(llm, "seconds", 8.0), profile))
+        drifts.append(drift())
+    factor = float(np.mean(drifts))
     sim = runs[0][1]
+    corrected = simulate(held_out(llm, "seconds", 8.0), profile=slower(profile, factor),
+                         **settings)
     # The fit is a measurement too: a burst of load while it ran skews every prediction
     # (stop 47's CI: +31% total from one such fit). A second fit judges the first.
-    again = simulate(held_out(llm, "seconds", 8.0), model=llm.engine.model_config.hf_config,
-                     profile=calibrate(llm, save=False), **engine_settings(llm))
+    again = simulate(held_out(llm, "seconds", 8.0), profile=calibrate(llm, save=False),
+                     **settings)
     fit_noise = abs(sim.elapsed - again.elapsed) / (sim.elapsed + again.elapsed)
 
     def numbers(total, e2e):
         return {"total": total, "p50": np.percentile(e2e, 50), "p90": np.percentile(e2e, 90)}
     real = [numbers(r.elapsed, real_latencies(r)["e2e"]) for r, _ in runs]
-    pred = numbers(sim.elapsed, sim.e2e)
+    pred, fixed = numbers(sim.elapsed, sim.e2e), numbers(corrected.elapsed, corrected.e2e)
     lines = []
     errors = {}
     for key in pred:
         measured = (real[0][key] + real[1][key]) / 2
-        errors[key] = pred[key] / measured - 1
+        errors[key] = fixed[key] / measured - 1
         noise = abs(real[0][key] - real[1][key]) / measured
-        lines.append(f"{key}: simulated {pred[key]:.3f} s, measured {real[0][key]:.3f} / "
-                     f"{real[1][key]:.3f} s: error {errors[key]:+.1%}, run-to-run noise "
-                     f"{noise:.1%}")
+        lines.append(f"{key}: simulated {pred[key]:.3f} s (drift-corrected {fixed[key]:.3f}), "
+                     f"measured {real[0][key]:.3f} / {real[1][key]:.3f} s: error "
+                     f"{pred[key] / measured - 1:+.1%} (corrected {errors[key]:+.1%}), "
+                     f"run-to-run noise {noise:.1%}")
+    lines.append(f"drift (real / simulated seconds of a calibration workload, before, between "
+                 f"and after): {' / '.join(f'{d:.3f}' for d in drifts)}")
     print("\n".join(lines))
     noise_total = abs(real[0]["total"] - real[1]["total"]) / (real[0]["total"] + real[1]["total"])
     print(f"a second fit predicts total {again.elapsed:.3f} s: fit-to-fit noise "
           f"{2 * fit_noise:.1%}")
-    if 2 * max(noise_total, fit_noise) > 0.10:  # engine or fit not repeating within 10% now
-        pytest.skip(f"machine too loaded to judge a 10% prediction (fits: {sim.elapsed:.3f} / "
+    if 2 * max(noise_total, fit_noise) > 0.10 or max(drifts) / min(drifts) > 1.10:
+        pytest.skip(f"machine too loaded to judge (fits: {sim.elapsed:.3f} / "
                     f"{again.elapsed:.3f} s): " + "; ".join(lines))
-    bad = {k: e for k, e in errors.items() if abs(e) >= PREDICTION_BOUND}
-    assert not bad, f"prediction off by {PREDICTION_BOUND:.0%} or more:\n" + "\n".join(lines)
+    bad = {k: e for k, e in errors.items() if abs(e) >= DRIFT_CORRECTED_BOUND}
+    assert not bad, (f"prediction off by {DRIFT_CORRECTED_BOUND:.0%} or more:\n"
+                     + "\n".join(lines))
 
 
 def test_validate_reports_the_error_per_kind_of_step(calibrated):
