@@ -125,6 +125,18 @@ def test_tensor_parallel_and_link_bandwidth():
         StepTimer(mc, h100, 3)
 
 
+def test_a_slower_machine_pays_every_term_that_much_more():
+    """cli.slowed, what the seconds test and `--validate` correct for a machine's drift by:
+    every step's seconds scale by the factor, whatever the step."""
+    from minivllm.simulator.cli import slowed
+    cpu = dataclasses.replace(PROFILES["L4"], overlap=False, overhead=0.01, per_seq=0.001,
+                              prefill_overhead=0.02, linear_row_cost=(3.0, 2.0, 1.0))
+    mc = model_config("Llama-3-8B")
+    for step in [([1], [64]), ([1] * 3, [500] * 3), ([300, 1], [300, 90])]:
+        assert StepTimer(mc, slowed(cpu, 1.7)).time(*step) == pytest.approx(
+            1.7 * StepTimer(mc, cpu).time(*step), rel=1e-12)
+
+
 def test_simulated_run_counts():
     """Every request gets exactly its max_tokens; a pool too small for the batch preempts
     (recompute), and swap mode swaps instead; blocks are all returned at the end."""
@@ -277,14 +289,6 @@ PREDICTION_BOUND = 0.25
 DRIFT_CORRECTED_BOUND = 0.20
 
 
-def slower(profile, factor: float):
-    """The same fit on a machine `factor` times slower: every term's seconds times factor."""
-    return dataclasses.replace(
-        profile, peak_flops=profile.peak_flops / factor, bandwidth=profile.bandwidth / factor,
-        overhead=profile.overhead * factor, per_seq=profile.per_seq * factor,
-        prefill_overhead=profile.prefill_overhead * factor)
-
-
 def test_simulated_seconds_within_twenty_percent_of_the_machine_as_it_ran(calibrated):
     """Total time and per-request p50 / p90 E2E latency, predicted vs measured, within
     DRIFT_CORRECTED_BOUND (every error is printed, raw and corrected). The real run is done
@@ -295,27 +299,19 @@ def test_simulated_seconds_within_twenty_percent_of_the_machine_as_it_ran(calibr
     too. When the two real runs' totals, the two fits' predicted totals or the three drift
     readings differ by more than 10% (a machine shared with other jobs), the claim cannot be
     judged and the test skips."""
-    from minivllm.simulator.cli import engine_settings, real_latencies, run_both
+    from minivllm.simulator.cli import (engine_settings, machine_drift, real_latencies,
+                                        run_both, slowed)
     from minivllm.simulator.calibrate import calibrate, calibration_workloads
-    from minivllm.workloads import serve
     llm, profile = calibrated
     settings = dict(model=llm.engine.model_config.hf_config, **engine_settings(llm))
     reference = calibration_workloads(llm.tokenizer)[2]       # 10 mixed requests, ~4 s
-
-    def drift() -> float:
-        llm.reset_prefix_cache()
-        real = serve(llm, [dataclasses.replace(r) for r in reference], tag="drift-")
-        sim = simulate([dataclasses.replace(r) for r in reference], profile=profile, **settings)
-        return real.elapsed / sim.elapsed
-
-    drifts, runs = [drift()], []
+    drifts, runs = [machine_drift(llm, profile, reference)], []
     for _ in range(2):
         runs.append(run_both(llm, held_out(llm, "seconds", 8.0), profile))
-        drifts.append(drift())
-    factor = float(np.mean(drifts))
+        drifts.append(machine_drift(llm, profile, reference))
     sim = runs[0][1]
-    corrected = simulate(held_out(llm, "seconds", 8.0), profile=slower(profile, factor),
-                         **settings)
+    corrected = simulate(held_out(llm, "seconds", 8.0),
+                         profile=slowed(profile, float(np.mean(drifts))), **settings)
     # The fit is a measurement too: a burst of load while it ran skews every prediction
     # (stop 47's CI: +31% total from one such fit). A second fit judges the first.
     again = simulate(held_out(llm, "seconds", 8.0), profile=calibrate(llm, save=False),
@@ -354,14 +350,20 @@ def test_validate_reports_the_error_per_kind_of_step(calibrated):
     """`minivllm simulate --validate`'s report on a small held-out workload: every kind of
     step the real runs took has a row, its counts add up to both real runs' steps, and each
     percentile has its error beside the real runs' spread."""
+    from minivllm.simulator.calibrate import calibration_workloads
     from minivllm.simulator.cli import fitted_terms, validate
     from minivllm.workloads import bimodal_requests
     llm, profile = calibrated
     requests = poisson_arrivals(bimodal_requests(llm.tokenizer, 6, seed=5, system_tokens=32),
                                 rate=0.5, seed=5, unit="steps")
     fits = []                     # the CLI passes a function: a fit just before each workload
-    report, numbers = validate(llm, lambda: fits.append(profile) or profile, {"small": requests})
+    reference = calibration_workloads(llm.tokenizer)[0]         # 3 long prompts, ~1.5 s
+    report, numbers = validate(llm, lambda: fits.append(profile) or profile, {"small": requests},
+                               reference=reference)
     assert len(fits) == 1
+    assert "machine drift since the fit" in report and len(numbers["small"]["drift"]) == 2
+    assert all(0.3 < d < 3 for d in numbers["small"]["drift"])   # the same machine, give or take
+    assert "total, drift-corrected" in numbers["small"]
     assert f"fitted just before: {profile.source}: {fitted_terms(profile)}" in report
     assert "ms a step" in fitted_terms(profile) and "GFLOP/s" in fitted_terms(profile)
     kinds = numbers["small"]["steps"]

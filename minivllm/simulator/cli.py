@@ -115,6 +115,24 @@ def run_both(llm, requests, profile) -> tuple[ServeResult, SimResult]:
     return real, sim
 
 
+def machine_drift(llm, profile: HardwareProfile, requests) -> float:
+    """How much slower the machine runs now than when `profile` was fitted: a workload the fit
+    saw (one of calibration_workloads), its real seconds over its simulated ones. A shared
+    VM's speed moves 20-50% from one minute to the next (issue 40: identical calibration steps
+    took 5.0, 5.9 and 7.8 s a minute apart), which no cost model can know: `validate` and the
+    seconds test read it around the real runs and judge the fit on a machine that much slower."""
+    real, sim = run_both(llm, [dataclasses.replace(r) for r in requests], profile)
+    return real.elapsed / sim.elapsed
+
+
+def slowed(profile: HardwareProfile, factor: float) -> HardwareProfile:
+    """The same fit on a machine `factor` times slower: every term's seconds times factor."""
+    return dataclasses.replace(
+        profile, peak_flops=profile.peak_flops / factor, bandwidth=profile.bandwidth / factor,
+        overhead=profile.overhead * factor, per_seq=profile.per_seq * factor,
+        prefill_overhead=profile.prefill_overhead * factor)
+
+
 def schedule(steps: list[StepRecord]) -> list[tuple]:
     """Per step: (request, tokens, prefill?) of each scheduled sequence, and who was
     preempted: what two runs must share to have made the same decisions."""
@@ -234,28 +252,41 @@ def fitted_terms(p: HardwareProfile) -> str:
             f"{p.peak_flops / 1e9:.0f} GFLOP/s matmul peak")
 
 
-def validate(llm, profile, workloads: dict[str, list]) -> tuple[str, dict]:
+def validate(llm, profile, workloads: dict[str, list],
+             reference: list | None = None) -> tuple[str, dict]:
     """Each workload served for real twice, and simulated on `profile`: the error per kind of
     step (step_errors, over both real runs' steps), and of TTFT and E2E latency's p50 and p90
     against the two runs' mean, beside the two runs' own spread (what the machine's noise
     alone moves). `profile` may also be a function that fits one, called before each workload:
     a fit taken just before the real runs it predicts (a shared VM's speed drifts 10-20% within
-    minutes, and a fit from minutes before puts that drift into every number). Returns the
-    printed report and the numbers."""
+    minutes, and a fit from minutes before puts that drift into every number). With a
+    `reference` workload the fit saw, the machine's drift is read before and after the real
+    runs (machine_drift) and the total predicted again for a machine that much slower.
+    Returns the printed report and the numbers."""
     refit = callable(profile)
     lines, numbers = [] if refit else [f"profile: {profile.label}, {profile.source}"], {}
     for name, requests in workloads.items():
         fit = profile() if refit else profile
         timer = StepTimer(llm.engine.model_config.hf_config, fit)
+        drifts = [machine_drift(llm, fit, reference)] if reference else []
         real, sim = run_both(llm, requests, fit)
         llm.reset_prefix_cache()                          # the second run starts cold too
         again = serve(llm, requests)
         total = [real.elapsed, again.elapsed]
+        if reference:
+            drifts.append(machine_drift(llm, fit, reference))
+            slow = simulate([dataclasses.replace(r) for r in requests],
+                            model=llm.engine.model_config.hf_config,
+                            profile=slowed(fit, float(np.mean(drifts))), **engine_settings(llm))
         lines += [f"\n{name}: {len(requests)} requests, {len(real.steps)} / {len(again.steps)} "
                   f"steps real, {len(sim.steps)} simulated; total {sim.elapsed:.2f} s vs "
                   f"{total[0]:.2f} / {total[1]:.2f} s ({sim.elapsed / np.mean(total) - 1:+.1%})",
                   *([f"  fitted just before: {fit.source}: {fitted_terms(fit)}"]
                     if refit else []),
+                  *([f"  machine drift since the fit: {drifts[0]:.2f} before, {drifts[1]:.2f} "
+                     f"after (real / simulated seconds of a workload the fit saw); for a "
+                     f"machine that much slower, total {slow.elapsed:.2f} s "
+                     f"({slow.elapsed / np.mean(total) - 1:+.1%})"] if reference else []),
                   f"  {'step kind':<30}{'steps':>6}{'measured ms':>13}{'predicted':>11}"
                   f"{'error':>8}"]
         kinds = step_errors(real.steps + again.steps, timer)
@@ -263,6 +294,9 @@ def validate(llm, profile, workloads: dict[str, list]) -> tuple[str, dict]:
             lines.append(f"  {kind:<30}{e['steps']:>6}{1e3 * e['measured'] / e['steps']:>13.1f}"
                          f"{1e3 * e['predicted'] / e['steps']:>11.1f}{e['error']:>+8.1%}")
         numbers[name] = {"steps": kinds, "total": sim.elapsed / np.mean(total) - 1}
+        if reference:
+            numbers[name] |= {"drift": drifts, "total, drift-corrected":
+                              slow.elapsed / np.mean(total) - 1}
         for key in ("ttft", "e2e"):
             for q in (50, 90):
                 m = [np.percentile(real_latencies(r)[key], q) for r in (real, again)]
@@ -277,11 +311,13 @@ def validate(llm, profile, workloads: dict[str, list]) -> tuple[str, dict]:
 def run(args: argparse.Namespace) -> None:
     if args.calibrate or args.validate:
         from minivllm import LLM
-        from minivllm.simulator.calibrate import calibrate, validation_workloads
+        from minivllm.simulator.calibrate import (calibrate, calibration_workloads,
+                                                  validation_workloads)
         llm = LLM(max_model_len=512)
         if args.validate:
             fit = functools.partial(calibrate, llm, save=False, progress=True)
-            print(validate(llm, fit, validation_workloads(llm.tokenizer))[0])
+            print(validate(llm, fit, validation_workloads(llm.tokenizer),
+                           reference=calibration_workloads(llm.tokenizer)[2])[0])
         else:
             fit = calibrate(llm, progress=True)
             print(f"stored {profile_path()}: {fit.source}\n{fitted_terms(fit)}")
