@@ -287,6 +287,10 @@ def test_simulated_schedule_equals_the_engines(calibrated):
 # (docs/benchmarks.md). PP and DP (test_simulator_parallel.py) keep the raw bound.
 PREDICTION_BOUND = 0.25
 DRIFT_CORRECTED_BOUND = 0.20
+# Beyond this spread between the two real runs, the two fits or the drift readings, the
+# machine is too unsteady to judge a 20% claim (this VM: 7-19% between real runs a minute
+# apart; at 10% the check skipped all three of stop 60's runs).
+UNSTEADY = 0.15
 
 
 def test_simulated_seconds_within_twenty_percent_of_the_machine_as_it_ran(calibrated):
@@ -297,8 +301,8 @@ def test_simulated_seconds_within_twenty_percent_of_the_machine_as_it_ran(calibr
     seconds is how much slower the machine runs now than when it was fitted (the drift), and
     the held-out run is judged against the fit slowed by that much. The profile is fitted twice
     too. When the two real runs' totals, the two fits' predicted totals or the three drift
-    readings differ by more than 10% (a machine shared with other jobs), the claim cannot be
-    judged and the test skips."""
+    readings differ by more than UNSTEADY (a machine shared with other jobs), the claim cannot
+    be judged and the test skips."""
     from minivllm.simulator.cli import (engine_settings, machine_drift, real_latencies,
                                         run_both, slowed)
     from minivllm.simulator.calibrate import calibrate, calibration_workloads
@@ -338,7 +342,7 @@ def test_simulated_seconds_within_twenty_percent_of_the_machine_as_it_ran(calibr
     noise_total = abs(real[0]["total"] - real[1]["total"]) / (real[0]["total"] + real[1]["total"])
     print(f"a second fit predicts total {again.elapsed:.3f} s: fit-to-fit noise "
           f"{2 * fit_noise:.1%}")
-    if 2 * max(noise_total, fit_noise) > 0.10 or max(drifts) / min(drifts) > 1.10:
+    if 2 * max(noise_total, fit_noise) > UNSTEADY or max(drifts) / min(drifts) > 1 + UNSTEADY:
         pytest.skip(f"machine too loaded to judge (fits: {sim.elapsed:.3f} / "
                     f"{again.elapsed:.3f} s): " + "; ".join(lines))
     bad = {k: e for k, e in errors.items() if abs(e) >= DRIFT_CORRECTED_BOUND}
