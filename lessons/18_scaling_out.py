@@ -689,8 +689,8 @@ def _(NODE_LINK, big_runs, big_workload, mo, model_config):
     link: {big_hidden_bytes:,} bytes. TP16's every all-reduce crosses it, two a layer, 126
     layers, and the embedding's: **{link_bytes(1, 0)['TP16'] / big_hidden_bytes:.1f}x** the
     bytes a token before the logits' gather, and each of its {2 * _layers + 1} all-reduces a
-    step waits the link's latency too. TP8 x PP2
-    keeps those all-reduces inside each node, on a link nine times faster. A decode step
+    step waits the link's latency too. TP8 x PP2 keeps those all-reduces inside each node, on
+    a link nine times faster. A decode step
     costs TP16 {1000 * _decode:.0f} ms of node link, a full prefill step
     {1000 * _prefill:,.0f} ms: where its TTFT went.
 

@@ -303,23 +303,21 @@ def test_simulated_seconds_within_twenty_percent_of_the_machine_as_it_ran(calibr
     too. When the two real runs' totals, the two fits' predicted totals or the three drift
     readings differ by more than UNSTEADY (a machine shared with other jobs), the claim cannot
     be judged and the test skips."""
-    from minivllm.simulator.cli import (engine_settings, machine_drift, real_latencies,
-                                        run_both, slowed)
+    from minivllm.simulator.cli import (machine_drift, real_latencies, run_both, simulate_like,
+                                        slowed)
     from minivllm.simulator.calibrate import calibrate, calibration_workloads
     llm, profile = calibrated
-    settings = dict(model=llm.engine.model_config.hf_config, **engine_settings(llm))
     reference = calibration_workloads(llm.tokenizer)[2]       # 10 mixed requests, ~4 s
     drifts, runs = [machine_drift(llm, profile, reference)], []
     for _ in range(2):
         runs.append(run_both(llm, held_out(llm, "seconds", 8.0), profile))
         drifts.append(machine_drift(llm, profile, reference))
     sim = runs[0][1]
-    corrected = simulate(held_out(llm, "seconds", 8.0),
-                         profile=slowed(profile, float(np.mean(drifts))), **settings)
+    corrected = simulate_like(llm, held_out(llm, "seconds", 8.0),
+                              slowed(profile, float(np.mean(drifts))))
     # The fit is a measurement too: a burst of load while it ran skews every prediction
     # (stop 47's CI: +31% total from one such fit). A second fit judges the first.
-    again = simulate(held_out(llm, "seconds", 8.0), profile=calibrate(llm, save=False),
-                     **settings)
+    again = simulate_like(llm, held_out(llm, "seconds", 8.0), calibrate(llm, save=False))
     fit_noise = abs(sim.elapsed - again.elapsed) / (sim.elapsed + again.elapsed)
 
     def numbers(total, e2e):

@@ -108,11 +108,14 @@ def run_both(llm, requests, profile) -> tuple[ServeResult, SimResult]:
     run left cached would turn the real run's prefills into hits). Emptied, not rebuilt: a
     fresh pool's first steps would pay for touching its pages."""
     llm.reset_prefix_cache()
-    real = serve(llm, requests)
-    sim = simulate([dataclasses.replace(r) for r in requests],
-                   model=llm.engine.model_config.hf_config, profile=profile,
-                   **engine_settings(llm))
-    return real, sim
+    return serve(llm, requests), simulate_like(llm, requests, profile)
+
+
+def simulate_like(llm, requests, profile) -> SimResult:
+    """`requests` (copies) simulated on `profile`, the scheduler set up as `llm`'s engine."""
+    return simulate([dataclasses.replace(r) for r in requests],
+                    model=llm.engine.model_config.hf_config, profile=profile,
+                    **engine_settings(llm))
 
 
 def machine_drift(llm, profile: HardwareProfile, requests) -> float:
@@ -121,7 +124,7 @@ def machine_drift(llm, profile: HardwareProfile, requests) -> float:
     VM's speed moves 20-50% from one minute to the next (issue 40: identical calibration steps
     took 5.0, 5.9 and 7.8 s a minute apart), which no cost model can know: `validate` and the
     seconds test read it around the real runs and judge the fit on a machine that much slower."""
-    real, sim = run_both(llm, [dataclasses.replace(r) for r in requests], profile)
+    real, sim = run_both(llm, requests, profile)
     return real.elapsed / sim.elapsed
 
 
@@ -275,9 +278,7 @@ def validate(llm, profile, workloads: dict[str, list],
         total = [real.elapsed, again.elapsed]
         if reference:
             drifts.append(machine_drift(llm, fit, reference))
-            slow = simulate([dataclasses.replace(r) for r in requests],
-                            model=llm.engine.model_config.hf_config,
-                            profile=slowed(fit, float(np.mean(drifts))), **engine_settings(llm))
+            slow = simulate_like(llm, requests, slowed(fit, float(np.mean(drifts))))
         lines += [f"\n{name}: {len(requests)} requests, {len(real.steps)} / {len(again.steps)} "
                   f"steps real, {len(sim.steps)} simulated; total {sim.elapsed:.2f} s vs "
                   f"{total[0]:.2f} / {total[1]:.2f} s ({sim.elapsed / np.mean(total) - 1:+.1%})",
