@@ -289,8 +289,12 @@ PREDICTION_BOUND = 0.25
 DRIFT_CORRECTED_BOUND = 0.20
 # Beyond this spread between the two real runs, the two fits or the drift readings, the
 # machine is too unsteady to judge a 20% claim (this VM: 7-19% between real runs a minute
-# apart; at 10% the check skipped all three of stop 60's runs).
+# apart; at 10% the check skipped all three of stop 60's runs). An unsteady machine still
+# has its prediction held to GROSS_BOUND before the skip: a broken cost model (a term dropped or
+# counted twice) errs by more than any machine's drift seen here (at worst -38%, under a load
+# average of 8), so the check never passes without judging something.
 UNSTEADY = 0.15
+GROSS_BOUND = 0.50
 
 
 def test_simulated_seconds_within_twenty_percent_of_the_machine_as_it_ran(calibrated):
@@ -302,7 +306,7 @@ def test_simulated_seconds_within_twenty_percent_of_the_machine_as_it_ran(calibr
     the held-out run is judged against the fit slowed by that much. The profile is fitted twice
     too. When the two real runs' totals, the two fits' predicted totals or the three drift
     readings differ by more than UNSTEADY (a machine shared with other jobs), the claim cannot
-    be judged and the test skips."""
+    be judged: the errors are held to GROSS_BOUND only, and the test skips."""
     from minivllm.simulator.cli import (machine_drift, real_latencies, run_both, simulate_like,
                                         slowed)
     from minivllm.simulator.calibrate import calibrate, calibration_workloads
@@ -341,6 +345,9 @@ def test_simulated_seconds_within_twenty_percent_of_the_machine_as_it_ran(calibr
     print(f"a second fit predicts total {again.elapsed:.3f} s: fit-to-fit noise "
           f"{2 * fit_noise:.1%}")
     if 2 * max(noise_total, fit_noise) > UNSTEADY or max(drifts) / min(drifts) > 1 + UNSTEADY:
+        gross = {k: e for k, e in errors.items() if abs(e) >= GROSS_BOUND}
+        assert not gross, (f"prediction off by {GROSS_BOUND:.0%} or more, even for an unsteady "
+                           f"machine:\n" + "\n".join(lines))
         pytest.skip(f"machine too loaded to judge (fits: {sim.elapsed:.3f} / "
                     f"{again.elapsed:.3f} s): " + "; ".join(lines))
     bad = {k: e for k, e in errors.items() if abs(e) >= DRIFT_CORRECTED_BOUND}
