@@ -19,10 +19,11 @@ def _():
     from minivllm.engine.async_llm_engine import AsyncLLMEngine
     from minivllm.benchmarks.serve import make_prompts, run_load, summarize
     from minivllm.entrypoints.openai.api_server import Server, bind_socket
+    from minivllm.platforms import release_openmp_threads
     from minivllm.workloads import Request, poisson_arrivals, serve
     return (AsyncLLMEngine, LLM, Request, SamplingParams, Server, asyncio, bind_socket,
-            concurrent, make_prompts, mo, np, plt, poisson_arrivals, run_load, serve,
-            summarize, time, torch)
+            concurrent, make_prompts, mo, np, plt, poisson_arrivals, release_openmp_threads,
+            run_load, serve, summarize, time, torch)
 
 
 @app.cell
@@ -95,7 +96,16 @@ def _(mo):
 
 
 @app.cell
-def _(AsyncLLMEngine, SamplingParams, asyncio, concurrent, llm, np, time):
+def _(
+    AsyncLLMEngine,
+    SamplingParams,
+    asyncio,
+    concurrent,
+    llm,
+    np,
+    release_openmp_threads,
+    time,
+):
     def in_fresh_loop(coro_fn):
         """Run an async function on its own event loop (a notebook may already run one)."""
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -128,6 +138,10 @@ def _(AsyncLLMEngine, SamplingParams, asyncio, concurrent, llm, np, time):
         stop.set()
         return step_s, *(await tick)
 
+    # The model runs on in_fresh_loop's thread now, and then on AsyncLLMEngine's: this
+    # thread's OpenMP workers go (two teams on a small CPU sleep and wake at every kernel:
+    # AsyncLLMEngine does this itself, minivllm/platforms.py).
+    release_openmp_threads()
     inline_step_s, inline_ticks, inline_worst = in_fresh_loop(inline)
     num_steps = len(inline_step_s)
 

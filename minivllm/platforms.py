@@ -14,9 +14,14 @@ An explicit TRITON_INTERPRET wins (kernels/aot.py compiles for a GPU from a CPU 
 kernels/ never sets it: it imports nothing from minivllm. `import minivllm` does not either:
 the package's top level imports no torch (minivllm/__init__.py).
 
+On a CPU, torch's kernels run on a team of OpenMP threads, one team for each thread that runs
+them; release_openmp_threads hands a thread's team back when it stops computing (below).
+
 Left out, compared with vLLM: its Platform classes for ROCm, TPU, XPU, CPU and its plugins.
 """
 
+import ctypes
+import functools
 import os
 
 import torch
@@ -24,3 +29,32 @@ import torch
 # The one place TRITON_INTERPRET is decided, on a machine without CUDA.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@functools.cache
+def _openmp_runtime():
+    """The OpenMP library torch loaded (libgomp, or LLVM's / Intel's libomp), or None."""
+    try:
+        with open("/proc/self/maps") as maps:            # Linux; elsewhere: None
+            paths = {line.split()[-1] for line in maps if "/lib" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if os.path.basename(path).startswith(("libgomp", "libomp", "libiomp5")):
+            lib = ctypes.CDLL(path)
+            if hasattr(lib, "omp_pause_resource_all"):   # OpenMP 5.0
+                return lib
+    return None
+
+
+def release_openmp_threads() -> None:
+    """Hand the calling thread's OpenMP team back (omp_pause_resource_all, soft). Each thread
+    that runs torch's CPU kernels keeps a team of torch.get_num_threads() - 1 workers; with more
+    such workers alive than cores, libgomp stops spinning between parallel regions and puts
+    them to sleep after every one, about a thousand a decode step. The engine built on the main
+    thread and stepped on AsyncLLMEngine's made two teams on two cores: each step ran 35-40%
+    slower there than on the main thread (docs/benchmarks.md). vLLM steps on the core process's
+    main thread alone. A team comes back, one thread start, the next time its thread computes."""
+    lib = _openmp_runtime()
+    if lib is not None and torch.get_num_threads() > 1:
+        lib.omp_pause_resource_all(1)                    # omp_pause_soft

@@ -5,15 +5,19 @@ need no model; the rest runs the packaged model.
 """
 
 import asyncio
+import os
 import threading
+import time
 
 import pytest
+import torch
 
 from conftest import reconfigured
 from minivllm import SamplingParams
 from minivllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
 from minivllm.engine.llm_engine import EngineStats
 from minivllm.outputs import CompletionOutput, RequestOutput
+from minivllm.platforms import release_openmp_threads
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
@@ -132,6 +136,37 @@ class FailingEngine:
 
     def stats(self):
         return EngineStats(len(self.requests), 0, 0, 0, 1, 0, 0, 0)
+
+
+def _threads_become(count: int, timeout: float = 5.0) -> int:
+    """The process's threads (/proc/self/task: OpenMP's workers too), once they number `count`
+    or the timeout has passed (a released worker leaves a moment after it is told)."""
+    deadline = time.monotonic() + timeout
+    while (now := len(os.listdir("/proc/self/task"))) != count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return now
+
+
+def test_only_the_thread_that_steps_keeps_openmp_threads(engine):
+    """Built on this thread, stepped on the engine thread: the building thread's OpenMP team
+    goes when AsyncLLMEngine starts, and the engine thread's when it waits for work (two
+    teams on as many cores slept and woke ~1,000 times a step: platforms.py)."""
+    if engine.device.type != "cpu" or torch.get_num_threads() < 2:
+        pytest.skip("OpenMP teams are a multi-threaded CPU's")
+    workers = torch.get_num_threads() - 1
+    torch.rand(1 << 22).exp_()                   # parallel: this thread's team is alive
+    with_team = len(os.listdir("/proc/self/task"))
+    release_openmp_threads()
+    assert _threads_become(with_team - workers) == with_team - workers
+    torch.rand(1 << 22).exp_()                   # it comes back when this thread computes
+    assert _threads_become(with_team) == with_team
+    aengine = AsyncLLMEngine(engine)             # + the engine thread, - this thread's team
+    try:
+        assert _threads_become(with_team - workers + 1) == with_team - workers + 1
+        asyncio.run(collect(aengine, "omp", "The capital of France is"))
+        assert _threads_become(with_team - workers + 1) == with_team - workers + 1   # idle
+    finally:
+        aengine.shutdown()
 
 
 def test_engine_error_reaches_every_waiter_never_a_hang():

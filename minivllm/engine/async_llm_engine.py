@@ -43,6 +43,7 @@ from dataclasses import replace
 from minivllm.engine.core_client import EngineDeadError
 from minivllm.engine.llm_engine import EngineStats, LLMEngine
 from minivllm.outputs import RequestOutput
+from minivllm.platforms import release_openmp_threads
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger("minivllm")
@@ -87,6 +88,8 @@ class AsyncLLMEngine:
         self._wake = getattr(engine, "wake", lambda: None)
         if hasattr(engine, "add_schedule_callback"):   # running/KV gauges as a step starts too
             engine.add_schedule_callback(self._snapshot)
+        # The model runs on the engine thread from here: the building thread's OpenMP team goes.
+        release_openmp_threads()
         self._thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
         self._thread.start()
 
@@ -217,7 +220,10 @@ class AsyncLLMEngine:
             self._stats = self.engine.stats()
 
     def _drain(self, block: bool) -> bool:
-        """Apply queued commands; False means stop. Blocks for the first one if `block`."""
+        """Apply queued commands; False means stop. Blocks for the first one if `block`, its
+        OpenMP team handed back first (whoever computes while it waits gets the cores)."""
+        if block:
+            release_openmp_threads()
         while block or not self._commands.empty():    # the engine thread is the only reader
             cmd = self._commands.get()
             block = False
