@@ -137,6 +137,18 @@ def test_a_slower_machine_pays_every_term_that_much_more():
             1.7 * StepTimer(mc, cpu).time(*step), rel=1e-12)
 
 
+def test_a_fitted_efficiency_over_one_is_called_what_it_is():
+    """fitted_terms, the line --calibrate and lesson 17 print: an efficiency over 100% of the
+    measured peak is said to be the machine's speed moving, not read as a number to believe."""
+    from minivllm.simulator.cli import fitted_terms
+    fit = dataclasses.replace(PROFILES["L4"], compute_efficiency=0.86, attention_efficiency=0.3,
+                              decode_attention_efficiency=float("inf"))
+    assert "linears at 86%" in fitted_terms(fit) and "too small to see" in fitted_terms(fit)
+    assert "over 100%" not in fitted_terms(fit)
+    faster = fitted_terms(dataclasses.replace(fit, compute_efficiency=1.56))
+    assert "linears at 156%" in faster and "over 100%: the machine ran faster" in faster
+
+
 def test_simulated_run_counts():
     """Every request gets exactly its max_tokens; a pool too small for the batch preempts
     (recompute), and swap mode swaps instead; blocks are all returned at the end."""

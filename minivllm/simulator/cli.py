@@ -246,13 +246,19 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
 
 def fitted_terms(p: HardwareProfile) -> str:
     """A fitted profile's numbers in a line: what --calibrate, --validate and lesson 17 print.
-    An efficiency is infinite where the fit dropped its term (a negative coefficient)."""
+    An efficiency is infinite where the fit dropped its term (a negative coefficient). One over
+    100% says the machine ran faster during the steps than during the peak's few matmuls (a
+    shared VM's speed moves by tens of percent from one minute to the next), and says so."""
     pct = lambda e: "too small to see" if e == float("inf") else f"at {e:.0%}"  # noqa: E731
+    efficiencies = (p.compute_efficiency, p.attention_efficiency, p.decode_attention_efficiency)
+    faster = any(1 < e < float("inf") for e in efficiencies)
     return (f"overhead {1e3 * p.overhead:.1f} ms a step, {1e3 * p.per_seq:.2f} ms a sequence, "
             f"{1e3 * p.prefill_overhead:.1f} ms more with a prompt chunk; linears "
             f"{pct(p.compute_efficiency)}, prefill attention {pct(p.attention_efficiency)}, "
             f"decode attention {pct(p.decode_attention_efficiency)} of the measured "
-            f"{p.peak_flops / 1e9:.0f} GFLOP/s matmul peak")
+            f"{p.peak_flops / 1e9:.0f} GFLOP/s matmul peak"
+            + (" (over 100%: the machine ran faster during the steps than while its peak was "
+               "measured)" if faster else ""))
 
 
 def validate(llm, profile, workloads: dict[str, list],
