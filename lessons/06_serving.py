@@ -193,6 +193,16 @@ def _(inline_ticks, inline_worst, mo, num_steps, step_s, threaded_ticks, threade
     `OutputProcessor` turns the core's token ids into text beside the HTTP handlers, and so
     does minivllm's (`minivllm/engine/output_processor.py`), on this engine thread.
     `minivllm serve` moves the core to its own process too (`minivllm/engine/multiproc/`).
+
+    A thread has one more cost on a CPU. torch's kernels run on a team of OpenMP threads, one
+    team for each thread that runs them: the engine built here on the notebook's thread and
+    stepped on the engine thread would keep two. With more of those threads than cores,
+    OpenMP stops spinning between kernels and puts its workers to sleep after every one,
+    about a thousand wake-ups a step; on a 2-core machine the in-process server's steps ran
+    35-60% slower. So `AsyncLLMEngine` hands the building thread's team back when it starts,
+    and its own whenever it waits for work (`minivllm/platforms.py`,
+    `release_openmp_threads`), as this notebook does before its naive loop. A core in its own
+    process builds and steps on one thread, and never has the problem.
     """)
     return
 

@@ -595,7 +595,7 @@ def _(DEPLOY, DISAGG_RATES, PROFILES, RATES, SLO_70B, SLO_TIGHT, best_rate, data
                 "itl": itl_p99[SPLIT] < itl_p99[CHUNKED]}
     print(f"sensitivity: the H100 sheet's {len(variants) // 2} assumptions, each x0.75 and "
           f"x1.25, one at a time: {len(variants)} variants of 2 to 5 simulations each "
-          "(about 20 s) ...", flush=True)
+          "(under a minute on a 2-core CPU) ...", flush=True)
     sensitivity = {}                  # (field, factor) -> {conclusion: (holds, what decided)}
     sweep_runs = {}                   # (field, factor) -> the (deployment, rate) it served
     with mo.status.progress_bar(total=len(variants), title="sweeping the assumptions") as _bar:
@@ -692,7 +692,7 @@ def _(CHUNKED, COLUMNS, SPLIT, itl_p99, mo, sensitivity, slower, stated, sweep_r
     max of compute and memory, not their sum) and the data sheet's peaks, which are
     NVIDIA's numbers rather than assumptions; the whole-prompts deployment, which tracks
     chunked colocation within a few points at every rate of section 4's grid, and so is left
-    out to keep the sweep to about 20 s.
+    out to keep the sweep under a minute on a 2-core CPU.
     """)
     return
 

@@ -33,14 +33,15 @@ if not torch.cuda.is_available():
 
 @functools.cache
 def _openmp_runtime():
-    """The OpenMP library torch loaded (libgomp, or LLVM's / Intel's libomp), or None."""
+    """GNU's OpenMP library as torch loaded it (Linux wheels), or None. LLVM's and Intel's
+    runtimes (macOS, conda's MKL builds) sleep by a timer of their own: left alone."""
     try:
         with open("/proc/self/maps") as maps:            # Linux; elsewhere: None
             paths = {line.split()[-1] for line in maps if "/lib" in line}
     except OSError:
         return None
     for path in sorted(paths):
-        if os.path.basename(path).startswith(("libgomp", "libomp", "libiomp5")):
+        if os.path.basename(path).startswith("libgomp"):
             lib = ctypes.CDLL(path)
             if hasattr(lib, "omp_pause_resource_all"):   # OpenMP 5.0
                 return lib
