@@ -154,6 +154,9 @@ def test_only_the_thread_that_steps_keeps_openmp_threads(engine):
     if engine.device.type != "cpu" or torch.get_num_threads() < 2:
         pytest.skip("OpenMP teams are a multi-threaded CPU's")
     workers = torch.get_num_threads() - 1
+    warm = AsyncLLMEngine(engine)                # threads some library makes on first use
+    asyncio.run(collect(warm, "omp-warm", "Hello"))   # (2 here, that outlive the engine
+    warm.shutdown()                              # thread) are made before the counting
     torch.rand(1 << 22).exp_()                   # parallel: this thread's team is alive
     with_team = len(os.listdir("/proc/self/task"))
     release_openmp_threads()
