@@ -48,14 +48,16 @@ def _openmp_runtime():
     return None
 
 
-def release_openmp_threads() -> None:
+def release_openmp_threads() -> bool:
     """Hand the calling thread's OpenMP team back (omp_pause_resource_all, soft). Each thread
     that runs torch's CPU kernels keeps a team of torch.get_num_threads() - 1 workers; with more
     such workers alive than cores, libgomp stops spinning between parallel regions and puts
     them to sleep after every one, about a thousand a decode step. The engine built on the main
     thread and stepped on AsyncLLMEngine's made two teams on two cores: each step ran 35-40%
     slower there than on the main thread (docs/benchmarks.md). vLLM steps on the core process's
-    main thread alone. A team comes back, one thread start, the next time its thread computes."""
+    main thread alone. A team comes back, one thread start, the next time its thread computes.
+    True if one was handed back (GNU OpenMP found, more than one thread, not inside a team)."""
     lib = _openmp_runtime()
-    if lib is not None and torch.get_num_threads() > 1:
-        lib.omp_pause_resource_all(1)                    # omp_pause_soft
+    if lib is None or torch.get_num_threads() < 2:
+        return False
+    return lib.omp_pause_resource_all(1) == 0            # omp_pause_soft

@@ -159,7 +159,8 @@ def test_only_the_thread_that_steps_keeps_openmp_threads(engine):
     warm.shutdown()                              # thread) are made before the counting
     torch.rand(1 << 22).exp_()                   # parallel: this thread's team is alive
     with_team = len(os.listdir("/proc/self/task"))
-    release_openmp_threads()
+    if not release_openmp_threads():
+        pytest.skip("no GNU OpenMP runtime in this torch (LLVM's and Intel's are left alone)")
     assert _threads_become(with_team - workers) == with_team - workers
     torch.rand(1 << 22).exp_()                   # it comes back when this thread computes
     assert _threads_become(with_team) == with_team
