@@ -585,9 +585,10 @@ def _(mo):
     output, the manager fills their rows of one bitmask (`grammar_bitmask`), and the model
     runner (`vllm/v1/worker/gpu_model_runner.py`) applies it to the logits before sampling;
     `update_from_output` advances each request's matcher with its new tokens. minivllm keeps
-    the same shape with xgrammar only: `AsyncLLMEngine` compiles on a worker thread, and the
-    sampler applies the bitmask through `apply_logits_processors`, on the same process and
-    thread as the forward pass, where vLLM fills the bitmask while the GPU is busy.
+    the same shape with xgrammar only: `AsyncLLMEngine` compiles in a child process bounded in
+    CPU time and memory (a schema can take minutes and gigabytes), and the sampler applies the
+    bitmask through `apply_logits_processors`, on the same process and thread as the forward
+    pass, where vLLM fills the bitmask while the GPU is busy.
     """), kind="info")
     return (v1_box,)
 

@@ -66,11 +66,19 @@ ADD_ON_CODE = 450
 # 41 vLLM's use_beam_search (serving.py: the steps of a BeamSearch over the async engine).
 # Issue 39: /metrics labels each data-parallel replica's gauges (vLLM's engine="i"), and
 # `serve --headless` starts replicas for a front end on another host.
-ENTRYPOINTS_CODE = 1040
+# Issue 61: one request must not kill the server or hold the others: RequestLimits (every
+# field that sizes work, one table, checked before anything is built), the grammar compile's
+# two limits as flags, a whole answer encoded off the event loop (1,094 used). Tried first:
+# the per-field checks as one table of (field, size, limit), the two ad-hoc prompt-count
+# checks folded into it, the grammar's crossing moved to structured_output/transfer.py.
+ENTRYPOINTS_CODE = 1100
 # Issue 39 put data parallelism's client (dp_client.py: several cores behind one front end)
 # beside the one-core client it drives, as vLLM keeps DPLBAsyncMPClient in core_client.py, and
 # cores on other hosts (tcp sockets, the hello, the headless launcher) into both ends.
-MULTIPROC_CODE = 560
+# Issue 61: the core loads a guided request's grammar on a thread of its own while its loop
+# steps the others (the request waits in structured_output/transfer.py's GrammarLoader; the
+# core's side of it here is the wait in the input loop and the hand-over): 570 used.
+MULTIPROC_CODE = 575
 FILE_LINES = 400
 # package -> (unit of its total, ceiling on the total or None to report it only, ceiling on
 # each file's physical lines).

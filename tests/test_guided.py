@@ -228,6 +228,42 @@ def test_bad_constraints_and_combinations_are_refused(smol):
             guided_decoding=GuidedDecodingParams(choice=["a", "b"])))
 
 
+def nested(depth: int) -> dict:
+    """A schema of objects `depth` levels deep: compiles for seconds (300: ~5 s on a Zen 5)."""
+    schema = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def test_a_compile_over_its_limits_is_refused_and_the_server_stays_small(smol_llm):
+    """The server's compiles run in a child process (GrammarSandbox): one over its CPU time or
+    its memory is a ValueError naming the limit and its flag, the child is replaced, and this
+    process does not grow (two thousand required properties once grew a server to 22 GB)."""
+    manager = smol_llm.engine.structured_output
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)},
+            "required": [f"p{i}" for i in range(2000)]}
+    sandbox = manager.sandbox(timeout_s=1.0, memory_mb=512)
+    with open("/proc/self/status") as f:
+        before = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+    try:
+        with pytest.raises(ValueError, match=r"over 1 s of CPU.*-compile-seconds"):
+            manager.compile(GuidedDecodingParams(json=nested(300)), (1.0, 512))
+        sandbox.timeout_s = 120.0              # the same child: now memory is what binds
+        with pytest.raises(ValueError, match=r"512 MiB.*-compile-memory-mb"):
+            manager.compile(GuidedDecodingParams(json=wide), (1.0, 512))
+        with pytest.raises(ValueError, match="invalid regex"):      # the child's own answer
+            manager.compile(GuidedDecodingParams(regex="(ab"), (1.0, 512))
+        assert sandbox.num_killed >= 1
+        grammar = manager.compile(GuidedDecodingParams(regex="[ab]{3}"), (1.0, 512))
+        assert type(grammar).__name__ == "CompiledGrammar"
+    finally:
+        sandbox.close()
+    with open("/proc/self/status") as f:
+        grew = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) - before
+    assert grew < 100 * 1024, f"this process grew {grew / 1024:.0f} MB"
+
+
 def test_bench_guided_report(smol, capsys):
     """`minivllm bench guided`'s two parts on the session's model: compile times (a cache
     hit after the first compile) and a guided run whose every step had its mask applied."""

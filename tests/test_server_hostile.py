@@ -5,6 +5,7 @@ or keeps it busy after its client left; every error in OpenAI's shape. One uvico
 The fuzz test and the stall test, on a server of their own: tests/test_server_fuzz.py.
 """
 
+import dataclasses
 import http.client
 import json
 import os
@@ -109,7 +110,8 @@ def test_too_many_prompts_and_empty_prompt_list(served):
     status, body = call(server, "POST", "/v1/completions",
                         {"prompt": ["Hi"] * (MAX_PROMPTS + 1), "max_tokens": 1})
     assert_openai_error(status, body, 400)
-    assert f"{MAX_PROMPTS + 1} prompts" in body["error"]["message"]
+    assert f"prompt: {MAX_PROMPTS + 1} is over this server's limit of {MAX_PROMPTS}" in body[
+        "error"]["message"]
     status, body = call(server, "POST", "/v1/completions", {"prompt": [], "max_tokens": 1})
     assert_openai_error(status, body, 400)
     assert body["error"]["param"] == "prompt"
@@ -133,6 +135,79 @@ def test_many_prompts_then_disconnect_leaves_nothing(served):
     assert (s.num_running, s.num_waiting, s.num_blocks_used) == (0, 0, 0)
     print(f"many prompts: the engine let go {took:.2f} s after the client left")
     assert took < 2.5, f"the engine let go {took:.1f} s after the client left"
+
+
+def rss_mb(pid: int | None = None) -> float:
+    """A process's resident memory, in MB (this one's by default)."""
+    with open(f"/proc/{pid or 'self'}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+HI = [{"role": "user", "content": "Hi"}]
+SIZING = [      # every field that sizes work, far past its limit: (path, body, field named)
+    ("/v1/completions", {"prompt": "Hi", "n": 10**9}, "n"),
+    ("/v1/completions", {"prompt": "Hi", "n": 2**63}, "n"),
+    ("/v1/completions", {"prompt": "Hi", "n": 10**9, "use_beam_search": True,
+                         "temperature": 0}, "n"),
+    ("/v1/completions", {"prompt": ["Hi"] * 9, "n": 16}, "n"),     # 144 sequences
+    ("/v1/chat/completions", {"messages": HI, "n": 10**9, "stream": True}, "n"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2**63}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": HI, "max_completion_tokens": 10**9}, "max_tokens"),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": 10**9}, "logprobs"),
+    ("/v1/chat/completions", {"messages": HI, "logprobs": True, "top_logprobs": 2**63},
+     "top_logprobs"),
+    ("/v1/completions", {"prompt": "Hi", "stop": ["x"] * 5000}, "stop"),
+    ("/v1/completions", {"prompt": "Hi", "stop": "s" * 5000}, "stop"),
+    ("/v1/completions", {"prompt": "Hi", "stop_token_ids": [1] * 5000}, "stop_token_ids"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {str(i): 1 for i in range(5000)}},
+     "logit_bias"),
+    ("/v1/chat/completions", {"messages": HI * (MAX_MODEL_LEN + 1)}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}] * 5000}]}, "messages"),
+]
+
+
+def test_every_sizing_field_is_bounded_before_allocation(served):
+    """Each field that sizes work is a 400 naming it and its limit, with nothing built from
+    it: the server's memory does not grow, it stays healthy, and nothing is left queued."""
+    server, aengine, _ = served
+    before = rss_mb()
+    for path, body, field in SIZING:
+        status, answer = call(server, "POST", path, body)
+        assert_openai_error(status, answer, 400)
+        assert answer["error"]["param"] == field, (field, answer)
+        assert any(words in answer["error"]["message"] for words in (
+            "limit of", "less than", "maximum context length")), answer
+    grew = rss_mb() - before
+    print(f"{len(SIZING)} sizing fields refused; RSS grew {grew:.0f} MB")
+    assert grew < 200 and healthy(server)
+    s = wait_idle(aengine)
+    assert (s.num_running, s.num_waiting, s.num_blocks_used) == (0, 0, 0)
+
+
+def test_logprob_entries_are_bounded_across_samples_and_tokens(served):
+    """n x max_tokens x (logprobs + 1) entries are held, and answered, at once: past
+    max_logprob_entries a 400 before any request is queued (1,000,000 by default; lowered
+    here, since this server's max_model_len and max_num_seqs cannot reach it)."""
+    server, aengine, _ = served
+    limits = server.app.state.limits
+    server.app.state.limits = dataclasses.replace(limits, max_logprob_entries=1000)
+    try:
+        status, body = call(server, "POST", "/v1/completions", {
+            "prompt": "Hi", "n": 4, "max_tokens": 20, "logprobs": 20})     # 1,680
+        assert_openai_error(status, body, 400)
+        assert "logprobs: 1,680 is over this server's limit of 1,000" in body["error"][
+            "message"], body
+        status, body = call(server, "POST", "/v1/chat/completions", {   # chat's default
+            "messages": HI, "logprobs": True, "top_logprobs": 5})        # max_tokens: the rest
+        assert_openai_error(status, body, 400)
+        status, body = call(server, "POST", "/v1/completions", {
+            "prompt": "Hi", "n": 2, "max_tokens": 20, "logprobs": 20})     # 840
+        assert status == 200 and len(body["choices"]) == 2, body
+    finally:
+        server.app.state.limits = limits
+    s = wait_idle(aengine)
+    assert (s.num_running, s.num_waiting, s.num_blocks_used) == (0, 0, 0)
 
 
 @pytest.mark.parametrize("field, value", [("temperature", 1e-300), ("temperature", 5e-324),

@@ -20,8 +20,9 @@ Everything that touches the LLMEngine happens on the engine thread (it is not th
 coroutines send commands (add, abort, stop) through a thread-safe queue that the loop drains
 between steps, so an abort frees the request's KV blocks before the next step runs. What can
 take long before a request is added stays off that thread: a guided-decoding grammar is
-compiled on a worker thread while the request waits ("grammar pending", counted as waiting),
-so one huge constraint does not freeze every other stream.
+compiled in a child process, bounded in CPU time and memory, that a worker thread waits on
+while the request waits ("grammar pending", counted as waiting), so one huge constraint
+neither freezes every other stream nor grows the server (minivllm/structured_output/).
 
 What it leaves out, compared with vLLM: asyncio sockets to the core (AsyncMPClient; the thread
 here drives the sync client), output batching across requests, priorities, and a watchdog. An exception from step() kills the engine (every waiting
@@ -145,14 +146,17 @@ class AsyncLLMEngine:
         return self._outputs(request_id, stream)
 
     async def _compile(self, params: SamplingParams):
-        """The request's grammar, compiled on the worker thread ("grammar pending"). A client
-        that leaves meanwhile cancels the wait; the compile itself runs to its end (xgrammar
-        cannot be interrupted) and its grammar stays in the cache."""
+        """The request's grammar, compiled in a child process bounded in CPU time and memory
+        (the manager's compile_limits; minivllm/structured_output/sandbox.py), waited for on
+        the worker thread ("grammar pending"); for a core in another process it stays
+        xgrammar's JSON. A client that leaves meanwhile cancels the wait; the compile runs to
+        its end or its limit, and its grammar stays in the cache."""
         manager = self.engine.structured_output
         self.num_grammars_pending += 1
         try:
-            return await asyncio.wrap_future(
-                self._compiler.submit(manager.compile, params.guided_decoding))
+            return await asyncio.wrap_future(self._compiler.submit(
+                manager.compile, params.guided_decoding, manager.compile_limits,
+                self._live_stats))
         finally:
             self.num_grammars_pending -= 1
 

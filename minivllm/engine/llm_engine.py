@@ -240,10 +240,6 @@ class LLMEngine:
         params = params or SamplingParams()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
-        parent = ParentRequest(request_id, params) if params.n > 1 else None
-        for rid in [request_id, *(parent.child_request_ids if parent else ())]:
-            if self.output_processor.in_use(rid):
-                raise ValueError(f"request_id {rid!r} is already in use")
         if isinstance(prompt, str):
             text = prompt
             token_ids = encode_prompt(self.tokenizer, prompt)
@@ -254,8 +250,13 @@ class LLMEngine:
             if bad:
                 raise ValueError(f"prompt token ids must be integers, got {bad[0]!r}")
         config = self.vllm_config
-        validate_request(token_ids, params, config, self.engine_core.info)
-        grammar = self.structured_output.check(params, bool(config.speculative_config), grammar)
+        validate_request(token_ids, params, config, self.engine_core.info)  # n too, before
+        parent = ParentRequest(request_id, params) if params.n > 1 else None  # its children
+        for rid in [request_id, *(parent.child_request_ids if parent else ())]:
+            if self.output_processor.in_use(rid):
+                raise ValueError(f"request_id {rid!r} is already in use")
+        grammar = self.structured_output.check(params, bool(config.speculative_config), grammar,
+                                               serialized=self.multiprocess_mode)
         if lora_request is not None:         # checked and read now: a bad adapter fails alone
             self.engine_core.add_lora(lora_request)
         request = EngineCoreRequest(request_id, token_ids, params, lora_request, grammar,

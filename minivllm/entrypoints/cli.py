@@ -81,6 +81,9 @@ def serve(args: argparse.Namespace) -> None:
           flush=True)
     api_key = args.api_key or os.environ.get("MINIVLLM_API_KEY")   # the env: not seen in ps
     try:
+        if hasattr(engine, "structured_output"):      # not the front of a disaggregated pair
+            engine.structured_output.compile_limits = (args.max_grammar_compile_seconds,
+                                                       args.max_grammar_compile_memory_mb)
         Server(AsyncLLMEngine(engine), sock, name, api_key=api_key,
                log_level=args.uvicorn_log_level, max_request_body_mb=args.max_request_body_mb,
                max_prompts_per_request=args.max_prompts_per_request,

@@ -24,10 +24,14 @@ Speculative decoding is refused with guided decoding (and with the other logits 
 its draft tokens are verified against the unprocessed distribution, so a draft could break the
 grammar; supporting it needs matcher rollback (xgrammar has one) and masks for the draft rows.
 
-Compiling can take long: 20,000 guided choices took 40 s on a 2-core CPU. The server compiles
-off the engine thread (AsyncLLMEngine hands `compile` to a worker thread; xgrammar releases
-the GIL while it works), and the request waits in that "grammar pending" state while the other
-requests keep stepping, as vLLM's StructuredOutputManager does with its thread pool. A request
+Compiling can take long: 20,000 guided choices took 40 s on a 2-core CPU, and a schema of
+two thousand required properties grew a server to 22 GB before the OOM killer took it. The
+server compiles off the engine thread and out of its process: AsyncLLMEngine hands `compile`,
+with the server's compile_limits, to a worker thread, which waits on a child process bounded
+in CPU time and memory (sandbox.py) while the request is "grammar pending" and the other
+requests keep stepping (vLLM's StructuredOutputManager uses a thread pool, unbounded). For a
+core in another process the grammar stays xgrammar's JSON, sent once per grammar and loaded
+off the core's loop (transfer.py). A request
 keeps its own grammar (Request.grammar) for its life, so the cache can be bounded: past
 `cache_limit_bytes` (xgrammar's own size estimate), the least recently used grammars go.
 
@@ -37,8 +41,8 @@ lm-format-enforcer backends, structural tags (tool calling), reasoning-parser ha
 
 from __future__ import annotations
 
+import hashlib
 import json
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -48,20 +52,8 @@ import torch
 from minivllm.config import PER_REQUEST, incompatibility
 from minivllm.sampling_params import GuidedDecodingParams, SamplingParams
 from minivllm.core.request import Request
-
-
-def _reason(error: Exception) -> str:
-    """xgrammar's message without its C++ source location prefix."""
-    return re.sub(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?", "",
-                  str(error)).strip()
-
-
-def choice_grammar(choices: list[str]) -> str:
-    """An EBNF grammar whose only sentences are the choices (vLLM builds the same)."""
-    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
-
-
-_NAMES = {"json": "JSON schema", "regex": "regex", "grammar": "grammar"}
+from minivllm.structured_output.compiler import compile_constraint, make_compiler
+from minivllm.structured_output.transfer import SerializedGrammar
 
 
 class StructuredOutputManager:
@@ -72,6 +64,7 @@ class StructuredOutputManager:
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int],
                  cache_limit_bytes: int = 256 << 20):
         self.tokenizer = tokenizer
+        self.tokenizer_info = None
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         self.compiler = None
@@ -79,6 +72,8 @@ class StructuredOutputManager:
         self.grammars: OrderedDict[tuple, object] = OrderedDict()  # key -> CompiledGrammar, LRU
         self._lock = threading.Lock()         # compile() runs on worker threads too
         self.matchers: dict[int, list] = {}              # seq_id -> [matcher, tokens fed]
+        self.sandboxes: dict[tuple[float, int], object] = {}      # limits -> GrammarSandbox
+        self.compile_limits = (30.0, 2048)     # the server's: CPU seconds, MiB (its flags)
         self.num_compiled = 0                           # grammars compiled (cache misses)
         self.compile_seconds = 0.0
         self.mask_seconds = 0.0                          # fill + apply, summed over steps
@@ -88,17 +83,28 @@ class StructuredOutputManager:
         """Import xgrammar and prepare the vocabulary for it (once per engine); -> xgrammar."""
         import xgrammar as xgr
         with self._lock:
-            if self.compiler is None:     # xgrammar's own cache off: ours is the bounded one
-                self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
-                    self.tokenizer, vocab_size=self.vocab_size,
-                    stop_token_ids=self.eos_token_ids)
-                self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=2,
-                                                    cache_enabled=False)
+            if self.compiler is None:
+                if self.tokenizer_info is None:
+                    self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
+                        self.tokenizer, vocab_size=self.vocab_size,
+                        stop_token_ids=self.eos_token_ids)
+                self.compiler = make_compiler(self.tokenizer_info, max_threads=2)
         return xgr
+
+    def sandbox(self, timeout_s: float, memory_mb: int):
+        """The GrammarSandbox for these limits (one child process each, kept for the engine's
+        life): compile() in it, bounded in CPU time and memory."""
+        from minivllm.structured_output.sandbox import GrammarSandbox
+        self.load()
+        with self._lock:
+            if (timeout_s, memory_mb) not in self.sandboxes:
+                self.sandboxes[timeout_s, memory_mb] = GrammarSandbox(
+                    self.tokenizer_info.serialize_json(), timeout_s, memory_mb)
+            return self.sandboxes[timeout_s, memory_mb]
 
     def deserialize(self, data: str):
         """A grammar the front end compiled, from its serialize_json(): a CompiledGrammar does
-        not pickle, and loading its JSON (~1-10 ms) spares the core process the compile."""
+        not pickle, and loading its JSON (~0.5 s for 23 MB) spares the core the compile."""
         xgr = self.load()
         return xgr.CompiledGrammar.deserialize_json(data, self.tokenizer_info)
 
@@ -110,32 +116,28 @@ class StructuredOutputManager:
         text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
         return g.kind, text, g.disable_any_whitespace
 
-    def compile(self, g: GuidedDecodingParams):
-        """The CompiledGrammar for g, from the cache or compiled now; ValueError with xgrammar's
-        reason if the schema, regex or grammar is invalid."""
-        key = self.key(g)
+    def compile(self, g: GuidedDecodingParams, limits: tuple[float, int] | None = None,
+                serialized: bool = False):
+        """The compiled constraint, from the cache or compiled now: a CompiledGrammar, or with
+        `serialized` a SerializedGrammar (for a core in another process). `limits` (CPU
+        seconds, MiB): compiled in a child process bounded by them (sandbox.py). A
+        ValueError with xgrammar's reason if the schema, regex or grammar is invalid, or the
+        limit it went over."""
+        key = (*self.key(g), serialized)
         with self._lock:
             if key in self.grammars:
                 self.grammars.move_to_end(key)
                 return self.grammars[key]
-        self.load()
         t0 = time.perf_counter()
-        kind, text, strict_ws = key
-        try:
-            if kind == "json":
-                grammar = self.compiler.compile_json_schema(text, any_whitespace=not strict_ws)
-            elif kind == "json_object":
-                grammar = self.compiler.compile_builtin_json_grammar()
-            elif kind == "regex":
-                grammar = self.compiler.compile_regex(text)
-            elif kind == "choice":
-                grammar = self.compiler.compile_grammar(choice_grammar(g.choice))
-            else:
-                grammar = self.compiler.compile_grammar(text)
-        except Exception as e:   # noqa: BLE001 (RuntimeError mostly; a few of xgrammar's own)
-            raise ValueError(f"guided_decoding: invalid {_NAMES.get(kind, kind)}: "
-                             f"{_reason(e)}") from None
-        self._check_admits_output(grammar, kind)
+        kind, text, strict_ws = key[:3]
+        if limits is not None:
+            data = self.sandbox(*limits).compile(kind, text, not strict_ws)
+            grammar = None if serialized else self.deserialize(data)
+        else:
+            grammar = self.compile_text(kind, text, not strict_ws)
+            data = grammar.serialize_json() if serialized else None
+        if serialized:
+            grammar = SerializedGrammar(hashlib.sha256(repr(key).encode()).hexdigest(), data)
         with self._lock:
             self.compile_seconds += time.perf_counter() - t0
             self.num_compiled += 1
@@ -144,23 +146,18 @@ class StructuredOutputManager:
                 self.grammars.popitem(last=False)
         return grammar
 
-    def _check_admits_output(self, grammar, kind: str) -> None:
-        """Refuse a constraint that compiles but allows no first token (a schema that only
-        refers to itself, such as {"$ref": "#"}): served, it would fail at its first step."""
-        import xgrammar as xgr
-        matcher = xgr.GrammarMatcher(grammar)
-        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
-        matcher.fill_next_token_bitmask(bitmask)
-        if not bitmask.any() and not matcher.is_terminated():
-            raise ValueError(f"guided_decoding: the {_NAMES.get(kind, kind)} admits no output: "
-                             "no token can start it (a schema or rule that only refers to "
-                             "itself, or a character class that matches nothing)")
+    def compile_text(self, kind: str, text: str, any_whitespace: bool = True):
+        """Compile one constraint here, uncached: a CompiledGrammar, or a ValueError."""
+        self.load()
+        return compile_constraint(self.compiler, self.vocab_size, kind, text, any_whitespace)
 
     @property
     def cache_bytes(self) -> int:
-        return sum(g.memory_size_bytes for g in self.grammars.values())
+        return sum(len(g.json or "") if isinstance(g, SerializedGrammar) else
+                   g.memory_size_bytes for g in self.grammars.values())
 
-    def check(self, params: SamplingParams, speculative: bool, grammar=None):
+    def check(self, params: SamplingParams, speculative: bool, grammar=None,
+              serialized: bool = False):
         """At add_request: refuse what this engine cannot do; return the request's compiled
         constraint (`grammar` if it was compiled already, off this thread), or None."""
         if speculative and (params.guided_decoding or params.has_penalties or params.min_tokens
@@ -168,7 +165,7 @@ class StructuredOutputManager:
             raise ValueError(incompatibility(PER_REQUEST, "speculative_config"))
         if params.guided_decoding is None or grammar is not None:
             return grammar
-        return self.compile(params.guided_decoding)
+        return self.compile(params.guided_decoding, serialized=serialized)
 
     def matcher(self, seq: Request):
         """seq's GrammarMatcher, fed every output token it has not seen yet."""

@@ -54,6 +54,7 @@ from minivllm.engine.core import EngineCoreRequest
 from minivllm.engine.core_client import EngineCoreInfo, EngineDeadError
 from minivllm.engine.stats import EngineStats, StepRecord
 from minivllm.outputs import EngineCoreOutputs
+from minivllm.structured_output.transfer import GrammarsSent
 
 READY_TIMEOUT_S = float(os.environ.get("MINIVLLM_ENGINE_READY_TIMEOUT_S", 600))  # vLLM's, renamed
 UTILITY_TIMEOUT_S = 600.0     # a utility call waits for the step in progress, then is answered
@@ -195,6 +196,7 @@ class SyncMPClient:
         self.vllm_config = vllm_config
         self.schedule_callbacks: list[Callable[[], None]] = []
         self._call_ids = itertools.count()
+        self.grammars_sent = GrammarsSent()
         ctx = zmq.Context()
         output_socket = ctx.socket(zmq.PULL)
         input_socket = ctx.socket(zmq.PUSH)
@@ -256,9 +258,7 @@ class SyncMPClient:
     # ---------------------------------------------------------------- requests in, outputs out
     def add_request(self, request: EngineCoreRequest) -> None:
         if request.grammar is not None:     # a CompiledGrammar does not pickle; its JSON does
-            request = EngineCoreRequest(request.request_id, request.prompt_token_ids,
-                                        request.sampling_params, request.lora_request,
-                                        request.grammar.serialize_json(), request.arrival_time)
+            request = self.grammars_sent.prepare(request)
         self.process.send("add", request)
 
     def get_output(self, timeout: float = 1.0) -> EngineCoreOutputs:

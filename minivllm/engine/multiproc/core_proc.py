@@ -31,7 +31,9 @@ outputs for 64 sequences pickle and unpickle in ~0.1 ms, next to a step of tens 
 runs code as it loads, so it is for a peer one trusts: these sockets are this user's.
 
 A guided request's grammar crosses as xgrammar's JSON (a CompiledGrammar does not pickle), so
-the front end compiles it, off the loop, and the core only loads it.
+the front end compiles it (off its loop, in a process bounded in time and memory) and the core
+only loads it: once per grammar, not once per sample, and on a thread of its own while the
+loop steps the other requests (minivllm/structured_output/transfer.py).
 
 Ctrl-C is the front end's to handle: this process ignores SIGINT, and stops when told to.
 
@@ -50,6 +52,7 @@ import subprocess
 import sys
 import time
 import traceback
+from concurrent.futures import Future
 
 import zmq
 
@@ -57,6 +60,7 @@ from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.engine.core_client import InprocClient
 from minivllm.engine.stats import StepRecord
 from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
+from minivllm.structured_output.transfer import GrammarLoader
 
 logger = logging.getLogger("minivllm")
 
@@ -80,6 +84,7 @@ class EngineCoreProc:
         self.changed = False                 # messages applied since the last step
         self.core.schedule_callbacks.append(self._scheduled)
         self.traces: dict[int, tuple] = {}   # start_trace's id -> (context, its steps)
+        self.loader = GrammarLoader(self.core.structured_output)
         self.trace_ids = itertools.count()
 
     def send(self, kind: str, payload) -> None:
@@ -105,22 +110,30 @@ class EngineCoreProc:
     def _process_input_queue(self) -> bool:
         """Apply every message waiting; with no work, wait for one first. False: stop."""
         self.changed = False
-        while (not self.core.has_unfinished_requests()
+        while (not self.core.has_unfinished_requests() and not self.loader.waiting
                and not self.input_socket.poll(IDLE_POLL_MS)):
             if os.getppid() != self.parent_pid:
                 return False                   # the front end died without a word
+        if self.loader.waiting and not self.core.has_unfinished_requests():
+            self.input_socket.poll(10)         # only a grammar loading: look again soon
         while self.input_socket.poll(0):
             kind, payload = pickle.loads(self.input_socket.recv())
             if kind == "shutdown":
                 return False
             self._handle(kind, payload)
             self.changed = True
+        for request, loaded in self.loader.ready():    # guided requests, their grammar loaded
+            self._add_request(request, loaded)
+            self.changed = True
         return os.getppid() == self.parent_pid
 
     def _handle(self, kind: str, payload) -> None:
-        if kind == "add":
+        if kind == "add" and payload.grammar is not None:
+            self.loader.add(payload)           # it waits while its grammar loads, off this loop
+        elif kind == "add":
             self._add_request(payload)
         elif kind == "abort":
+            self.loader.abort(payload[0])
             self.client.abort_requests(*payload)
         elif kind == "finish":
             self.client.finish_stopped(payload)
@@ -129,11 +142,12 @@ class EngineCoreProc:
         else:
             raise ValueError(f"unknown message {kind!r} from the front end")
 
-    def _add_request(self, request: EngineCoreRequest) -> None:
-        """Add it; the front end checked it already, but if it fails here, it fails alone."""
+    def _add_request(self, request: EngineCoreRequest, loaded: Future | None = None) -> None:
+        """Add it; the front end checked it already, but if it fails here, it fails alone.
+        `loaded`: its grammar's load (GrammarLoader), done."""
         try:
-            if isinstance(request.grammar, str):         # xgrammar's JSON, from the client
-                request.grammar = self.core.structured_output.deserialize(request.grammar)
+            if loaded is not None:
+                request.grammar = loaded.result()
             self.client.add_request(request)
         except Exception as e:                           # noqa: BLE001 -- this request's
             logger.exception("the engine core could not add request %s", request.request_id)

@@ -47,7 +47,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from minivllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
 from minivllm.outputs import RequestOutput
-from minivllm.entrypoints.openai.protocol import OpenAIError, cut, error_body, now
+from minivllm.entrypoints.openai.protocol import (OpenAIError, RequestLimits, cut, error_body,
+                                                  now)
 from minivllm.entrypoints.openai.serving import add_routes, max_token_chars
 
 logger = logging.getLogger("minivllm")
@@ -207,7 +208,10 @@ def build_app(aengine: AsyncLLMEngine, served_model_name: str, api_key: str | No
     app.state.aengine = aengine
     app.state.model_name = served_model_name
     app.state.metrics = ServerMetrics(aengine)
-    app.state.max_prompts = max_prompts_per_request
+    config = aengine.engine.vllm_config
+    app.state.limits = RequestLimits(config.model_config.max_model_len,
+                                     config.scheduler_config.max_num_seqs,
+                                     max_prompts_per_request)
     tokenizer = aengine.tokenizer
     app.state.max_token_chars = max_token_chars(tokenizer)
 
@@ -290,6 +294,7 @@ class DisaggFront:
     def __init__(self, llm):
         self.llm = llm
         self.model_config = llm.producer.model_config
+        self.vllm_config = llm.producer.vllm_config
         self.tokenizer = llm.tokenizer
 
     def __getattr__(self, name):          # add_request, step, abort_request, close, ...

@@ -38,7 +38,13 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-request-body-mb", type=float, default=16,
                         help="a larger request body is refused (413) before it is parsed")
     parser.add_argument("--max-prompts-per-request", type=int, default=256,
-                        help="prompts one /v1/completions request may carry (400 beyond)")
+                        help="prompts one /v1/completions request may carry, and prompts x n "
+                             "(400 beyond)")
+    parser.add_argument("--max-grammar-compile-seconds", type=float, default=30.0,
+                        help="CPU seconds one guided-decoding constraint may take to compile "
+                             "(in a child process; 400 beyond)")
+    parser.add_argument("--max-grammar-compile-memory-mb", type=int, default=2048,
+                        help="memory one constraint's compile may take (400 beyond)")
     parser.add_argument("--uvicorn-log-level", default="info")
     parser.add_argument("--multiprocess-mode", action=argparse.BooleanOptionalAction,
                         default=True,

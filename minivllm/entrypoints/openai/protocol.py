@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +33,39 @@ from pydantic import BaseModel, ConfigDict, Field
 from minivllm.beam_search import BeamSearchParams
 from minivllm.outputs import CompletionOutput
 from minivllm.sampling_params import MAX_LOGPROBS, GuidedDecodingParams, SamplingParams
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Every field of a request that sizes work, bounded before anything proportional to it
+    exists (n = 10**9 once built a billion child ids, and the OOM killer took the server):
+    each request's sizes() say which limit holds each field; over it, a 400 that names the
+    field, the limit and where it is set. Bounded elsewhere: the body (--max-request-body-mb,
+    before parsing), a prompt's text (max_model_len times the longest token's characters,
+    before tokenizing), max_tokens (with the prompt, against max_model_len, once tokenized:
+    vLLM's message), a constraint's compile (--max-grammar-compile-seconds / -memory-mb), and
+    the logprob entries an answer holds (max_logprob_entries, once prompts are tokenized)."""
+    max_model_len: int                     # vLLM's: messages (a token each, at least)
+    max_num_seqs: int                      # vLLM's: n, the samples or beams of one prompt
+    max_prompts: int                       # prompts, and prompts x n, of one request
+    max_logprobs: int = MAX_LOGPROBS       # vLLM's max_logprobs: logprobs, top_logprobs
+    max_items: int = 1024                  # stop strings, stop_token_ids, logit_bias, parts
+    max_stop_chars: int = 1024             # one stop string (a stream holds back that much)
+    max_logprob_entries: int = 1_000_000   # prompts x n x max_tokens x (logprobs + 1)
+
+    def check(self, sizes: list[tuple[str, int, str]]) -> None:
+        """OpenAIError (400) for the first (field, size, limit) whose size is over it."""
+        for field, size, name in sizes:
+            if size > getattr(self, name):
+                raise OpenAIError(400, f"{field}: {size:,} is over this server's limit of "
+                                  f"{getattr(self, name):,} ({WHERE[name]})", field)
+
+
+WHERE = {"max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
+         "max_prompts": "--max-prompts-per-request, for prompts and for prompts x n",
+         "max_logprobs": "vLLM's max_logprobs", "max_items": "a fixed limit",
+         "max_stop_chars": "a fixed limit", "max_logprob_entries": "a fixed limit, on "
+         "prompts x n x max_tokens x (logprobs + 1) entries; lower max_tokens, n or logprobs"}
 
 
 class _Request(BaseModel):
@@ -112,6 +146,15 @@ class _SamplingFields(_Request):
             raise OpenAIError(400, "stream_options: only allowed when stream is true",
                               "stream_options")
 
+    def sizes(self) -> list[tuple[str, int, str]]:
+        """(field, its size, the RequestLimits field that bounds it), for each sizing field."""
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return [("n", self.n, "max_num_seqs"),        # max_tokens: with the prompt, later
+                ("stop", len(stop), "max_items"),
+                ("stop", max(map(len, stop), default=0), "max_stop_chars"),
+                ("stop_token_ids", len(self.stop_token_ids or ()), "max_items"),
+                ("logit_bias", len(self.logit_bias or ()), "max_items")]
+
     def guided_decoding(self) -> GuidedDecodingParams | None:
         """response_format or one guided_* field -> the constraint (ValueError if several)."""
         rf = self.response_format
@@ -190,6 +233,12 @@ class CompletionRequest(_SamplingFields):
             raise OpenAIError(400, "length_penalty applies only with use_beam_search",
                               "length_penalty")
 
+    def sizes(self) -> list[tuple[str, int, str]]:
+        prompts = len(self.prompts())
+        return [*super().sizes(), ("prompt", prompts, "max_prompts"),
+                ("n", prompts * self.n, "max_prompts"),
+                ("logprobs", self.logprobs or 0, "max_logprobs")]
+
     def beam_search_params(self, max_tokens: int) -> BeamSearchParams:
         return BeamSearchParams(beam_width=self.n, max_tokens=max_tokens,
                                 ignore_eos=self.ignore_eos, length_penalty=self.length_penalty)
@@ -240,6 +289,12 @@ class ChatCompletionRequest(_SamplingFields):
             if m.content is None and m.role != "assistant":
                 raise OpenAIError(400, f"messages.{i}.content: a {m.role} message needs "
                                   "content", "messages")
+
+    def sizes(self) -> list[tuple[str, int, str]]:
+        parts = [len(m.content) for m in self.messages if isinstance(m.content, list)]
+        return [*super().sizes(), ("top_logprobs", self.top_logprobs or 0, "max_logprobs"),
+                ("messages", len(self.messages), "max_model_len"),
+                ("messages", max(parts, default=0), "max_items")]
 
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

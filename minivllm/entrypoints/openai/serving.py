@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from minivllm.beam_search import BeamSearch
 from minivllm.engine.async_llm_engine import EngineDeadError
@@ -141,10 +141,6 @@ async def start_requests(app: FastAPI, request: Request, request_id: str,
     if not prompts:
         raise OpenAIError(400, f"{prompt_field} is empty: give at least one prompt",
                           prompt_field)
-    if len(prompts) > app.state.max_prompts:
-        raise OpenAIError(400, f"{prompt_field} has {len(prompts)} prompts; this server takes "
-                          f"at most {app.state.max_prompts} per request "
-                          "(--max-prompts-per-request)", prompt_field)
     try:                       # the values first (max_tokens checked here, with a placeholder)
         params = make_params(max_len if max_tokens is None else max_tokens)
     except (TypeError, ValueError) as e:
@@ -160,6 +156,9 @@ async def start_requests(app: FastAPI, request: Request, request_id: str,
         if len(prompt_ids) + want > max_len:
             raise too_long(max_len, len(prompt_ids), want, prompt_field)
         all_params.append(params if want == params.max_tokens else make_params(want))
+    entries = sum(p.n * p.max_tokens * (p.logprobs + 1) for p in all_params
+                  if p.logprobs is not None)          # held in memory, and answered, at once
+    app.state.limits.check([("logprobs", entries, "max_logprob_entries")])
     # Every prompt queued at once (one drain of the engine's queue, not one step each), and
     # the client watched meanwhile: 10,000 prompts of a client that left are not added.
     adds = [aengine.add_request(f"{request_id}-{i}", prompt_ids, p)
@@ -190,6 +189,13 @@ def visible_text(text: str, finished: bool, params: SamplingParams) -> str:
         return text
     hold = max(map(len, params.stop)) - 1
     return text[:len(text) - hold] if hold else text
+
+
+async def json_response(build: Callable[[], dict]) -> Response:
+    """A whole answer, built and encoded on a worker thread, not on the event loop (64 samples
+    with logprobs are 400,000 entries; FastAPI walks a returned dict with jsonable_encoder)."""
+    body = await asyncio.to_thread(lambda: json.dumps(build()).encode())
+    return Response(body, media_type="application/json")
 
 
 def sse(payload: dict | str) -> str:
@@ -277,9 +283,6 @@ async def beam_search(app: FastAPI, request: Request, req: CompletionRequest, ri
     max_len = app.state.aengine.engine.model_config.max_model_len
     if n < 1:
         raise OpenAIError(400, f"n must be an integer >= 1 (the number of beams), got {n}", "n")
-    if len(prompts) * n > app.state.max_prompts:
-        raise OpenAIError(400, f"n: {len(prompts)} prompts x {n} beams is over this server's "
-                          f"{app.state.max_prompts} (--max-prompts-per-request)", "n")
     ids = await until_disconnected(request, asyncio.to_thread(tokenize, app, prompts, "prompt",
                                                               req.add_special_tokens))
     try:
@@ -315,6 +318,7 @@ def add_routes(app: FastAPI) -> None:
     async def completions(req: CompletionRequest, request: Request):
         check_model(app, req.model)
         req.check_supported()
+        app.state.limits.check(req.sizes())
         rid = random_id("cmpl")
         if req.use_beam_search:
             return await beam_search(app, request, req, rid)
@@ -343,15 +347,19 @@ def add_routes(app: FastAPI) -> None:
                                                     params, req.include_usage, choice, [],
                                                     req.continuous_usage))
         finals = await final_outputs(app, request, rid, streams)
-        choices = [choice(i * params.n + c.index, c.text, c, 0, 0)
-                   for i, out in enumerate(finals) for c in out.outputs]
-        tokens = sum(len(c.token_ids) for out in finals for c in out.outputs)
-        return {**envelope, "choices": choices, "usage": _usage(prompt_lens, tokens)}
+
+        def answer():
+            choices = [choice(i * params.n + c.index, c.text, c, 0, 0)
+                       for i, out in enumerate(finals) for c in out.outputs]
+            tokens = sum(len(c.token_ids) for out in finals for c in out.outputs)
+            return {**envelope, "choices": choices, "usage": _usage(prompt_lens, tokens)}
+        return await json_response(answer)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_model(app, req.model)
         req.check_supported()
+        app.state.limits.check(req.sizes())
         rid = random_id("chatcmpl")
         k = req.logprobs_k()
         try:
@@ -381,9 +389,12 @@ def add_routes(app: FastAPI) -> None:
                                                     params, req.include_usage, choice, opening,
                                                     req.continuous_usage))
         (out,) = await final_outputs(app, request, rid, streams)
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": logprobs(c, 0), "finish_reason": c.finish_reason}
-                   for c in out.outputs]
-        tokens = sum(len(c.token_ids) for c in out.outputs)
-        return {**envelope, "object": "chat.completion", "choices": choices,
-                "usage": _usage(prompt_lens, tokens)}
+
+        def answer():
+            choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                        "logprobs": logprobs(c, 0), "finish_reason": c.finish_reason}
+                       for c in out.outputs]
+            tokens = sum(len(c.token_ids) for c in out.outputs)
+            return {**envelope, "object": "chat.completion", "choices": choices,
+                    "usage": _usage(prompt_lens, tokens)}
+        return await json_response(answer)
