@@ -215,7 +215,7 @@ def expensive_requests() -> list[tuple[str, str, dict | bytes, float]]:
         ("16 samples with 20 logprobs", "/v1/completions",
          {"prompt": "Once upon a time", "n": 16, "logprobs": 20, "max_tokens": 60,
           "ignore_eos": True}, 120),
-        ("1,024 stop strings of 200 characters", "/v1/completions",
+        ("1,024 stop strings of 238 characters", "/v1/completions",
          {"prompt": "Count:", "max_tokens": 60, "ignore_eos": True,
           "stop": [f"{i:04d}" + "never " * 39 for i in range(1024)]}, 120),
         ("a prompt at max_model_len", "/v1/completions",

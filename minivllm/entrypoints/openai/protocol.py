@@ -61,11 +61,13 @@ class RequestLimits:
                                   f"{getattr(self, name):,} ({WHERE[name]})", field)
 
 
-WHERE = {"max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
+WHERE = {"max_model_len": "--max-model-len: each message is a token at least",
+         "max_num_seqs": "--max-num-seqs", "max_logprobs": "vLLM's max_logprobs",
          "max_prompts": "--max-prompts-per-request, for prompts and for prompts x n",
-         "max_logprobs": "vLLM's max_logprobs", "max_items": "a fixed limit",
-         "max_stop_chars": "a fixed limit", "max_logprob_entries": "a fixed limit, on "
-         "prompts x n x max_tokens x (logprobs + 1) entries; lower max_tokens, n or logprobs"}
+         "max_items": "items, a fixed limit",
+         "max_stop_chars": "characters in one stop string, a fixed limit",
+         "max_logprob_entries": "prompts x n x max_tokens x (logprobs + 1) entries, a fixed "
+                                "limit; lower max_tokens, n or logprobs"}
 
 
 class _Request(BaseModel):
