@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PROMPTS, wait_idle
+from conftest import PROMPTS, nested_schema, wait_idle
 from minivllm import LLM, SamplingParams
 from minivllm.engine.async_llm_engine import AsyncLLMEngine
 from minivllm.engine.core import EngineCoreRequest
@@ -155,9 +155,7 @@ def test_a_grammar_crosses_once_for_all_its_samples(inproc, mp):
         request = EngineCoreRequest("r", [1, 2], SamplingParams(guided_decoding=guided),
                                     grammar=front.compile(guided, serialized=True))
         return pickle.loads(pickle.dumps(sent.prepare(request))).grammar
-    deep = {"type": "integer"}
-    for _ in range(300):             # pickle recursed past Python's limit on this schema
-        deep = {"type": "object", "properties": {"a": deep}, "required": ["a"]}
+    deep = nested_schema(300)        # pickle recursed past Python's limit on this schema
     first, again = crossing(GuidedDecodingParams(json=deep)), crossing(
         GuidedDecodingParams(json=deep))
     assert first.json and again.json is None and again.digest == first.digest

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import reconfigured
+from conftest import reconfigured, rss_mb
 from minivllm import SamplingParams
 
 VOCAB = 49152     # SmolLM2
@@ -159,17 +159,12 @@ def test_sampled_requests_are_valid_and_reproducible(engine, reqs):
             assert out.outputs[0].token_ids == ref.outputs[0].token_ids, rid
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
-
-
 def test_many_samples_are_refused_before_their_children_exist(engine):
     """n is checked against max_num_seqs before the fan-out builds a child id per sample: a
     request with n = 10**9 once grew the server to 19 GB and the OOM killer took it (20
     million here: 1.4 GB before the fix, nothing after)."""
-    before = _rss_mb()
+    before = rss_mb()
     with pytest.raises(ValueError, match="max_num_seqs"):
         engine.add_request("many", [1, 2, 3], SamplingParams(n=20_000_000, max_tokens=1))
     assert not engine.has_unfinished_requests()
-    assert _rss_mb() - before < 100, f"RSS grew {_rss_mb() - before:.0f} MB"
+    assert rss_mb() - before < 100, f"RSS grew {rss_mb() - before:.0f} MB"

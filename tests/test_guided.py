@@ -16,7 +16,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.sample.logits_processor import apply_penalties
 from minivllm.sampling_params import GuidedDecodingParams
 
-from conftest import reconfigured
+from conftest import nested_schema, reconfigured, rss_mb
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 12},
@@ -228,14 +228,6 @@ def test_bad_constraints_and_combinations_are_refused(smol):
             guided_decoding=GuidedDecodingParams(choice=["a", "b"])))
 
 
-def nested(depth: int) -> dict:
-    """A schema of objects `depth` levels deep: compiles for seconds (300: ~5 s on a Zen 5)."""
-    schema = {"type": "integer"}
-    for _ in range(depth):
-        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
-    return schema
-
-
 def test_a_compile_over_its_limits_is_refused_and_the_server_stays_small(smol_llm):
     """The server's compiles run in a child process (GrammarSandbox): one over its CPU time or
     its memory is a ValueError naming the limit and its flag, the child is replaced, and this
@@ -244,11 +236,10 @@ def test_a_compile_over_its_limits_is_refused_and_the_server_stays_small(smol_ll
     wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)},
             "required": [f"p{i}" for i in range(2000)]}
     sandbox = manager.sandbox(timeout_s=1.0, memory_mb=512)
-    with open("/proc/self/status") as f:
-        before = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+    before = rss_mb()
     try:
         with pytest.raises(ValueError, match=r"over 1 s of CPU.*-compile-seconds"):
-            manager.compile(GuidedDecodingParams(json=nested(300)), (1.0, 512))
+            manager.compile(GuidedDecodingParams(json=nested_schema(300)), (1.0, 512))
         sandbox.timeout_s = 120.0              # the same child: now memory is what binds
         with pytest.raises(ValueError, match=r"512 MiB.*-compile-memory-mb"):
             manager.compile(GuidedDecodingParams(json=wide), (1.0, 512))
@@ -259,9 +250,7 @@ def test_a_compile_over_its_limits_is_refused_and_the_server_stays_small(smol_ll
         assert type(grammar).__name__ == "CompiledGrammar"
     finally:
         sandbox.close()
-    with open("/proc/self/status") as f:
-        grew = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) - before
-    assert grew < 100 * 1024, f"this process grew {grew / 1024:.0f} MB"
+    assert rss_mb() - before < 100, f"this process grew {rss_mb() - before:.0f} MB"
 
 
 def test_bench_guided_report(smol, capsys):

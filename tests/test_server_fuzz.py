@@ -15,9 +15,9 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import PROMPTS
+from conftest import PROMPTS, nested_schema, rss_mb
 from test_server_hostile import (MAX_PROMPTS, assert_openai_error, call, healthy,  # noqa: F401
-                                 rss_mb, served, wait_idle)
+                                 served, wait_idle)
 
 RSS_BOUND_MB = 1024      # what the server may grow by over the whole fuzz (it held ~0 here)
 HUGE = (10**9, 2**63)    # every integer field is sent these
@@ -196,13 +196,6 @@ STALL_BOUND_S = 3.0      # the issue's bound; docs/benchmarks.md has the gaps me
 HUGE_CHOICES = 4000      # compiles for seconds (20,000 took 40 s on a 2-core CPU)
 
 
-def _deep_schema(depth: int) -> dict:
-    schema = {"type": "integer"}
-    for _ in range(depth):
-        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
-    return schema
-
-
 def expensive_requests() -> list[tuple[str, str, dict | bytes, float]]:
     """(kind, path, body, client timeout): each expensive request the protocol accepts, and
     the ones it refuses only after reading them. A client that times out leaves."""
@@ -211,7 +204,7 @@ def expensive_requests() -> list[tuple[str, str, dict | bytes, float]]:
         ("a 4,000-way guided_choice", "/v1/completions",
          {"prompt": "Pick:", "max_tokens": 2, "guided_choice": choices}, 1.0),
         ("a schema 300 levels deep", "/v1/completions",
-         {"prompt": "JSON:", "max_tokens": 2, "guided_json": _deep_schema(300)}, 1.0),
+         {"prompt": "JSON:", "max_tokens": 2, "guided_json": nested_schema(300)}, 1.0),
         ("16 samples with 20 logprobs", "/v1/completions",
          {"prompt": "Once upon a time", "n": 16, "logprobs": 20, "max_tokens": 60,
           "ignore_eos": True}, 120),

@@ -22,7 +22,7 @@ from minivllm import SamplingParams
 from minivllm.engine.async_llm_engine import AsyncLLMEngine
 from minivllm.entrypoints.openai.api_server import Server, bind_socket
 
-from conftest import PROMPTS, reconfigured, wait_idle
+from conftest import PROMPTS, reconfigured, rss_mb, wait_idle
 
 MODEL = "smol"
 MAX_MODEL_LEN = 256
@@ -135,12 +135,6 @@ def test_many_prompts_then_disconnect_leaves_nothing(served):
     assert (s.num_running, s.num_waiting, s.num_blocks_used) == (0, 0, 0)
     print(f"many prompts: the engine let go {took:.2f} s after the client left")
     assert took < 2.5, f"the engine let go {took:.1f} s after the client left"
-
-
-def rss_mb(pid: int | None = None) -> float:
-    """A process's resident memory, in MB (this one's by default)."""
-    with open(f"/proc/{pid or 'self'}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
 HI = [{"role": "user", "content": "Hi"}]
