@@ -16,13 +16,14 @@ def _():
 
     from minivllm import LLM, BeamSearchParams, SamplingParams
     from minivllm.engine.core import EngineCoreRequest
+    from minivllm.config.scheduler import V0_SCHEDULER
     from minivllm.core.block_manager import cdiv
     from minivllm.config import resolve_device, resolve_dtype
     from minivllm.core.kv_cache import kv_bytes_per_token, reference_config
     from minivllm.workloads import Request, lognormal_requests, serve
-    return (BeamSearchParams, EngineCoreRequest, LLM, Request, Rectangle, SamplingParams, cdiv,
-            collections, kv_bytes_per_token, lognormal_requests, mo, np, plt, reference_config,
-            resolve_device, resolve_dtype, serve, torch)
+    return (BeamSearchParams, EngineCoreRequest, LLM, Request, Rectangle, SamplingParams,
+            V0_SCHEDULER, cdiv, collections, kv_bytes_per_token, lognormal_requests, mo, np, plt,
+            reference_config, resolve_device, resolve_dtype, serve, torch)
 
 
 @app.cell
@@ -83,12 +84,12 @@ def _(mo):
 
     | operating system | minivllm / vLLM |
     |---|---|
-    | process | a `Request`: the core's unit (one sample of a V0 `n > 1` request) |
+    | process | a `Request`: the core's unit (one sample, with its own request id) |
     | virtual page | a *logical block*: `block_size` consecutive tokens of the sequence |
     | page table | the sequence's `block_table`: logical block `i` -> physical block id |
     | physical page frame | a block of the KV pool, `block_size` tokens of K and V in every layer |
     | page size | `block_size` (16 by default) |
-    | reference count, `fork()`, copy-on-write | `BlockManager.ref_counts`, `fork`, `append_slots` (vLLM V0's design for `n > 1`; V1 fans out instead, below) |
+    | reference count, `fork()`, copy-on-write | `BlockManager.ref_counts`, V0's `fork_blocks`, `append_slots` (vLLM V0's design for `n > 1`; V1 fans out instead, below) |
 
     A sequence is given a new block only when its last one is full, so the memory it holds but
     does not use is at most `block_size - 1` slots, whatever `max_model_len` is. Attention
@@ -274,17 +275,18 @@ def _(mo):
     ## The mechanism, live: block tables, reference counts, copy-on-write
 
     Parallel sampling asks for `n` answers to one prompt (`SamplingParams(n=...)`). What follows
-    is **vLLM V0's design** (the PagedAttention paper's), which minivllm's `EngineCore` keeps
-    for a request handed to it whole (`EngineCoreRequest` with `n > 1`), because it shows
-    reference counts and copy-on-write at work; `LLMEngine` itself does it vLLM V1's way, shown
-    after it. The engine prefills the prompt once; when the first token is sampled,
-    `BlockManager.fork` gives each of the other samples a block table that points at the same
-    physical blocks, and raises each block's reference count to `n`. Nothing is copied yet.
+    is **vLLM V0's design** (the PagedAttention paper's), which minivllm's V0 scheduler keeps
+    (`minivllm/core/v0/`) for a request handed to the engine core whole (`n > 1`), because it
+    shows reference counts and copy-on-write at work; `LLMEngine` itself does it vLLM V1's way,
+    shown after it. The engine prefills the prompt once, as sample 0; when its first token is
+    sampled, the scheduler forks the others: each gets a block table that points at the same
+    physical blocks, and each block's reference count goes up to `n`. Nothing is copied yet.
 
-    On the next step every sample writes its own token. If the prompt ended in the middle of
-    a block, that write would land in a block the others still read, so `append_slots` first
-    gives the writer a private copy of that one block (copy-on-write) and lowers the shared
-    block's count. The full prompt blocks stay shared until the request ends.
+    On the next step every sample writes: sample 0 its first token, each fork the prompt's last
+    token again, whose logits row it draws its first token from (to the model runner a fork is
+    a new request, its prompt computed but for one token). A write into a block others still
+    read first copies it for the writer (copy-on-write, `append_slots`); the full prompt blocks
+    stay shared to the end.
 
     Below is the real state of the paged engine's block manager for one request with a
     40-token prompt (two full blocks and 8 tokens in a third), after steps 1 and 12. Each
@@ -296,7 +298,7 @@ def _(mo):
 
 
 @app.cell
-def _(EngineCoreRequest, PAGED, SamplingParams, collections, llm):
+def _(EngineCoreRequest, PAGED, SamplingParams, V0_SCHEDULER, collections, llm):
     PROMPT_LEN, SAMPLE_TOKENS = 40, 16
     prompt_ids = llm.tokenizer.encode(
         "The quick brown fox jumps over the lazy dog. A paged cache lends memory one block "
@@ -311,20 +313,20 @@ def _(EngineCoreRequest, PAGED, SamplingParams, collections, llm):
         key = (n, prompt_len, max_tokens)
         if key in _cache:
             return _cache[key]
-        engine = llm.reconfigure(**PAGED).engine
+        engine = llm.reconfigure(**PAGED, scheduler_cls=V0_SCHEDULER).engine
         rid = f"parallel-n{n}-p{prompt_len}"
         # V0's path: the request goes to the core whole and forks n samples inside it
         # (LLMEngine's add_request would fan it out into n requests, V1's way, below).
         engine.engine_core.add_request(EngineCoreRequest(
             rid, prompt_ids[:prompt_len],
             SamplingParams(n=n, temperature=0.8, seed=0, max_tokens=max_tokens, ignore_eos=True)))
-        first = engine.requests[rid]       # .samples: itself until the prompt is done, then n
+        samples = engine.scheduler.groups[rid].seqs if n > 1 else [engine.requests[rid]]
         snapshots = []
         with engine.trace() as steps:      # StepRecord.num_blocks_copied: copy-on-write
             while engine.has_unfinished_requests():
                 engine.step()
-                tables = [(s.seq_id, s.num_computed_tokens, list(s.block_table))
-                          for s in first.samples if s.block_table]
+                tables = [(s.request_id, s.num_computed_tokens, list(s.block_table))
+                          for s in samples if s.block_table]
                 if not tables:             # the last step finished every sample
                     break
                 # How many block tables point at each block: its reference count, since this
@@ -340,7 +342,7 @@ def _(EngineCoreRequest, PAGED, SamplingParams, collections, llm):
                 })
         texts = [" ".join(llm.tokenizer.decode(s.output_token_ids,
                                                skip_special_tokens=True).split())
-                 for s in first.samples]
+                 for s in samples]
         _cache[key] = result = {"n": n, "prompt_len": prompt_len, "snapshots": snapshots,
                                 "texts": texts}
         return result
@@ -355,7 +357,7 @@ def _(BLOCK_SIZE, Rectangle, plt):
         shared_color, private_color = "tab:orange", "tab:blue"
         # Top row: the samples' logical blocks, side by side, one group per sample.
         x, logical = 0.0, []
-        for sample, (seq_id, held, table) in enumerate(tables):
+        for sample, (request_id, held, table) in enumerate(tables):
             ax.text(x, 1.5, f"sample {sample}\n{table}", fontsize=6.5, va="bottom")
             for j, block in enumerate(table):
                 fill = min(max(held - j * block_size, 0), block_size) / block_size
@@ -502,8 +504,8 @@ def _(PROMPT_LEN, mo, run_parallel):
     parallel_shared_after_fork = _r4["snapshots"][0]["shared_blocks"]
     parallel_shared_blocks = _r4["snapshots"][-1]["shared_blocks"]
     parallel_cow_events = _r4["snapshots"][-1]["cow"]
-    parallel_blocks_used = _r4["snapshots"][-1]["blocks_used"]
-    parallel_blocks_unshared = _r4["snapshots"][-1]["blocks_unshared"]
+    _all4 = [_s for _s in _r4["snapshots"] if len(_s["tables"]) == 4][-1]  # all 4 still hold
+    parallel_blocks_used, parallel_blocks_unshared = _all4["blocks_used"], _all4["blocks_unshared"]
     # The same request with a prompt that ends exactly on a block boundary (48 = 3 x 16).
     # Three tokens are enough: the copies, if any, happen at step 2.
     aligned_cow_events = run_parallel(4, 48, max_tokens=3)["snapshots"][-1]["cow"]
@@ -516,8 +518,8 @@ def _(PROMPT_LEN, mo, run_parallel):
     **{parallel_cow_events}** copies, not 4: the last sample to write finds the block's
     count already down to 1, so it keeps the original. Only the one partly filled block is
     ever copied; the **{parallel_shared_blocks}** full prompt blocks stay shared to the end.
-    And with a 48-token prompt, which ends exactly at a block boundary, the same request
-    makes **{aligned_cow_events}** copies: every sample starts its own fresh block.
+    A 48-token prompt (on a block boundary) makes **{aligned_cow_events}** copies too: each fork
+    rewrites the prompt's last token, in its last block (V0 reused sample 0's row: no copy).
     """)
     return (aligned_cow_events, parallel_blocks_unshared, parallel_blocks_used,
             parallel_cow_events, parallel_shared_after_fork, parallel_shared_blocks)
@@ -560,10 +562,10 @@ def _(mo):
     each beam proposes its best next tokens, the `k` best extensions over all beams survive,
     and the rest die. Two beams often extend the same parent, so their histories are the
     same up to the fork. With block tables that costs nothing: a survivor that extends a beam
-    already taken becomes a **fork** of it (`BlockManager.fork`: same blocks, reference counts
+    already taken becomes a **fork** of it (V0's `fork_blocks`: same blocks, reference counts
     up), a beam no survivor extends is freed, and copy-on-write splits the one partly filled
-    block when each writes to it. This is vLLM V0's design, run by minivllm's engine core
-    (`minivllm/core/beam_group.py`, through `llm.beam_search(..., method="fork")`).
+    block when each writes to it. This is vLLM V0's design, run by minivllm's V0 scheduler
+    (`minivllm/core/v0/beam_group.py`, through `llm.beam_search(..., method="fork")`).
 
     vLLM V1 took beam search out of the engine (`vllm/beam_search.py`): each beam becomes a
     one-token request whose prompt is its whole history, and the sharing comes back from the
@@ -576,21 +578,22 @@ def _(mo):
 
 
 @app.cell
-def _(BeamSearchParams, PAGED, collections, llm, prompt_ids):
+def _(BeamSearchParams, PAGED, V0_SCHEDULER, collections, llm, prompt_ids):
     BEAM_WIDTH, BEAM_TOKENS, BEAM_PROMPT = 4, 24, 40
 
     def run_beams(method, caching=False):
         """One beam search on the paged engine; the live beams' block tables at every step,
         taken once the step is scheduled (copy-on-write done), and what the steps computed."""
-        engine = llm.reconfigure(**{**PAGED, "enable_prefix_caching": caching}).engine
+        v0 = {"scheduler_cls": V0_SCHEDULER} if method == "fork" else {}   # V0's forks
+        engine = llm.reconfigure(**{**PAGED, "enable_prefix_caching": caching, **v0}).engine
         snapshots = []
 
-        def snapshot():
-            live = [s for r in engine.requests.values() for s in r.samples
-                    if s.block_table and not s.is_finished]
+        def snapshot():                   # each beam is a request of its own in the core
+            live = [s for s in engine.requests.values() if s.block_table and not s.is_finished]
             refs = collections.Counter(b for s in live for b in s.block_table)
             snapshots.append({
-                "tables": [(s.index, s.num_computed_tokens, list(s.block_table)) for s in live],
+                "tables": [(s.request_id, s.num_computed_tokens, list(s.block_table))
+                           for s in live],
                 "ref_counts": dict(sorted(refs.items())), "blocks_used": len(refs),
                 "blocks_unshared": sum(len(s.block_table) for s in live),
                 "shared_blocks": sum(1 for c in refs.values() if c > 1)})
@@ -624,7 +627,7 @@ def _(BEAM_PROMPT, BEAM_TOKENS, BEAM_WIDTH, draw_parallel, forked_beams, mo, v1_
              f"{_x['blocks_used']} in use, {_x['cow']} copies so far") for _s, _x in _at],
         who="beam")
     mo.vstack([_fig, mo.md(f"""
-    Each beam is a sample of the one request here (V0's fork makes it; the boxes call it so),
+    Each beam is a request of its own in the core (a fork makes it; the boxes call it a sample),
     and the beams at step 7 are not the ones at the end: most die, and the survivors fork. In
     {forked_beams['steps']} steps the forks computed **{forked_beams['computed']}** tokens:
     the {BEAM_PROMPT}-token prompt once, then one token per beam per step, and made
@@ -796,11 +799,11 @@ def _(mo):
 
 
 @app.cell
-def _(EngineCoreRequest, PAGED, SamplingParams, cdiv, llm, prompt_ids):
+def _(EngineCoreRequest, PAGED, SamplingParams, V0_SCHEDULER, cdiv, llm, prompt_ids):
     def measure_exercise(generated=20):
         """Run the exercise's request set on the paged engine; count blocks when every
         sequence holds `generated` output tokens' K/V. Then abort it."""
-        engine = llm.reconfigure(**PAGED).engine
+        engine = llm.reconfigure(**PAGED, scheduler_cls=V0_SCHEDULER).engine
         ids = prompt_ids
         requests = [("ex-a", ids[:100], 1), ("ex-b", ids[:16], 1), ("ex-c", ids[:33], 1),
                     ("ex-d", ids[:40], 3)]
@@ -809,8 +812,8 @@ def _(EngineCoreRequest, PAGED, SamplingParams, cdiv, llm, prompt_ids):
                 n=n, temperature=0.8, seed=1, max_tokens=generated + 5, ignore_eos=True)))
         for _ in range(generated + 1):     # step 1 prefills; each later step caches 1 token
             engine.step()
-        held = [s.num_computed_tokens for rid, _, _ in requests
-                for s in engine.requests[rid].samples]
+        held = [s.num_computed_tokens for rid, _, n in requests       # a fork's samples too
+                for s in (engine.scheduler.groups[rid].seqs if n > 1 else [engine.requests[rid]])]
         used = engine.stats().num_blocks_used
         for rid, _, _ in requests:
             engine.abort_request(rid)
@@ -875,8 +878,8 @@ def _(mo):
     (`vllm/v1/worker/block_table.py`) keeps each request's row of block ids between steps, is
     sent only the new ids, and fills `slot_mapping` on the GPU. V1 has no fork and no
     copy-on-write: `n > 1` fans out into one-sample requests at the front end, which share
-    only full blocks, through the prefix cache. minivllm's `LLMEngine` does the same, and its
-    engine core keeps V0's fork to show reference counts and copy-on-write at work. It keeps
+    only full blocks, through the prefix cache. minivllm's `LLMEngine` does the same; its V0
+    scheduler (`core/v0/`) keeps the fork to show reference counts and copy-on-write. It keeps
     the counts in one list (`BlockManager.ref_counts`) and rebuilds block tables and
     `slot_mapping` in Python every step (`ModelRunner.prepare`): slower, easy to follow.
     """), kind="info")
@@ -928,16 +931,14 @@ def _(PROMPT_LEN, aligned_cow_events, block_costs, exercise_blocks, forked_beams
     ## Where the code lives
 
     * `minivllm/core/block_manager.py`: `BlockManager` (`allocate`, `append_slots` with
-      copy-on-write, `fork`, `free`, `ref_counts`) and `cdiv`.
+      copy-on-write, `free`, `ref_counts`) and `cdiv`.
     * `minivllm/core/request.py`: `Request.block_table` and `num_computed_tokens`.
     * `minivllm/attention/torch_attention.py`: `paged_attention` gathers each sequence's K/V
       through its block table; `write_kv_cache` scatters new K/V into slots.
     * `minivllm/worker/model_runner.py`: `copy_blocks` performs the copies `append_slots` asks for.
-    * `minivllm/core/scheduler.py`: `Scheduler.fork` (V0's n > 1, and beams) and the admission
-      checks (`can_allocate`, `can_append_slots`); `minivllm/core/kv_cache.py`:
-      `ContiguousAllocator`, the slab baseline.
-    * `minivllm/core/beam_group.py`: beam search on forks (V0's design), a round at a time;
-      `minivllm/beam_search.py`: V1's way and the rules both share.
+    * `minivllm/core/scheduler.py`: admission (`can_allocate`, `can_append_slots`); `core/v0/`:
+      V0's scheduler (`fork`, `fork_blocks`) and `beam_group.py` (beams forked round by round);
+      `minivllm/beam_search.py`: V1's way, the shared rules; `core/kv_cache.py`: the slabs.
     * Next: lesson 03 makes attention over these blocks fast (FlashAttention), lesson 04
       uses the freed memory to keep the batch full (continuous batching), and lesson 05
       turns prefix caching back on: blocks shared across requests, same reference counts.
@@ -968,7 +969,7 @@ def _(BLOCK_SIZE, PROMPT_LEN, aligned_cow_events, check_blocks_answer, check_cow
         assert parallel_shared_after_fork == -(-PROMPT_LEN // BLOCK_SIZE) == 3
         assert parallel_shared_blocks == PROMPT_LEN // BLOCK_SIZE == 2
         assert parallel_cow_events == 4 - 1
-        assert aligned_cow_events == 0
+        assert aligned_cow_events == 4 - 1      # the forks recompute the last prompt token
         assert parallel_blocks_used < parallel_blocks_unshared
 
     def test_v1_fan_out_shares_full_blocks_through_the_prefix_cache():

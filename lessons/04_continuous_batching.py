@@ -689,9 +689,11 @@ def _(continuous_run, grid, mo, static_run, step_ratio, sweep, v1_box):
 
     ## Where the code lives
 
-    * `minivllm/core/scheduler.py`: `Scheduler.schedule`, the three passes (running, swapped,
-      waiting) and the one line that makes `scheduling="static"` wait for an empty batch. Three
-      queues with a pass each is **vLLM V0's** scheduler; V1's is in the box below.
+    * `minivllm/core/scheduler.py`: `Scheduler.schedule`, V1's two passes (running, then
+      waiting); `minivllm/core/v0/scheduler.py`: V0's scheduler beside it (picked by
+      `scheduling="static"`), whose `_schedule_waiting` holds the one line that makes static
+      batching wait for an empty batch, after a third queue's pass (swapped) that is **vLLM
+      V0's**; V1's scheduler is in the box below.
     * `minivllm/engine/core.py`: `EngineCore.step`, one scheduling decision and one forward pass per
       call; `minivllm/engine/llm_engine.py`: `LLMEngine.step` turns the core's outputs into a
       `RequestOutput` for every request that moved.

@@ -479,12 +479,12 @@ def _(BlockManager, SamplingParams, Request, docs_prefix, llm):
         b's tokens its prefix cache supplies."""
         bm = BlockManager(2 * (max(len(a), len(b)) // block_size + 1), block_size,
                           enable_prefix_caching=True)
-        first = Request("a", a, SamplingParams(), 0)
+        first = Request("a", a, SamplingParams())
         bm.allocate(first)
         first.num_computed_tokens = len(a)    # as the engine records after the model ran
         bm.cache_computed_blocks(first)
         bm.free(first)
-        second = Request("b", b, SamplingParams(), 1)
+        second = Request("b", b, SamplingParams())
         bm.allocate(second)
         return second.num_computed_tokens
 

@@ -160,7 +160,7 @@ def _(BlockManager, Request, SamplingParams):
         bm = BlockManager(kv_budget // (bytes_per_token * block_size), block_size)
         n = 0
         while True:
-            seq = Request(f"r{n}", [0] * seq_len, SamplingParams(), n)
+            seq = Request(f"r{n}", [0] * seq_len, SamplingParams())
             if not bm.can_allocate(seq):
                 return n, bm.num_blocks
             bm.allocate(seq)
@@ -599,8 +599,9 @@ def _(DEC_B, DEC_L, capacity, decode_rows, live, mo, smol_bytes, v1_box):
 
     ## Where the code lives
 
-    * `minivllm/core/kv_cache.py`: `kv_bytes_per_token`, `allocate_kv_cache` (the pool's KV-head
-      axis); `minivllm/core/block_manager.py`: `BlockManager`, asked above for capacity.
+    * `minivllm/core/kv_cache.py`: `kv_bytes_per_token`; `minivllm/worker/model_runner.py`:
+      `allocate_kv_cache` (the pool's KV-head axis); `minivllm/core/block_manager.py`:
+      `BlockManager`, asked above for capacity.
     * `minivllm/models/llama.py`: `LlamaAttention` projects to `num_key_value_heads` heads.
     * `minivllm/attention/torch_attention.py`: `paged_attention` (torch, `enable_gqa=True`).
     * `kernels/paged_attention.py` and `kernels/flash_attention.py`: `NUM_QUERIES_PER_KV`, the

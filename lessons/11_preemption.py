@@ -625,11 +625,13 @@ def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sw
 
     ## Where the code lives
 
-    * `minivllm/core/scheduler.py`: in `Scheduler.schedule`, the loop over running requests that
-      preempts the newest one while `can_append_slots` fails; `Scheduler._preempt` (the two
-      policies); the swapped queue, served before new admissions; `num_preemptions` and
-      `num_swapped_out_blocks`.
-    * `minivllm/core/block_manager.py`: `can_append_slots`, `swap_out`, `swap_in`, `free`.
+    * `minivllm/core/scheduler.py`: in `Scheduler._schedule_running`, the loop over running
+      requests that preempts the newest one while `can_append_slots` fails; `Scheduler._preempt`
+      (recompute, V1's one policy); `num_preemptions`.
+    * `minivllm/core/v0/scheduler.py`: V0's scheduler, picked by `preemption_mode="swap"`:
+      `V0Scheduler._preempt` swaps (its blocks' copies into the host pool), the swapped queue
+      served before new admissions (`_schedule_waiting`), `num_swapped_out_blocks`.
+    * `minivllm/core/block_manager.py`: `can_append_slots`, `free`.
     * `minivllm/worker/model_runner.py`: `ModelRunner.swap_out` / `swap_in`, the block copies
       between the device pool and the host pool.
     * `minivllm/config/`: `num_kv_blocks` and `swap_space` (cache.py), `preemption_mode` (scheduler.py).

@@ -566,8 +566,9 @@ def _(base_tok_s, bf16_values_0_4, capacity, mo, table, v1_box, weight_error):
     * `kernels/write_kv.py`: the quantized KV row (`quantize_kv` / `dequantize_kv`) and the
       write kernel that quantizes on the way in; `load_kv_tile` in
       `kernels/flash_attention.py` dequantizes on the way out, for both attention kernels.
-    * `minivllm/core/kv_cache.py`: `kv_bytes_per_token` and `allocate_kv_cache` with
-      `kv_cache_dtype`; `minivllm/benchmarks/quant.py`: `minivllm bench quant`.
+    * `minivllm/core/kv_cache.py`: `kv_bytes_per_token`, and `allocate_kv_cache` in
+      `minivllm/worker/model_runner.py`, with `kv_cache_dtype`; `minivllm/benchmarks/quant.py`:
+      `minivllm bench quant`.
     """), v1_box])
     return (findings,)
 

@@ -10,8 +10,8 @@ with `logprobs` = the number of candidates: the beam's whole history is its prom
 the beams share (the prompt, the tokens a parent gave its children) comes back from the prefix
 cache, block by block; nothing in the engine knows the requests are beams. V0's design, which
 forks one request's block tables inside the engine core, sharing blocks copy-on-write, is the
-other way (core/beam_group.py; `LLM.beam_search(..., method="fork")`): the same beams, from
-the same rules (BeamSearchInstance below), each token computed once (lesson 02).
+other way (core/v0/beam_group.py; `LLM.beam_search(..., method="fork")`): the same beams,
+from the same rules (BeamSearchInstance below), each token computed once (lesson 02).
 
 Which beams survive follows transformers' `generate(num_beams=k, do_sample=False)` (its
 `_beam_search`, transformers 5), token for token (tests/test_beam_search.py):
@@ -182,7 +182,7 @@ class BeamSearch:
 
 
 def beam_from_output(prompt: list[int], out, length_penalty: float) -> BeamSearchSequence:
-    """A finished beam as the engine core reports it (an EngineCoreOutput: core/beam_group.py)."""
+    """A finished beam as the engine core reports it (an EngineCoreOutput: core/v0/)."""
     logprobs = list(out.new_logprobs)
     cum_logprob = sum(logprob for entry in logprobs for logprob in entry.values())
     return BeamSearchSequence(prompt + list(out.new_token_ids), logprobs, cum_logprob,
@@ -203,3 +203,4 @@ def beam_search(llm, prompts: list[list[int]], params: BeamSearchParams,
             search.advance([out.outputs[0].logprobs[0] for out in outs])
             bar.update()
     return search.outputs(llm.tokenizer)
+

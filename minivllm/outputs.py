@@ -2,9 +2,11 @@
 
     ModelRunnerOutput    runner -> scheduler: the tokens one forward pass drew (vLLM twin:
                          vllm/v1/outputs.py)
-    EngineCoreOutputs    engine core -> front end: per sample, the tokens it gained this step
+    EngineCoreOutputs    engine core -> front end: per request, the tokens it gained this step
                          and why it finished, keyed by request id; plain values, no core object
                          (vLLM twin: vllm/v1/engine/__init__.py)
+    EngineStats          engine core -> front end: a snapshot of the scheduler and the KV pool
+                         (vLLM twin: SchedulerStats, vllm/v1/metrics/stats.py)
     RequestOutput        front end -> caller: text, token ids and metrics, one CompletionOutput
                          per sample (vLLM twin: vllm/outputs.py)
 
@@ -74,37 +76,29 @@ Draw = tuple[int, "dict[int, float] | None"]
 @dataclass(slots=True)
 class ModelRunnerOutput:
     """What one step's forward pass and sampling produced, for Scheduler.update_from_output.
+    Every dict is keyed by request id, the one key of every message (vLLM V1's req_id).
 
-    sampled[seq_id]   the tokens that sequence appends this step, in order: one, or with
+    sampled[req_id]   the tokens that request appends this step, in order: one, or with
                       speculative decoding the drafts the target accepted and then one more
-    forked[seq_id]    (vLLM V0's parallel sampling, for an n > 1 request the core forks; the
-                      front end fans n out instead, as V1 does) a sequence whose prompt is now
-                      computed, of a request with n > 1 samples:
-                      the first token of each other sample (indices 1..n-1), drawn from the
-                      same logits row; update_from_output forks the samples and appends them
-    errors            request_id -> why sampling failed (that request alone is aborted)
-    draft_token_ids[(request_id, index)]   speculative decoding: the drafts the runner's
-                      drafter proposed for that sample's next step, from its tokens with this
-                      step's appended (vLLM: DraftTokenIds, by request id; here by sample, and
-                      not by seq_id: a sample forked this step has none the runner knows); the
-                      core hands them to Scheduler.update_draft_token_ids
+    errors[req_id]    why sampling failed for it (that request alone is aborted)
+    draft_token_ids[req_id]   speculative decoding: the drafts the runner's drafter proposed
+                      for its next step, from its tokens with this step's appended (vLLM's
+                      DraftTokenIds); the core hands them to Scheduler.update_draft_token_ids
 
-    A sequence that ran a prefill chunk short of its prompt's end samples nothing: it is in
+    A request that ran a prefill chunk short of its prompt's end samples nothing: it is in
     none of the dicts.
     """
 
-    sampled: dict[int, list[Draw]] = field(default_factory=dict)
-    forked: dict[int, list[Draw]] = field(default_factory=dict)
+    sampled: dict[str, list[Draw]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
-    draft_token_ids: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
 class EngineCoreOutput:
-    """One sample of one request, after a step that gave it tokens or finished it."""
+    """One request, after a step that gave it tokens or finished it."""
 
     request_id: str
-    index: int                                  # which of the request's n samples
     new_token_ids: list[int]                    # appended this step, in order (may be empty)
     new_logprobs: list[dict[int, float]] | None  # one entry per new token, if asked for
     finish_reason: str | None = None            # "stop", "length", "abort"; None: running
@@ -112,6 +106,58 @@ class EngineCoreOutput:
     first_scheduled_time: float | None = None   # when the core first scheduled the request
     num_draft_tokens: int = 0                   # speculative decoding, so far: drafts verified
     num_accepted_tokens: int = 0                # ... and accepted
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot of the engine between steps (Scheduler.make_stats; vLLM: SchedulerStats)."""
+
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_blocks_used: int
+    num_blocks_total: int
+    slots_reserved: int        # KV slots owned by running sequences (used blocks x block_size)
+    tokens_cached: int         # tokens whose K/V those slots actually hold
+    num_preemptions: int       # since the engine was configured
+    prefix_cache_queried_tokens: int = 0   # prompt tokens looked up at admission
+    prefix_cache_hit_tokens: int = 0       # of those, found in the cache (not computed)
+    # Speculative decoding, since the engine was configured (vLLM's spec_decode counters).
+    spec_decode_num_drafts: int = 0            # verifications: sequences that proposed, x steps
+    spec_decode_num_draft_tokens: int = 0      # draft tokens verified
+    spec_decode_num_accepted_tokens: int = 0   # ... and accepted
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()  # [i]: drafts i accepted
+    spec_decode_num_judged_tokens_per_pos: tuple[int, ...] = ()    # [i]: drafts i judged
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float:
+        n = self.spec_decode_num_draft_tokens
+        return self.spec_decode_num_accepted_tokens / n if n else 0.0
+
+    @property
+    def spec_decode_mean_acceptance_length(self) -> float:
+        """Tokens a sequence gains per verifying forward: the accepted drafts, plus the one
+        token the target adds (vLLM's "mean acceptance length"; 1.0 without speculation)."""
+        n = self.spec_decode_num_drafts
+        return 1 + self.spec_decode_num_accepted_tokens / n if n else 1.0
+
+    @property
+    def spec_decode_acceptance_per_pos(self) -> list[float]:
+        """alpha_i: of the verifications that judged draft i (proposed, drafts 0..i-1
+        accepted), the share that accepted it. Leviathan et al.'s formula takes this, not
+        accepted/drafted: at alpha = 0.8, k = 4, independent guesses, that is only 0.59."""
+        return [n / j if j else 0.0 for n, j in zip(self.spec_decode_num_accepted_tokens_per_pos,
+                                                    self.spec_decode_num_judged_tokens_per_pos)]
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        q = self.prefix_cache_queried_tokens
+        return self.prefix_cache_hit_tokens / q if q else 0.0
+
+    @property
+    def kv_utilization(self) -> float:
+        """Share of reserved KV memory that holds real tokens."""
+        return self.tokens_cached / self.slots_reserved if self.slots_reserved else 0.0
 
 
 @dataclass(slots=True)

@@ -31,21 +31,21 @@ CORE = ("engine", "core", "executor", "worker", "attention", "sample", "models")
 # core's ends of the sockets) and the front of a disaggregated pair (engine/disagg/: DisaggLLM
 # over two engines, the decode role's loop).
 # Beam search is an add-on, as vLLM's vllm/beam_search.py: an algorithm over the public API
-# (LLM.generate with logprobs), read after the core; and V0's design of it, the beams forking
-# inside the core (core/beam_group.py, counted with it: the core keeps only its hooks).
+# (LLM.generate with logprobs), read after the core. V0's mechanisms (issue 62: samples and
+# beams forked in the core, swap preemption, static batching) sit beside V1's scheduler in
+# core/v0/, a subclass of it, counted apart like an add-on: the core keeps only V1's path.
 ADD_ONS = ("spec_decode", "lora", "quantization", "structured_output", "distributed",
            "distributed/kv_transfer", "engine/disagg", "engine/multiproc", "simulator",
-           "beam_search")
+           "beam_search", "core/v0")
 SUBPACKAGES = {("distributed", "kv_transfer"), ("engine", "disagg"),   # counted apart
-               ("engine", "multiproc")}
+               ("engine", "multiproc"), ("core", "v0")}
 # A file counted with another package than its folder's. An add-on's file in a core package:
 # the executors that run only when the model is split across processes (tensor or pipeline
 # parallelism; a process or a Ray actor a rank) are distributed/'s, beside its groups. The
 # `minivllm simulate` command sits in simulator/ so that imports between the two packages go
 # one way (simulator -> benchmarks), but it is a tool around the simulator, as `minivllm bench`
 # is around the engine: it is counted with the benchmarks, where it lived until issue 40.
-ADD_ON_FILES = {"core/beam_group.py": "beam_search",
-                "executor/multiproc_executor.py": "distributed",
+ADD_ON_FILES = {"executor/multiproc_executor.py": "distributed",
                 "executor/ray_executor.py": "distributed",
                 "simulator/cli.py": "benchmarks"}
 

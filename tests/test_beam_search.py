@@ -1,5 +1,5 @@
 """Beam search, both designs (minivllm/beam_search.py, vLLM V1's way: one-token requests with
-logprobs over the public API; core/beam_group.py, V0's: beams forking block tables in the
+logprobs over the public API; core/v0/beam_group.py, V0's: beams forking block tables in the
 engine core), against transformers' `generate(num_beams=k, do_sample=False)` on the same
 weights in fp32: the same k sequences, in the same order, with the same scores. The fork
 design runs on half the cases (it shares the rules, and CI's time), and once more on a pool
@@ -19,6 +19,7 @@ import torch
 
 from minivllm import BeamSearchParams, SamplingParams
 from minivllm.beam_search import beam_from_output
+from minivllm.config.scheduler import V0_SCHEDULER
 from minivllm.engine.core import EngineCoreRequest
 
 from conftest import PROMPTS, reconfigured
@@ -108,9 +109,12 @@ def test_prompt_forms_agree_and_bad_params_are_refused(smol_llm):
         smol_llm.beam_search([text], params, method="v0")
     sampled = EngineCoreRequest("hot", [1, 2, 3], SamplingParams(temperature=0.7, logprobs=4),
                                 beam_search=params)
-    with pytest.raises(ValueError, match="greedily"):
+    with pytest.raises(ValueError, match="V0_SCHEDULER"):        # V1 forks nothing in the core
         smol_llm.engine.engine_core.add_request(sampled)
-    assert "hot" not in smol_llm.engine.requests
+    with reconfigured(smol_llm, scheduler_cls=V0_SCHEDULER) as llm:
+        with pytest.raises(ValueError, match="greedily"):
+            llm.engine.engine_core.add_request(sampled)
+        assert "hot" not in llm.engine.requests
 
 
 def held_blocks_agree(engine) -> collections.Counter:
@@ -134,7 +138,7 @@ def test_forked_beams_leak_no_block(smol_llm, prompts):
     chosen = [prompts[0], prompts[4], prompts[5]]
     alone = smol_llm.beam_search(chosen, params, method="fork")
     with reconfigured(smol_llm, num_kv_blocks=16, max_num_batched_tokens=32,
-                      enable_prefix_caching=True, preemption_mode="swap") as llm:
+                      enable_prefix_caching=True, preemption_mode="swap") as llm:  # V0's
         engine, core = llm.engine, llm.engine.engine_core
         beam_sampling = SamplingParams(temperature=0, max_tokens=12, logprobs=8)
         for i, prompt in enumerate(chosen):
@@ -143,22 +147,26 @@ def test_forked_beams_leak_no_block(smol_llm, prompts):
         for i in range(2):
             core.add_request(EngineCoreRequest(f"plain-{i}", prompts[1 + i], SamplingParams(
                 temperature=0, max_tokens=20, ignore_eos=True)))
-        finished, shared, steps = collections.defaultdict(list), 0, 0
+        finished, shared, steps, aborted = collections.defaultdict(list), 0, 0, False
+        sched = engine.scheduler                  # V0's (swap mode picks it)
         while core.has_unfinished_requests() and steps < 400:
             outs = core.get_output().outputs
             steps += 1
-            for out in outs:
-                if out.request_id.startswith("beams") and out.finish_reason is not None:
-                    finished[out.request_id].append(out)
+            for out in outs:        # the hypotheses: "0_beams-i", "1_beams-i", ...
+                if "_beams-" in out.request_id:
+                    finished[out.request_id.split("_", 1)[1]].append(out)
             shared = max(shared, sum(1 for n in held_blocks_agree(engine).values() if n > 1))
-            if steps == 12:
+            if steps >= 12 and not aborted and any(  # half-way, while a beam of it runs
+                    beam in sched.running for beam in sched.groups["beams-1"].seqs):
                 core.abort_requests(["beams-1"])
+                aborted = True
         stats = engine.stats()
         assert not core.has_unfinished_requests() and not engine.requests
         assert stats.num_blocks_used == 0 and held_blocks_agree(engine) == {}
-        assert stats.num_preemptions > 0 and shared > 0
+        assert stats.num_preemptions > 0 and shared > 0 and aborted
+        assert sched.num_swapped_out_blocks > 0 and not sched.groups   # swapped, all gone
         assert engine.block_manager.num_copy_on_write > 0
     for i in (0, 2):
         found = [beam_from_output(chosen[i], out, params.length_penalty).tokens
-                 for out in sorted(finished[f"beams-{i}"], key=lambda o: o.index)]
+                 for out in sorted(finished[f"beams-{i}"], key=lambda o: o.request_id)]
         assert found == [b.tokens for b in alone[i].sequences]

@@ -3,6 +3,7 @@
 import torch
 
 from minivllm.core.block_manager import BlockManager
+from minivllm.core.v0.scheduler import fork_blocks
 from minivllm.core.kv_cache import ContiguousAllocator, kv_bytes_per_token
 from minivllm.config import HfConfig
 from minivllm.sampling_params import SamplingParams
@@ -10,7 +11,7 @@ from minivllm.core.request import Request
 
 
 def seq(n_tokens: int, seq_id: int = 0) -> Request:
-    return Request("r", list(range(n_tokens)), SamplingParams(), seq_id)
+    return Request(f"r{seq_id}", list(range(n_tokens)), SamplingParams())
 
 
 def test_allocate_grows_one_block_at_a_time():
@@ -45,7 +46,7 @@ def test_fork_shares_and_copy_on_write_splits_the_last_block():
     parent.num_computed_tokens = 6
     child = seq(6, 1)
     child.num_computed_tokens = 6
-    bm.fork(parent, child)
+    fork_blocks(bm, parent, child)                   # V0's fork (core/v0/): the same blocks
     assert child.block_table == parent.block_table
     assert [bm.ref_counts[b] for b in parent.block_table] == [2, 2]
     full_block, shared_tail = parent.block_table

@@ -8,6 +8,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from minivllm.core.block_manager import BlockManager
 from minivllm.sampling_params import SamplingParams
 from minivllm.core.request import Request
+from minivllm.core.v0.scheduler import fork_blocks
 
 NUM_BLOCKS, BLOCK_SIZE = 24, 4
 
@@ -25,7 +26,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.next_token = 1000
 
     def _new_seq(self, tokens):
-        seq = Request(f"r{self.next_id}", tokens, SamplingParams(), self.next_id)
+        seq = Request(f"r{self.next_id}", tokens, SamplingParams())
         self.next_id += 1
         return seq
 
@@ -64,7 +65,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def fork(self, data):
         parent = data.draw(st.sampled_from(self.seqs))
         child = self._new_seq(list(parent.token_ids))
-        self.bm.fork(parent, child)
+        fork_blocks(self.bm, parent, child)
         child.num_computed_tokens = parent.num_computed_tokens
         self.seqs.append(child)
 

@@ -123,11 +123,11 @@ def test_swap_out_and_in_restore_kv_bit_exactly(smol):
     before = kv[:, :, seq.block_table].clone()
     # Swap out, scribble over the device blocks it used, swap back in (to other blocks).
     old_blocks = list(seq.block_table)
-    pairs_out = engine.block_manager.swap_out(seq, engine.cpu_block_manager)
+    pairs_out = engine.scheduler.swap_out(seq)                 # V0's scheduler (core/v0/)
     engine.runner.swap_out(pairs_out)
     blocker = [engine.block_manager._take() for _ in range(len(old_blocks))]
     kv[:, :, old_blocks] = float("nan")
-    pairs_in = engine.block_manager.swap_in(seq, engine.cpu_block_manager)
+    pairs_in = engine.scheduler.swap_in(seq)
     engine.runner.swap_in(pairs_in)
     assert seq.block_table != old_blocks
     assert torch.equal(kv[:, :, seq.block_table], before)

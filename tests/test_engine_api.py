@@ -5,6 +5,7 @@ isolation, and the shared workloads with their driver."""
 import pytest
 
 from minivllm import SamplingParams
+from minivllm.config.scheduler import V0_SCHEDULER
 from minivllm.engine.core import EngineCoreRequest
 from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import ParentRequest
@@ -68,8 +69,8 @@ def test_parallel_sampling_fans_out_into_n_requests_gathered_into_one_output(smo
     ids = llm.tokenizer.encode("Name a colour:")
     params = SamplingParams(n=3, temperature=0.9, max_tokens=4, seed=3, ignore_eos=True)
     run = serve(llm, [Request(ids, params)])
-    assert [(s.request_id, s.index, s.is_prefill) for s in run.steps[0].scheduled] == [
-        ("0_req-0", 0, True), ("1_req-0", 0, True), ("2_req-0", 0, True)]
+    assert [(s.request_id, s.is_prefill) for s in run.steps[0].scheduled] == [
+        ("0_req-0", True), ("1_req-0", True), ("2_req-0", True)]
     assert sum(s.num_blocks_copied for s in run.steps) == 0
     out = run.outputs[0]
     assert out.request_id == "req-0" and out.finished and out.prompt_token_ids == ids
@@ -82,10 +83,11 @@ def test_parallel_sampling_fans_out_into_n_requests_gathered_into_one_output(smo
 
 
 def test_v0_fork_in_the_core_draws_what_the_fan_out_draws(smol):
-    """vLLM V0's parallel sampling, still in the core for a caller who adds an
-    EngineCoreRequest with n > 1 itself: the prompt is prefilled once by sample 0, then the
-    samples fork onto its blocks (copy-on-write on the partly filled one). Same tokens."""
-    llm = smol(max_model_len=256)
+    """vLLM V0's parallel sampling, in the core of a V0 scheduler for a caller who adds an
+    EngineCoreRequest with n > 1 itself: the prompt is prefilled once by sample 0 ("0_v0"),
+    then samples 1 and 2 ("1_v0", "2_v0") fork onto its blocks and recompute only the prompt's
+    last token, their logits row (copy-on-write on the partly filled block). Same tokens."""
+    llm = smol(max_model_len=256, scheduler_cls=V0_SCHEDULER)
     ids = llm.tokenizer.encode("Name a colour:")
     params = SamplingParams(n=3, temperature=0.9, max_tokens=4, seed=3, ignore_eos=True)
     fanned_out = [c.token_ids for c in llm.generate([ids], params, use_tqdm=False)[0].outputs]
@@ -95,12 +97,13 @@ def test_v0_fork_in_the_core_draws_what_the_fan_out_draws(smol):
     with llm.engine.trace() as steps:
         while core.has_unfinished_requests():
             for out in core.get_output().outputs:
-                tokens.setdefault(out.index, []).extend(out.new_token_ids)
-    assert [(s.index, s.is_prefill) for s in steps[0].scheduled] == [(0, True)]
-    assert sorted(s.index for s in steps[1].scheduled) == [0, 1, 2]
-    assert not any(s.is_prefill for s in steps[1].scheduled)
+                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert [(s.request_id, s.num_tokens) for s in steps[0].scheduled] == [("0_v0", len(ids))]
+    assert [(s.request_id, s.num_tokens, s.num_computed_tokens)
+            for s in steps[1].scheduled] == [("0_v0", 1, len(ids)), ("1_v0", 1, len(ids) - 1),
+                                             ("2_v0", 1, len(ids) - 1)]
     assert sum(s.num_blocks_copied for s in steps) >= 2
-    assert [tokens[i] for i in range(3)] == fanned_out
+    assert [tokens[f"{i}_v0"] for i in range(3)] == fanned_out
     assert pool_is_full(llm.engine)
 
 
@@ -136,13 +139,13 @@ def test_the_output_processor_gathers_children_and_one_childs_fault_fails_them_a
     op = OutputProcessor(smol_llm.tokenizer)
     params = SamplingParams(n=2, temperature=1.0, seed=1)
     op.add_request("p", None, [1, 2], params, 0.0, ParentRequest("p", params))
-    first = op.process_outputs(EngineCoreOutputs([EngineCoreOutput("1_p", 0, [6], None),
-                                                  EngineCoreOutput("0_p", 0, [5], None)]))
+    first = op.process_outputs(EngineCoreOutputs([EngineCoreOutput("1_p", [6], None),
+                                                  EngineCoreOutput("0_p", [5], None)]))
     [out] = first.request_outputs
     assert out.request_id == "p" and not out.finished and not first.to_abort
     assert [(c.index, c.token_ids) for c in out.outputs] == [(0, [5]), (1, [6])]
     failed = op.process_outputs(EngineCoreOutputs([EngineCoreOutput(
-        "1_p", 0, [], None, "abort", error="sampling failed")]))
+        "1_p", [], None, "abort", error="sampling failed")]))
     [out] = failed.request_outputs
     assert out.finished and out.error == "sampling failed"
     assert [c.finish_reason for c in out.outputs] == ["abort", "abort"]

@@ -2,8 +2,9 @@
 the runner gets plain SchedulerOutput messages, and neither reads a core object.
 
 The runner check is real, not structural alone: an EngineCore over the session model's own
-executor, behind a wrapper that empties the core's view of the step (`seqs` and the lists
-beside it) before the workers see it, must give the tokens LLM.generate gives.
+executor, behind a wrapper that empties the core's view of the step (its ScheduledRequest
+records and the ids beside them) before the workers see it, must give the tokens LLM.generate
+gives.
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ from pathlib import Path
 
 from conftest import PROMPTS, reconfigured
 from minivllm import SamplingParams
+from minivllm.config.scheduler import V0_SCHEDULER
 from minivllm.engine.core import EngineCore, EngineCoreRequest
 from minivllm.outputs import EngineCoreOutputs
 
 REPO = Path(__file__).resolve().parents[1]
-CORE_VIEW = {"scheduled_requests": [], "num_new_tokens": [], "is_prefill": [], "spec_token_ids": [],
-             "preempted": [], "swapped_out": [], "swapped_in": []}
+CORE_VIEW = {"scheduled": [], "preempted": [], "swapped_out": [], "swapped_in": []}
 
 
 class MessagesOnly:
     """An executor that hands the real one the step's messages alone: the core's view of the
-    step (live Request objects and the lists beside them) is emptied first."""
+    step (its records and the ids beside them) is emptied first."""
 
     def __init__(self, executor):
         self.executor = executor
@@ -35,20 +36,18 @@ class MessagesOnly:
         self.num_new_reqs += len(scheduler_output.scheduled_new_reqs)
         return self.executor.execute_model(dataclasses.replace(scheduler_output, **CORE_VIEW))
 
-    def free(self, seq_ids):
-        self.executor.free(seq_ids)
-
 
 def _run_core(core: EngineCore, requests: list[EngineCoreRequest]) -> dict:
-    """Every request through the core alone; (request id, sample) -> its tokens."""
+    """Every request through the core alone; request id -> its tokens."""
     for request in requests:
         core.add_request(request)
-    tokens: dict[tuple[str, int], list[int]] = {}
+    tokens: dict[str, list[int]] = {}
     for _ in range(500):
         outs: EngineCoreOutputs = core.step()
         for out in outs.outputs:
-            tokens.setdefault((out.request_id, out.index), []).extend(out.new_token_ids)
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
         if not core.has_unfinished_requests():
+            core.step()                          # the runner forgets the last to finish
             return tokens
     raise AssertionError("the core did not finish in 500 steps")
 
@@ -56,19 +55,22 @@ def _run_core(core: EngineCore, requests: list[EngineCoreRequest]) -> dict:
 def test_the_runner_computes_from_the_messages_alone(smol_llm):
     """Greedy and seeded n=2 requests, under a pool small enough to preempt (a preempted
     sample comes back to the runner whole, as new): the same tokens as LLM.generate. The core
-    here forks the n=2 requests (V0) where LLM.generate fans them out (V1): the same tokens
-    too, though the two schedule (and preempt) differently."""
+    here forks the n=2 requests (V0's scheduler) where LLM.generate fans them out (V1): the
+    same tokens too, under the same request ids ("i_id"), though the two schedule (and
+    preempt) differently."""
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     seeded = SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)
     params = [greedy] * 6 + [seeded] * 2
     with reconfigured(smol_llm, num_kv_blocks=12, max_num_seqs=8) as llm:
         outs = llm.generate(PROMPTS, params, use_tqdm=False)
-        want = {(f"core-{i}", c.index): c.token_ids
-                for i, o in enumerate(outs) for c in o.outputs}
+        want = {f"{c.index}_core-{i}" if sp.n > 1 else f"core-{i}": c.token_ids
+                for i, (o, sp) in enumerate(zip(outs, params)) for c in o.outputs}
         preemptions = llm.engine.stats().num_preemptions
         engine = llm.engine
         wrapped = MessagesOnly(engine.model_executor)
-        core = EngineCore(engine.vllm_config, wrapped, engine.eos_token_ids)
+        v0 = dataclasses.replace(engine.vllm_config, scheduler_config=dataclasses.replace(
+            engine.vllm_config.scheduler_config, scheduler_cls=V0_SCHEDULER))
+        core = EngineCore(v0, wrapped, engine.eos_token_ids)
         got = _run_core(core, [EngineCoreRequest(f"core-{i}", llm.tokenizer.encode(p), sp)
                                for i, (p, sp) in enumerate(zip(PROMPTS, params))])
     assert got == want
@@ -85,9 +87,7 @@ def test_the_runner_module_reads_no_core_object():
     assert {m for m in imported if m and m.startswith("minivllm.core")} == {
         "minivllm.core.scheduler_output", "minivllm.core.kv_cache"}
     names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
-    # (spec_token_ids is also a field of the runner's own state, set from the messages.)
-    core_view = set(CORE_VIEW) - {"spec_token_ids"} | {"samples", "num_unforked"}
-    assert not names & core_view
+    assert not names & set(CORE_VIEW)
 
 
 def test_a_stop_string_finishes_the_sample_in_the_core(smol_llm):
@@ -105,4 +105,6 @@ def test_a_stop_string_finishes_the_sample_in_the_core(smol_llm):
     assert len(out.outputs[0].token_ids) < 40
     assert steps[-1].finished == [out.request_id]
     assert steps[-1].stats.num_running == 0 and steps[-1].stats.num_blocks_used == 0
-    assert not smol_llm.engine.requests and not smol_llm.engine.runner.requests
+    assert not smol_llm.engine.requests
+    smol_llm.engine.core.step()                 # the next step tells the runner (and forgets)
+    assert not smol_llm.engine.runner.requests

@@ -66,6 +66,7 @@ def test_json_schemas_hold_for_50_samples_each_and_unconstrained_fails(smol):
     failures = sum(not parses(c.text, PERSON) for c in outs[2].outputs)
     print(f"unconstrained: {failures}/20 fail to parse and validate")
     assert failures >= 5                       # the constraint, not the prompt, does the work
+    llm.engine.core.step()                     # the runner forgets the last ones finished
     so = llm.engine.structured_output
     assert so.num_compiled - compiled_before == 2   # once per schema, not once per sample
     assert so.num_masked_rows >= 2 * N * 5 and not so.matchers   # every matcher freed
@@ -100,6 +101,7 @@ def test_preemption_keeps_the_constraint(smol, mode):
         (out,) = llm.generate(chat(llm, "A person as JSON."), params, use_tqdm=False)
     assert sum(len(s.preempted) for s in steps) > 0, "nothing was preempted"
     assert all(parses(c.text, PERSON) for c in out.outputs), [c.text for c in out.outputs]
+    llm.engine.core.step()                     # the runner forgets the last ones finished
     assert llm.engine.stats().num_blocks_used == 0 and not llm.engine.structured_output.matchers
 
 

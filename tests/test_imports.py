@@ -34,10 +34,11 @@ def fresh(code: str, **env: str) -> str:
 
 
 def test_the_scheduler_imports_neither_torch_nor_the_engine():
-    """Scheduling is plain Python (minivllm/core/__init__.py): importing it costs no torch (about
-    3 s) and no engine, so a test or the simulator can drive it on its own."""
+    """Scheduling is plain Python (minivllm/core/__init__.py): importing it, V0's scheduler and
+    the KV sizes (the pool tensors are the worker's) costs no torch (about 3 s) and no engine,
+    so a test or the simulator can drive it on its own."""
     code = ("import sys, minivllm.core.scheduler, minivllm.core.block_manager, "
-            "minivllm.sampling_params; "
+            "minivllm.core.kv_cache, minivllm.core.v0.scheduler, minivllm.sampling_params; "
             "print(sorted({'torch', 'minivllm.engine.llm_engine'} & set(sys.modules)))")
     assert fresh(code) == "[]"
 

@@ -13,7 +13,7 @@ BS = 4
 
 
 def make_seq(tokens, seq_id=0):
-    return Request(f"r{seq_id}", list(tokens), SamplingParams(), seq_id)
+    return Request(f"r{seq_id}", list(tokens), SamplingParams())
 
 
 def admit_and_compute(bm, tokens, seq_id=0):

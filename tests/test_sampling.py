@@ -53,9 +53,9 @@ def test_top_k_top_p_mask():
 def test_sampling_follows_the_distribution():
     """Exponential-race draws match the softmax probabilities (chi-square-ish bound)."""
     from minivllm.sample.sampler import Sampler
-    from minivllm.core.request import Request
+    from minivllm.worker.input_batch import CachedRequestState
     logits = torch.log(torch.tensor([[0.6, 0.25, 0.1, 0.05]]))
-    seq = Request("r", [1], SamplingParams(temperature=1.0, seed=0), 0)
+    seq = CachedRequestState("r", [1], 1, SamplingParams(temperature=1.0, seed=0), [], 0)
     sampler, counts = Sampler(torch.device("cpu")), torch.zeros(4)
     for _ in range(4000):
         token, _ = sampler(logits, [seq])

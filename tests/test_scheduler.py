@@ -17,6 +17,7 @@ import weakref
 import pytest
 
 from minivllm import LoRARequest
+from minivllm.config.scheduler import V0_SCHEDULER
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
 from minivllm.core.request import Request, RequestStatus
 from minivllm.engine.core import EngineCore, EngineCoreRequest
@@ -30,33 +31,39 @@ CORES: weakref.WeakKeyDictionary[Scheduler, EngineCore] = weakref.WeakKeyDiction
 
 
 class FakeExecutor:
-    """execute_model with no model: every sequence the scheduler marked as sampling draws
-    token 900 + its length, after its accepted drafts (`accepted[request_id]`, default all); a
-    first sample that has just prefilled an n > 1 prompt also draws one token for each sample
-    to fork."""
+    """execute_model with no model, reading only what a worker receives (the messages of
+    SchedulerOutput, keyed by request id): it keeps each request's tokens as the runner does
+    (new requests whole, then the tokens the core appended, forgotten when finished), and
+    every request the scheduler marked as sampling draws token 900 + its length, after its
+    accepted drafts (`accepted[request_id]`, default all)."""
 
     def __init__(self, num_blocks: int, num_cpu_blocks: int):
         self.num_blocks = num_blocks
         self.num_cpu_blocks = num_cpu_blocks
         self.accepted: dict[str, int] = {}
+        self.tokens: dict[str, list[int]] = {}       # request id -> its tokens, as told
 
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        for req_id in out.finished_req_ids:
+            del self.tokens[req_id]
+        for new in out.scheduled_new_reqs:
+            self.tokens[new.req_id] = list(new.token_ids)
+        cached = out.scheduled_cached_reqs
+        for req_id, new_token_ids in zip(cached.req_ids, cached.new_token_ids):
+            self.tokens[req_id] += new_token_ids
         result = ModelRunnerOutput()
-        for seq, drafts, samples in zip(out.scheduled_requests, out.spec_token_ids, out.sampling):
+        for req_id, samples in zip(out.req_ids, out.sampling):
             if samples:
-                kept = drafts[:self.accepted.get(seq.request_id, len(drafts))]
-                result.sampled[seq.seq_id] = [(t, None)
-                                              for t in kept + [900 + len(seq) + len(kept)]]
-                if seq.num_unforked:
-                    result.forked[seq.seq_id] = [(900 + len(seq), None)] * seq.num_unforked
+                drafts = out.scheduled_spec_decode_tokens.get(req_id, [])
+                kept = drafts[:self.accepted.get(req_id, len(drafts))]
+                length = len(self.tokens[req_id])
+                result.sampled[req_id] = [(t, None) for t in kept + [900 + length + len(kept)]]
         return result
-
-    def free(self, seqs) -> None:
-        pass
 
 
 def make_scheduler(*, num_cpu_blocks: int = 0, **config_overrides) -> Scheduler:
-    """A small engine core's scheduler: blocks of 4 tokens, 16 of them, a 64-token budget.
+    """A small engine core's scheduler: blocks of 4 tokens, 16 of them, a 64-token budget
+    (scheduler_cls=V0_SCHEDULER, or swap or static batching: V0's, which forks n > 1).
     Prefix caching is off unless a test turns it on, so block counts do not depend on what
     earlier requests left cached. num_cpu_blocks > 0 gives it a swap pool (the engine sizes
     that one from swap_space; here it is a count)."""
@@ -79,12 +86,27 @@ def add_request(scheduler: Scheduler, request_id: str, prompt: int | list[int], 
     params = SamplingParams(n=n, max_tokens=max_tokens)
     lora = LoRARequest(f"adapter-{lora_int_id}", lora_int_id, "/unused") if lora_int_id else None
     CORES[scheduler].add_request(EngineCoreRequest(request_id, prompt, params, lora))
-    return scheduler.requests[request_id]
+    return scheduler.requests.get(request_id) or scheduler.requests[f"0_{request_id}"]
 
 
 def names(seqs) -> list[str]:
-    """'A' for a request's first sequence, 'A.1' for its second sample, ..."""
-    return [s.request_id + (f".{s.index}" if s.index else "") for s in seqs]
+    """Request ids ("A"; sample i of an n > 1 request V0 forks in the core: "i_A") of requests,
+    ScheduledRequest records or ids."""
+    return [s if isinstance(s, str) else s.request_id for s in seqs]
+
+
+def tokens(out: SchedulerOutput) -> list[int]:
+    """Tokens each scheduled request computes this step (drafts included), in batch order."""
+    return [r.num_tokens for r in out.scheduled]
+
+
+def prefills(out: SchedulerOutput) -> list[bool]:
+    return [r.is_prefill for r in out.scheduled]
+
+
+def drafts(out: SchedulerOutput) -> list[list[int]]:
+    """The draft tokens each verifies: the runner's message, in batch order."""
+    return [out.scheduled_spec_decode_tokens.get(r.request_id, []) for r in out.scheduled]
 
 
 def run_step(scheduler: Scheduler, out: SchedulerOutput,
@@ -110,14 +132,14 @@ def test_the_token_budget_fills_up_and_the_last_prompt_is_chunked():
     for name in "ABCD":
         add_request(s, name, 4)
     out = step(s)
-    assert names(out.scheduled_requests) == ["A", "B", "C"]
-    assert out.num_new_tokens == [4, 4, 2]                  # C gets what the budget has left
-    assert out.is_prefill == [True, True, True]
+    assert names(out.scheduled) == ["A", "B", "C"]
+    assert tokens(out) == [4, 4, 2]                  # C gets what the budget has left
+    assert prefills(out) == [True, True, True]
     assert names(s.waiting) == ["D"]
     out = s.schedule()                 # decodes, C's last 2 prompt tokens, then D's whole prompt
-    assert names(out.scheduled_requests) == ["A", "B", "C", "D"]
-    assert out.num_new_tokens == [1, 1, 2, 4]
-    assert out.is_prefill == [False, False, True, True]
+    assert names(out.scheduled) == ["A", "B", "C", "D"]
+    assert tokens(out) == [1, 1, 2, 4]
+    assert prefills(out) == [False, False, True, True]
     assert out.num_batched_tokens == 8
 
 
@@ -126,13 +148,13 @@ def test_max_num_seqs_caps_the_batch_until_a_sequence_finishes():
     add_request(s, "A", 4, max_tokens=2)
     for name in "BCD":
         add_request(s, name, 4)
-    assert step(s).num_new_tokens == [4, 4, 4]
+    assert tokens(step(s)) == [4, 4, 4]
     out = step(s)                                           # A's second token: A is done
-    assert names(out.scheduled_requests) == ["A", "B", "C"] and names(s.waiting) == ["D"]
+    assert names(out.scheduled) == ["A", "B", "C"] and names(s.waiting) == ["D"]
     assert s.block_manager.num_free_blocks == 16 - 2 - 2    # A's two blocks are back
     out = s.schedule()
-    assert names(out.scheduled_requests) == ["B", "C", "D"]
-    assert out.num_new_tokens == [1, 1, 4]
+    assert names(out.scheduled) == ["B", "C", "D"]
+    assert tokens(out) == [1, 1, 4]
 
 
 def test_without_chunked_prefill_a_prompt_waits_for_a_step_it_fits_in_whole():
@@ -140,21 +162,21 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_it_fits_in_whole():
     for name in "ABC":
         add_request(s, name, 30)
     out = step(s)
-    assert names(out.scheduled_requests) == ["A", "B"]
-    assert out.num_new_tokens == [30, 30]                  # 4 left < 30
+    assert names(out.scheduled) == ["A", "B"]
+    assert tokens(out) == [30, 30]                  # 4 left < 30
     assert names(s.waiting) == ["C"]
-    assert s.schedule().num_new_tokens == [1, 1, 30]
+    assert tokens(s.schedule()) == [1, 1, 30]
 
 
 def test_chunked_prefill_runs_beside_decodes():
     s = make_scheduler(max_num_batched_tokens=8)
     a = add_request(s, "A", 3)
-    assert step(s).num_new_tokens == [3]
+    assert tokens(step(s)) == [3]
     b = add_request(s, "B", 20)
     chunks = []
     for _ in range(4):
         out = step(s)
-        chunks.append((out.num_new_tokens, out.is_prefill, b.num_output_tokens))
+        chunks.append((tokens(out), prefills(out), b.num_output_tokens))
     assert chunks == [([1, 7], [False, True], 0),          # A decodes while B prefills...
                       ([1, 7], [False, True], 0),
                       ([1, 6], [False, True], 1),          # ...B's last chunk samples
@@ -171,7 +193,7 @@ def test_recompute_preempts_the_newest_first_and_requeues_it_at_the_front():
     step(s)                                  # one block each; each now needs a second one
     out = step(s)
     assert names(out.preempted) == ["D", "C"]              # newest first
-    assert names(out.scheduled_requests) == ["A", "B"] and out.num_new_tokens == [1, 1]
+    assert names(out.scheduled) == ["A", "B"] and tokens(out) == [1, 1]
     assert names(s.waiting) == ["C", "D"]                  # back in arrival order, in front
     c = s.waiting[0]
     assert (c.status, c.num_computed_tokens, c.block_table, len(c)) == (
@@ -180,8 +202,8 @@ def test_recompute_preempts_the_newest_first_and_requeues_it_at_the_front():
     out = step(s)                                          # A's third token: A is done
     assert a.is_finished and s.block_manager.num_free_blocks == 2
     out = s.schedule()                                     # C recomputes prompt + its token
-    assert names(out.scheduled_requests) == ["B", "C"]
-    assert out.num_new_tokens == [1, 5] and out.is_prefill == [False, True]
+    assert names(out.scheduled) == ["B", "C"]
+    assert tokens(out) == [1, 5] and prefills(out) == [False, True]
     assert names(s.waiting) == ["D"]
 
 
@@ -200,11 +222,11 @@ def test_swap_preempts_the_newest_first_and_swaps_back_before_any_admission():
     assert s.cpu_block_manager.num_free_blocks == 6
     add_request(s, "E", 4)
     out = step(s)                                          # no room; E may not jump the queue
-    assert names(out.scheduled_requests) == ["A", "B"] and names(s.waiting) == ["E"]
+    assert names(out.scheduled) == ["A", "B"] and names(s.waiting) == ["E"]
     out = s.schedule()                                     # A finished: 2 blocks free
     assert names(out.swapped_in) == ["D"]                  # in the order they went out
-    assert names(out.scheduled_requests) == ["B", "D"] and out.num_new_tokens == [1, 1]
-    assert out.is_prefill == [False, False]                # D's KV came back: a decode
+    assert names(out.scheduled) == ["B", "D"] and tokens(out) == [1, 1]
+    assert prefills(out) == [False, False]                # D's KV came back: a decode
     assert len(out.blocks_to_swap_in) == 1 and s.block_manager.num_free_blocks == 0
     assert names(s.swapped) == ["C"] and names(s.waiting) == ["E"]
     assert s.cpu_block_manager.num_free_blocks == 7
@@ -220,7 +242,7 @@ def test_a_new_request_that_would_fit_waits_while_any_sequence_is_swapped_out():
     assert names(out.swapped_out) == ["C", "B"] and s.block_manager.num_free_blocks == 3
     add_request(s, "E", 3)                                 # one block
     out = s.schedule()
-    assert names(out.scheduled_requests) == ["C"]  # C back in (2 blocks), B needs 2
+    assert names(out.scheduled) == ["C"]  # C back in (2 blocks), B needs 2
     assert names(s.swapped) == ["B"] and names(s.waiting) == ["E"]
     assert s.block_manager.num_free_blocks == 1            # E would fit, but waits for B
 
@@ -243,15 +265,15 @@ def test_prefix_cache_hits_blocks_named_as_they_are_scheduled():
     add_request(s, "A", prompt)
     a2 = add_request(s, "A2", prompt)
     out = step(s)
-    assert out.num_new_tokens == [10, 2]                   # A2: only its partly filled block
-    assert a2.block_table[:2] == out.scheduled_requests[0].block_table[:2]
+    assert tokens(out) == [10, 2]                   # A2: only its partly filled block
+    assert a2.block_table[:2] == s.requests["A"].block_table[:2]
     b = add_request(s, "B", prompt[:8] + [50, 51, 52])
     c = add_request(s, "C", prompt[:8])                    # all cached, but its last token
     out = s.schedule()                                     # must be computed for its logits
-    assert names(out.scheduled_requests) == ["A", "A2", "B", "C"]
-    assert out.num_new_tokens == [1, 1, 3, 4]
+    assert names(out.scheduled) == ["A", "A2", "B", "C"]
+    assert tokens(out) == [1, 1, 3, 4]
     assert (b.num_computed_tokens, c.num_computed_tokens) == (8, 4)
-    a = out.scheduled_requests[0]
+    a = s.requests[out.scheduled[0].request_id]
     assert b.block_table[:2] == a.block_table[:2] and c.block_table[0] == a.block_table[0]
     assert c.block_table[1] != a.block_table[1]
     refs = s.block_manager.ref_counts
@@ -264,9 +286,9 @@ def test_draft_tokens_take_budget_and_lookahead_slots_and_give_back_the_rejected
     s = make_scheduler()
     a = add_request(s, "A", 4)
     step(s)
-    s.update_draft_token_ids({("A", 0): [7, 7, 7, 7]})     # what the runner proposed
+    s.update_draft_token_ids({"A": [7, 7, 7, 7]})     # what the runner proposed
     out = s.schedule()
-    assert out.num_new_tokens == [5] and out.spec_token_ids == [[7, 7, 7, 7]]
+    assert tokens(out) == [5] and drafts(out) == [[7, 7, 7, 7]]
     assert len(a.block_table) == 3                         # 5 tokens + 4 lookahead slots
     assert s.block_manager.num_free_blocks == 13
     run_step(s, out, accepted={"A": 1})                    # 1 draft accepted, then 1 token
@@ -283,8 +305,8 @@ def test_drafts_get_only_what_the_budget_leaves_after_one_token_each():
     a.spec_token_ids = [7, 7, 7]
     b.spec_token_ids = [8, 8]
     out = s.schedule()
-    assert out.num_new_tokens == [2, 1]                    # A: 1 + 1 draft; B: its token
-    assert out.spec_token_ids == [[7], []]
+    assert tokens(out) == [2, 1]                    # A: 1 + 1 draft; B: its token
+    assert drafts(out) == [[7], []]
 
 
 def test_drafts_are_dropped_not_paid_for_by_a_preemption_when_blocks_run_out():
@@ -294,7 +316,7 @@ def test_drafts_are_dropped_not_paid_for_by_a_preemption_when_blocks_run_out():
     step(s)
     a.spec_token_ids = [7, 7]                              # 7 tokens + 2 need a third block
     out = s.schedule()
-    assert out.num_new_tokens == [1, 1] and out.spec_token_ids == [[], []]
+    assert tokens(out) == [1, 1] and drafts(out) == [[], []]
     assert out.preempted == [] and len(a.block_table) == 2
 
 
@@ -304,17 +326,17 @@ def test_abort_frees_every_block_in_every_state():
     a = add_request(s, "A", list(range(8)), n=2, max_tokens=40)
     step(s)
     add_request(s, "B", list(range(8)) + [1, 2], max_tokens=40)    # hits A's two blocks
-    c = add_request(s, "C", 20, max_tokens=40)
+    c = add_request(s, "C", list(range(100, 120)), max_tokens=40)   # shares nothing
     add_request(s, "D", 30)
     for _ in range(4):
         step(s)
     # Forked and prefix-shared blocks, one sequence swapped out mid-prefill, one never admitted.
-    assert names(s.running) == ["A", "A.1", "B"] and s.block_manager.ref_counts[
+    assert names(s.running) == ["0_A", "1_A", "B"] and s.block_manager.ref_counts[
         a.block_table[0]] == 3
-    assert names(s.swapped) == ["C"] and c.num_computed_tokens == 14
+    assert names(s.swapped) == ["C"] and c.num_computed_tokens == 4
     assert names(s.waiting) == ["D"]
-    assert s.block_manager.num_free_blocks == 4 and s.cpu_block_manager.num_free_blocks == 3
-    for seq in [s.swapped[0], s.running[1], s.waiting[0], *s.running]:    # A.1 before A
+    assert s.block_manager.num_free_blocks == 3 and s.cpu_block_manager.num_free_blocks == 3
+    for seq in [s.swapped[0], s.running[1], s.waiting[0], *s.running]:    # 1_A before 0_A
         s.finish(seq, RequestStatus.FINISHED_ABORTED)
     assert not s.has_unfinished()
     # Every block back exactly once: a leak leaves one out, a double free fails an assert.
@@ -325,7 +347,7 @@ def test_abort_frees_every_block_in_every_state():
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_requests_run_to_the_end_under_preemption_and_leave_no_block_behind(mode):
     s = make_scheduler(num_kv_blocks=8, max_num_batched_tokens=16, preemption_mode=mode,
-                       num_cpu_blocks=4)
+                       num_cpu_blocks=4, scheduler_cls=V0_SCHEDULER)
     for i, name in enumerate("ABCDEF"):
         add_request(s, name, 3 + 2 * i, max_tokens=6, n=2 if name == "B" else 1)
     steps = 0
@@ -338,20 +360,21 @@ def test_requests_run_to_the_end_under_preemption_and_leave_no_block_behind(mode
     assert s.cpu_block_manager.num_free_blocks == 4
 
 
-@pytest.mark.parametrize("prompt_len, copies, new_blocks", [(6, 2, 2), (8, 0, 3)])
+@pytest.mark.parametrize("prompt_len, copies, new_blocks", [(6, 2, 2), (8, 2, 3)])
 def test_n_samples_fork_onto_shared_blocks_and_copy_on_write(prompt_len, copies, new_blocks):
-    s = make_scheduler(max_num_seqs=3)
+    s = make_scheduler(max_num_seqs=3, scheduler_cls=V0_SCHEDULER)
     a = add_request(s, "A", prompt_len, n=3)
     out = step(s)
-    assert out.num_new_tokens == [prompt_len]              # the prompt is prefilled once
-    assert names(s.running) == ["A", "A.1", "A.2"]
+    assert tokens(out) == [prompt_len]              # the prompt is prefilled once
+    assert names(s.running) == ["0_A", "1_A", "2_A"]
     table = list(a.block_table)
     assert [s.block_manager.ref_counts[b] for b in table] == [3, 3]
     assert s.block_manager.num_free_blocks == 14
     out = s.schedule()
-    assert out.num_new_tokens == [1, 1, 1]
-    # 6 tokens: each new token lands in shared block 1; the first two samples copy it, the
-    # last is then its only holder. 8 tokens: the new tokens start block 2, no copy.
+    assert tokens(out) == [1, 1, 1]
+    # Sample 0 writes its first token, samples 1 and 2 their prompt's last token again (their
+    # logits row), all into block 1 with 6 tokens: the first two to write copy it, the last is
+    # then its only holder. 8 tokens: sample 0's token starts block 2; 1 and 2 copy block 1.
     assert len(out.blocks_to_copy) == copies == s.block_manager.num_copy_on_write
     assert s.block_manager.ref_counts[table[0]] == 3
     assert s.block_manager.num_free_blocks == 14 - new_blocks
@@ -360,14 +383,14 @@ def test_n_samples_fork_onto_shared_blocks_and_copy_on_write(prompt_len, copies,
 def test_a_request_waits_when_running_samples_yet_to_fork_fill_max_num_seqs():
     """A (n=3) holds three of the three sequence slots before it forks: B waits (it used to
     be admitted beside it, and four sequences ran under max_num_seqs=3)."""
-    s = make_scheduler(max_num_seqs=3, max_num_batched_tokens=4)
+    s = make_scheduler(max_num_seqs=3, max_num_batched_tokens=4, scheduler_cls=V0_SCHEDULER)
     add_request(s, "A", 6, n=3)
     add_request(s, "B", 4)
-    assert names(step(s).scheduled_requests) == ["A"]                      # A's first chunk of 4
+    assert names(step(s).scheduled) == ["0_A"]              # A's first chunk of 4
     out = s.schedule()                                        # A's last 2; B still waits
-    assert names(out.scheduled_requests) == ["A"] and names(s.waiting) == ["B"]
+    assert names(out.scheduled) == ["0_A"] and names(s.waiting) == ["B"]
     run_step(s, out)
-    assert names(s.running) == ["A", "A.1", "A.2"] and len(s.running) <= 3
+    assert names(s.running) == ["0_A", "1_A", "2_A"] and len(s.running) <= 3
 
 
 def test_static_scheduling_admits_only_into_an_empty_batch():
@@ -375,15 +398,15 @@ def test_static_scheduling_admits_only_into_an_empty_batch():
         s = make_scheduler(scheduling=mode)
         add_request(s, "A", 4, max_tokens=1)
         add_request(s, "B", 4, max_tokens=3)
-        first = names(step(s).scheduled_requests)  # A is done after its first token
+        first = names(step(s).scheduled)  # A is done after its first token
         add_request(s, "C", 4)
-        return s, first, names(step(s).scheduled_requests)
+        return s, first, names(step(s).scheduled)
 
     assert first_two_steps("continuous")[1:] == (["A", "B"], ["B", "C"])
     s, first, second = first_two_steps("static")
     assert (first, second) == (["A", "B"], ["B"])          # C waits for B
-    assert names(step(s).scheduled_requests) == ["B"]                    # B's last token
-    assert names(s.schedule().scheduled_requests) == ["C"]
+    assert names(step(s).scheduled) == ["B"]                    # B's last token
+    assert names(s.schedule().scheduled) == ["C"]
 
 
 def test_max_loras_limits_the_distinct_adapters_running_at_once():
@@ -392,13 +415,13 @@ def test_max_loras_limits_the_distinct_adapters_running_at_once():
     add_request(s, "B", 4, lora_int_id=1, max_tokens=1)
     add_request(s, "C", 4, lora_int_id=2)
     add_request(s, "D", 4)                                 # the base model: no slot needed
-    assert names(step(s).scheduled_requests) == ["A", "B"]  # C waits for a slot, D behind it
+    assert names(step(s).scheduled) == ["A", "B"]  # C waits for a slot, D behind it
     assert names(s.waiting) == ["C", "D"]
-    assert names(s.schedule().scheduled_requests) == ["C", "D"]  # A and B are done: slot free
+    assert names(s.schedule().scheduled) == ["C", "D"]  # A and B are done: slot free
     s = make_scheduler(enable_lora=True, max_loras=2)
     for name, lora in zip("ABCD", (1, 1, 2, 0)):
         add_request(s, name, 4, lora_int_id=lora)
-    assert names(s.schedule().scheduled_requests) == ["A", "B", "C", "D"]
+    assert names(s.schedule().scheduled) == ["A", "B", "C", "D"]
 
 
 # ----------------------------------------------------------- update_from_output on its own
@@ -407,16 +430,16 @@ def test_update_appends_up_to_a_stop_token_and_frees_the_blocks():
     s.eos_token_ids = {7}
     a = add_request(s, "A", 4)
     out = s.schedule()
-    s.update_from_output(out, ModelRunnerOutput(sampled={a.seq_id: [(5, None)]}))
+    s.update_from_output(out, ModelRunnerOutput(sampled={a.request_id: [(5, None)]}))
     out = s.schedule()
     a.spec_token_ids = []
     # Three draws, the second a stop token: the third is never appended.
-    s.update_from_output(out, ModelRunnerOutput(sampled={a.seq_id: [(6, None), (7, None),
+    s.update_from_output(out, ModelRunnerOutput(sampled={a.request_id: [(6, None), (7, None),
                                                                   (8, None)]}))
     assert a.output_token_ids == [5, 6, 7] and a.status is RequestStatus.FINISHED_STOPPED
     assert s.block_manager.num_free_blocks == 16 and not s.running
-    assert s.take_finished() == [a]              # handed to the runner once, then forgotten
-    assert s.take_finished() == []
+    assert s.finished_req_ids == {"A"}           # the runner learns it at the next step
+    assert s.schedule().finished_req_ids == {"A"} and not s.finished_req_ids
 
 
 def test_update_counts_accepted_drafts_and_rolls_back_the_rest():
@@ -425,8 +448,8 @@ def test_update_counts_accepted_drafts_and_rolls_back_the_rest():
     step(s)                                                   # prefill: 5 tokens
     a.spec_token_ids = [11, 12, 13, 14]
     out = s.schedule()
-    assert out.num_new_tokens == [5] and len(a.block_table) == 3   # 5 + 4 drafts: 9 slots
-    step_result = ModelRunnerOutput(sampled={a.seq_id: [(11, None), (20, None)]})  # 1 accepted
+    assert tokens(out) == [5] and len(a.block_table) == 3   # 5 + 4 drafts: 9 slots
+    step_result = ModelRunnerOutput(sampled={a.request_id: [(11, None), (20, None)]})  # 1 accepted
     s.update_from_output(out, step_result)
     assert a.output_token_ids[-2:] == [11, 20] and a.num_computed_tokens == len(a) - 1 == 6
     assert len(a.block_table) == 2                            # the rejected drafts' slots freed
@@ -440,7 +463,7 @@ def test_a_sampling_error_aborts_that_request_alone():
     a = add_request(s, "A", 4)
     b = add_request(s, "B", 4)
     out = s.schedule()
-    s.update_from_output(out, ModelRunnerOutput(sampled={b.seq_id: [(5, None)]},
+    s.update_from_output(out, ModelRunnerOutput(sampled={b.request_id: [(5, None)]},
                                                 errors={"A": "sampling failed: boom"}))
     assert a.status is RequestStatus.FINISHED_ABORTED and a.error.endswith("boom")
     assert names(s.running) == ["B"] and b.output_token_ids == [5]
@@ -451,11 +474,11 @@ def test_a_prefilled_request_is_admitted_with_the_normal_checks():
     s = make_scheduler(max_num_seqs=1)
     add_request(s, "A", 4)
     step(s)
-    seq = Request("P", list(range(8)), SamplingParams(max_tokens=4), 1000)
+    seq = Request("P", list(range(8)), SamplingParams(max_tokens=4))
     assert not s.add_prefilled(seq, (42, None))                 # max_num_seqs is full
     assert seq.block_table == []
     s.finish(s.running[0], RequestStatus.FINISHED_ABORTED)
     assert s.add_prefilled(seq, (42, None))
     assert seq.num_computed_tokens == 8 and seq.output_token_ids == [42]
     assert seq.status is RequestStatus.RUNNING and names(s.running) == ["P"]
-    assert s.schedule().num_new_tokens == [1]                 # it decodes from its first token
+    assert tokens(s.schedule()) == [1]                 # it decodes from its first token

@@ -266,6 +266,7 @@ def test_draft_model_keeps_greedy_output_and_frees_its_pool(smol, smol_path):
         assert stats.spec_decode_num_draft_tokens > 0       # (few accepted: see its docstring)
         drafter = llm.engine.runner.drafter.proposer
         assert drafter.runner.hf_config.num_hidden_layers == 10
+        llm.engine.core.step()                 # the runner (and drafter) forget the last
         assert not drafter.shadows
         assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
         assert pool_is_full(llm.engine)
@@ -343,6 +344,7 @@ def test_preemption_on_a_tiny_pool(tiny, tiny_checkpoint, mode, proposer):
     assert pool_is_full(llm.engine)
     if proposer == "draft model":
         drafter = llm.engine.runner.drafter.proposer
+        llm.engine.core.step()                 # the runner (and drafter) forget the last
         assert not drafter.shadows
         assert drafter.block_manager.num_free_blocks == drafter.block_manager.num_blocks
 
@@ -412,18 +414,19 @@ def test_parallel_samples_speculate_on_shared_blocks(tiny):
     blocks; each verifies its own drafts, writing its lookahead slots through copy-on-write.
     All finish with max_tokens; every block returns."""
     from minivllm.engine.core import EngineCoreRequest
-    llm = tiny(block_size=4, speculative_config=ngram(3))
+    from minivllm.config.scheduler import V0_SCHEDULER
+    llm = tiny(block_size=4, speculative_config=ngram(3), scheduler_cls=V0_SCHEDULER)
     engine = llm.engine
     prompt = list(tiny_requests(1, 1)[0].prompt)          # token ids
     params = SamplingParams(n=3, temperature=0.05, seed=1, max_tokens=12, ignore_eos=True)
     engine.engine_core.add_request(EngineCoreRequest("v0", prompt, params))
-    group = engine.requests["v0"]
+    group = engine.scheduler.groups["v0"]
     with engine.trace() as steps:
         for _ in range(100):
             if not engine.has_unfinished_requests():
                 break
             engine.step()
-    assert [len(s.output_token_ids) for s in group.samples] == [12, 12, 12]
+    assert [len(s.output_token_ids) for s in group.seqs] == [12, 12, 12]
     assert sum(s.num_draft_tokens for s in steps) > 0
     assert sum(s.num_blocks_copied for s in steps) >= 2
     assert pool_is_full(engine)

@@ -3,7 +3,7 @@
     uv run minivllm bench beam
     uv run minivllm bench beam --beam-width 8 --max-tokens 32
 
-Beam search the two ways, on the same prompts: V0's design (core/beam_group.py: the beams fork
+Beam search the two ways, on the same prompts: V0's design (core/v0/beam_group.py: the beams fork
 block tables inside the engine core, copy-on-write) and vLLM V1's (minivllm/beam_search.py:
 each beam a one-token request whose prompt is its whole history) with the prefix cache on,
 then off; against k independent greedy sequences of the same length from the same prompts

@@ -50,7 +50,7 @@ def profile_decode_step(llm, batch: int) -> dict:
         engine.add_request(f"profile-{i}", ids, SamplingParams(temperature=0, max_tokens=4,
                                                                ignore_eos=True))
     engine.step()
-    while any(engine.last_scheduler_output.is_prefill):     # prefill everything first
+    while any(s.is_prefill for s in engine.last_scheduler_output.scheduled):   # prefill first
         engine.step()
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")        # the profiler's own chatter, off
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -1,25 +1,23 @@
 """BlockManager: paged KV memory, the idea at the heart of vLLM (PagedAttention, Kwon et al. 2023).
-vLLM twin: vllm/v1/core/kv_cache_manager.py and block_pool.py (V0's vllm/core/block_manager.py
-kept the name BlockSpaceManager and the swapping).
+vLLM twin: vllm/v1/core/kv_cache_manager.py and block_pool.py.
 
 The KV pool is cut into fixed-size blocks of `block_size` tokens. A request owns a *block
 table*: the list of physical blocks holding its tokens, in order. Like pages of virtual memory,
 blocks are handed out one at a time as a request grows, so at most block_size - 1 slots per
 request sit empty, instead of max_model_len - its length with a static slab.
 
-Blocks carry a reference count, so requests can share them: n samples of one prompt (parallel
-sampling) point at the prompt's blocks once. A request about to write into a block someone
-else also holds gets a private copy first (copy-on-write); the copy itself is done on the KV
-tensors by the ModelRunner, from the (src, dst) pairs append_slots returns.
+Blocks carry a reference count, so requests can share them: requests with a common prefix
+point at its cached blocks once (prefix caching), and so do the samples V0 forks in the core
+(core/v0/). A request about to write into a block someone else also holds gets a private copy
+first (copy-on-write); the copy itself is done on the KV tensors by the ModelRunner, from the
+(src, dst) pairs append_slots returns.
 
 Operations, with vLLM's names:
     can_allocate / allocate   reserve blocks for a request's tokens when it is admitted
     can_append_slots / append_slots   make room for the tokens of the next step (+ CoW), and
               for num_lookahead_slots more: the draft tokens of speculative decoding
     free_lookahead_slots   give back the blocks that only rejected draft tokens used
-    fork      a child shares all of its parent's blocks (ref_count + 1 each)
     free      drop a request's references; blocks that reach 0 return to the free list
-    swap_out / swap_in   move a preempted request's blocks to a host-memory pool and back
 
 With prefix caching on (minivllm/core/prefix_cache.py), `allocate` first reuses cached blocks for
 the longest cached prefix of the request, `cache_computed_blocks` names each full block as
@@ -30,7 +28,7 @@ cached prefix goes to the back of the list (evicted last), one that does not goe
 
 Left out, compared with vLLM: per-layer-group managers (sliding-window and hybrid models),
 a watermark of free blocks held back at admission, and block allocation in a GPU-resident
-table; swapping is V0's (V1 preempts by recompute only).
+table.
 """
 
 from __future__ import annotations
@@ -179,13 +177,6 @@ class BlockManager:
         shared = self._shared_blocks_to_write(request, num_lookahead_slots)
         return new_blocks + len(shared) <= len(self.free_block_ids)
 
-    def num_blocks_to_append(self, request: Request) -> int:
-        """Free blocks append_slots would take for request's next tokens: new ones, and copies
-        of shared ones it writes into (a beam group's are summed: core/beam_group.py)."""
-        num_blocks = cdiv(len(request.token_ids), self.block_size)
-        return max(num_blocks - len(request.block_table), 0) + len(
-            self._shared_blocks_to_write(request))
-
     def append_slots(self, request: Request, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         """Grow request's table to cover all len(request) tokens, and num_lookahead_slots more (the
         draft tokens it verifies this step); return the copy-on-write pairs."""
@@ -207,13 +198,6 @@ class BlockManager:
         while len(request.block_table) > cdiv(len(request), self.block_size):
             self._release(request.block_table.pop())
 
-    def fork(self, parent: Request, child: Request) -> None:
-        assert not child.block_table, f"{child} already holds blocks"
-        child.block_table = list(parent.block_table)
-        child.num_cached_blocks = parent.num_cached_blocks
-        for block_id in child.block_table:
-            self.ref_counts[block_id] += 1
-
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (vLLM's reset_prefix_cache): a benchmark's next run then
         starts cold. Only when no request holds a block; False (nothing done) otherwise."""
@@ -228,26 +212,4 @@ class BlockManager:
             self._release(block_id)
         request.block_table = []
         request.num_cached_blocks = 0
-
-    # Swapping: `self` manages the device pool, `cpu` a second pool in host memory. A swapped
-    # request keeps its table, pointing into the CPU pool, until it is swapped back in.
-    def can_swap_out(self, request: Request, cpu: "BlockManager") -> bool:
-        return len(request.block_table) <= cpu.num_free_blocks
-
-    def swap_out(self, request: Request, cpu: "BlockManager") -> list[tuple[int, int]]:
-        """Move request's blocks to the CPU pool; return (device block, cpu block) copy pairs."""
-        pairs = [(block_id, cpu._take()) for block_id in request.block_table]
-        self.free(request)
-        request.block_table = [cpu_block for _, cpu_block in pairs]
-        return pairs
-
-    def can_swap_in(self, request: Request) -> bool:
-        return cdiv(len(request), self.block_size) <= self.num_free_blocks
-
-    def swap_in(self, request: Request, cpu: "BlockManager") -> list[tuple[int, int]]:
-        """Bring request's blocks back from the CPU pool; return (cpu block, device block) pairs."""
-        pairs = [(cpu_block, self._take()) for cpu_block in request.block_table]
-        cpu.free(request)
-        request.block_table = [block_id for _, block_id in pairs]
-        return pairs                                  # (its blocks get named again as new)
 # --8<-- [end:block_manager]

@@ -1,7 +1,7 @@
 """The KV cache: how big it is, and the classic way to hold it (one slab per request).
-vLLM twin: vllm/v1/kv_cache_interface.py (bytes per token and per block) and V0's
-vllm/worker/cache_engine.py (the pool tensors); the slab allocator has none: it is the
-baseline vLLM replaced.
+vLLM twin: vllm/v1/kv_cache_interface.py (bytes per token and per block); the slab allocator
+has none: it is the baseline vLLM replaced. The pool tensors themselves are the worker's
+(worker/model_runner.py, allocate_kv_cache): the core holds sizes and block ids, no tensor.
 
 Every generated token needs the keys and values of every earlier token, at every layer. Storing
 them instead of recomputing turns each decode step from O(n^2) work into O(n), at a price in
@@ -24,8 +24,6 @@ models, and the NHD/HND layout choice per attention backend.
 """
 
 from __future__ import annotations
-
-import torch
 
 from minivllm.config import HfConfig
 from minivllm.core.request import Request
@@ -52,29 +50,12 @@ def reference_config(name: str) -> HfConfig:
 
 
 # --8<-- [start:bytes_per_token]
-def kv_bytes_per_token(config: HfConfig, dtype: torch.dtype = torch.float16,
-                       kv_cache_dtype: str = "auto") -> int:
-    """Bytes of K and V that one token occupies across all layers. A quantized cache ("fp8",
-    "int8") stores a byte per element plus one fp32 scale per token and KV head."""
+def kv_bytes_per_token(config: HfConfig, dtype, kv_cache_dtype: str = "auto") -> int:
+    """Bytes of K and V that one token occupies across all layers, in a torch dtype. A quantized
+    cache ("fp8", "int8") stores a byte per element plus one fp32 scale per token and KV head."""
     row = config.head_dim * dtype.itemsize if kv_cache_dtype == "auto" else config.head_dim + 4
     return 2 * config.num_hidden_layers * config.num_key_value_heads * row
 # --8<-- [end:bytes_per_token]
-
-
-def allocate_kv_cache(config: HfConfig, num_blocks: int, block_size: int,
-                      dtype: torch.dtype, device: torch.device,
-                      kv_cache_dtype: str = "auto") -> torch.Tensor:
-    """The KV pool: [layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim].
-
-    Zero-filled, not empty: attention masks unused slots, but a masked NaN would still poison
-    the weighted sum of V (0 x NaN = NaN), so the pool must never hold garbage. Quantized
-    ("fp8", "int8"): int8 storage, each row head_dim bytes then its fp32 scale's 4 bytes
-    (kernels/write_kv.py), so copy-on-write and swaps move the scales with the values.
-    """
-    row, dtype = ((config.head_dim, dtype) if kv_cache_dtype == "auto"
-                  else (config.head_dim + 4, torch.int8))
-    return torch.zeros(config.num_hidden_layers, 2, num_blocks, block_size,
-                       config.num_key_value_heads, row, dtype=dtype, device=device)
 
 
 class ContiguousAllocator:

@@ -10,23 +10,19 @@ Everything the scheduler, block manager and KV connector need to know of a reque
     spec_token_ids       speculative decoding: draft tokens to verify next step, not its
                          tokens yet; they are computed after token_ids, and only those the
                          target accepts join them
-    status               WAITING, RUNNING, SWAPPED, or how it finished
+    status               WAITING, RUNNING, SWAPPED (V0's swap), or how it finished
 
 The tokens still to be computed are token_ids[num_computed_tokens:]: the whole prompt at first,
 then one new token per decode step. (vLLM V1 keeps the block ids in its KVCacheManager, keyed by
 request id; here each request carries its table, which the block manager fills and empties.)
 
-Parallel sampling (n > 1) is vLLM V1's: the front end fans the request out into n requests of
-one sample each (engine/parallel_sampling.py), which share the prompt's blocks through the
-prefix cache. V0's way stays for a caller that hands the core an EngineCoreRequest with n > 1
-(lesson 02): the request starts as one sample, which prefills the prompt once; then `fork`
-makes the other n - 1 as copies that share its blocks (copy-on-write) and draw their first
-tokens from the same logits row. Beam search in the core (core/beam_group.py, V0's design)
-makes its beams the same way, with `copy`, a sample at a time. The samples of such a request
-share its request id and its `samples` list, and `index` tells them apart; `seq_id` (V0's
-name) is unique per sample and keys the runner's messages (core/scheduler_output.py).
+The request id is the one key of every message the core sends and receives (vLLM V1's req_id):
+parallel sampling (n > 1) reaches the core as n requests of one sample each, fanned out by the
+front end (engine/parallel_sampling.py), which share the prompt's blocks through the prefix
+cache. V0's in-core fork and beam search (core/v0/) make their samples as requests of their
+own too, each with its own id.
 
-Plain Python only: no torch tensors here (each sample's random generator lives with the
+Plain Python only: no torch tensors here (each request's random generator lives with the
 Sampler), so the scheduler and the block manager can be read and tested without a device.
 Left out, compared with vLLM: pooling requests, multi-modal inputs, the client index.
 """
@@ -67,18 +63,15 @@ class RequestMetrics:
 
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int],
-                 sampling_params: SamplingParams, seq_id: int = 0, lora_request=None,
+                 sampling_params: SamplingParams, lora_request=None,
                  arrival_time: float | None = None):
         self.request_id = request_id
         self.sampling_params = sampling_params
         self.lora_request = lora_request         # LoRARequest, or None for the base model
         self.grammar = None                      # its compiled guided-decoding constraint
         self.kv_transfer_params = None           # disaggregation: vLLM's, a dict or None
+        self.beam_search = None                  # V0's in-core beam search: BeamSearchParams
         self.error: str | None = None            # why the engine failed it, if it did
-        self.seq_id = seq_id                     # unique per sample (see the module's doc)
-        self.index = 0                           # which of the request's samples (V0's fork)
-        self.samples = [self]                    # the request's samples so far (V0's fork)
-        self.beam = None                         # its BeamGroup: beam search in the core (V0)
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.status = RequestStatus.WAITING
@@ -96,20 +89,20 @@ class Request:
                                       else arrival_time)
 
     @classmethod
-    def from_engine_core_request(cls, request, seq_id: int) -> Request:
+    def from_engine_core_request(cls, request) -> Request:
         """The core's Request for an EngineCoreRequest (engine/core.py), as vLLM V1's."""
         new = cls(request.request_id, request.prompt_token_ids, request.sampling_params,
-                  seq_id, request.lora_request, request.arrival_time)
+                  request.lora_request, request.arrival_time)
         new.grammar = request.grammar
         new.kv_transfer_params = request.kv_transfer_params
+        new.beam_search = request.beam_search
         return new
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     def __repr__(self) -> str:
-        sample = f"[{self.index}]" if self.sampling_params.n > 1 else ""
-        return (f"Request({self.request_id!r}{sample}, {self.status.value}, "
+        return (f"Request({self.request_id!r}, {self.status.value}, "
                 f"tokens={len(self)}, computed={self.num_computed_tokens}, "
                 f"blocks={self.block_table})")
 
@@ -145,32 +138,15 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.finished
 
-    @property
-    def num_unforked(self) -> int:
-        """Samples of an n > 1 request handed to the core whole still to fork (V0); else 0."""
-        return max(0, self.sampling_params.n - len(self.samples))
-
-    @property
-    def num_seq_slots(self) -> int:
-        """Slots under max_num_seqs it takes: itself, and the samples or beams it will fork."""
-        width = self.beam.width if self.beam is not None else self.sampling_params.n
-        return max(1, width - len(self.samples) + 1)
-
-    @property
-    def all_samples_finished(self) -> bool:
-        """Is the request done: every sample it has, finished? (A sample forks others only
-        in the step it samples, so one that finished, or was aborted, first never will.)"""
-        return all(s.is_finished for s in self.samples)
-
     def output_since(self, num_before: int) -> EngineCoreOutput:
-        """What the front end learns of this sample after a step: its tokens from num_before
+        """What the front end learns of this request after a step: its tokens from num_before
         on, and how it stands (plain values: no core object leaves the core)."""
         new = self.token_ids[num_before:]
         logprobs = None
         if self.sampling_params.logprobs is not None:
             logprobs = self.output_logprobs[len(self.output_logprobs) - len(new):] if new else []
         m = self.metrics
-        return EngineCoreOutput(self.request_id, self.index, new, logprobs,
+        return EngineCoreOutput(self.request_id, new, logprobs,
                                 self.status.value if self.status.finished else None,
                                 self.error, m.first_scheduled_time,
                                 m.num_draft_tokens, m.num_accepted_tokens)
@@ -178,7 +154,8 @@ class Request:
     def samples_after(self, num_new_tokens: int) -> bool:
         """Do num_new_tokens computed now (its drafts included) reach this request's end, so
         that it samples? A prefill chunk short of the prompt's end does not. The one copy of
-        this rule: the scheduler records it in SchedulerOutput.sampling."""
+        this rule: the scheduler records it in the step's ScheduledRequest and in
+        SchedulerOutput.sampling, the runner's message."""
         return (self.num_computed_tokens + num_new_tokens
                 >= len(self.token_ids) + len(self.spec_token_ids))
 
@@ -190,29 +167,6 @@ class Request:
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         self.metrics.token_times.append(now)
-
-    def fork(self, seq_ids) -> list[Request]:
-        """V0's parallel sampling: make the other n - 1 samples as copies of this first one,
-        whose prompt is now computed."""
-        return [self.copy(next(seq_ids)) for _ in range(self.num_unforked)]
-
-    def copy(self, seq_id: int) -> Request:
-        """A new sample of this request, as this one stands now (V0's fork, for parallel
-        sampling and beam search). It holds no blocks yet: the scheduler shares this sample's
-        blocks with it (block_manager.fork)."""
-        child = Request(self.request_id, self.prompt_token_ids, self.sampling_params, seq_id,
-                        self.lora_request, self.metrics.arrival_time)
-        child.token_ids = list(self.token_ids)
-        child.grammar = self.grammar
-        child.kv_transfer_params = self.kv_transfer_params
-        child.index = len(self.samples)
-        child.samples = self.samples                        # one list, shared
-        child.beam = self.beam
-        child.num_computed_tokens = self.num_computed_tokens
-        child.block_hashes = list(self.block_hashes)
-        child.metrics.first_scheduled_time = self.metrics.first_scheduled_time
-        self.samples.append(child)
-        return child
 
 
 def check_stop(request: Request, eos_token_ids: set[int], max_model_len: int

@@ -22,6 +22,7 @@ from minivllm.config import (CacheConfig, CompilationConfig, HfConfig, KVTransfe
                              LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig,
                              SpeculativeConfig, VllmConfig, resolve_device, resolve_dtype)
 from minivllm.config.utils import check_bools
+from minivllm.config.scheduler import V1_SCHEDULER
 
 # Fixed when the weights load: reconfigure takes every other field.
 LOAD_TIME_ARGS = ("model", "dtype", "device")
@@ -45,6 +46,7 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     preemption_mode: str = "recompute"
     scheduling: str = "continuous"
+    scheduler_cls: str = V1_SCHEDULER
     block_size: int = 16                  # CacheConfig
     num_kv_blocks: int | None = None
     kv_cache_memory: int | None = None
@@ -112,7 +114,8 @@ class EngineArgs:
                 max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                 max_model_len=model_config.max_model_len,
                 enable_chunked_prefill=self.enable_chunked_prefill,
-                preemption_mode=self.preemption_mode, scheduling=self.scheduling),
+                preemption_mode=self.preemption_mode, scheduling=self.scheduling,
+                scheduler_cls=self.scheduler_cls),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,
                 pipeline_parallel_size=self.pipeline_parallel_size,

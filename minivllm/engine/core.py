@@ -6,8 +6,8 @@
         1. schedule   which requests run, how many tokens each, which blocks move
         2. execute    the executor's execute_model: block copies, one forward pass, sampling,
                       and (speculative decoding) the runner's drafts for the next step
-        3. update     the scheduler applies the tokens: append, fork (V0), accept drafts, stop on
-                      tokens and lengths, free blocks; one EngineCoreOutput per sample that moved
+        3. update     the scheduler applies the tokens: append, accept drafts, stop on tokens
+                      and lengths, free blocks; one EngineCoreOutput per request that moved
         4. drafts     the runner's drafts go to the scheduler (update_draft_token_ids), which
                       fits them into the next step
 
@@ -18,21 +18,22 @@ The core owns the Scheduler (and its block managers) and the executor that runs 
 devices (minivllm/executor/: Executor -> Worker -> ModelRunner, on every rank alike). The
 front end (LLMEngine, minivllm/engine/llm_engine.py) reaches it through a client
 (core_client.py) and never holds a core object: it gets plain EngineCoreOutputs, detokenizes
-them, finds stop strings, and finishes a stopped sample here with `finish_requests`.
+them, finds stop strings, and finishes a stopped request here with `finish_requests`.
 
 Anything that executes a SchedulerOutput can be the executor: a real one over the weights, or
 the simulator's SimulatedExecutor on a virtual clock (minivllm/simulator/simulator.py), which
 thereby runs this very step (it proposes no drafts); tests/test_scheduler.py drives it over an
 executor with no model.
 
-Parallel sampling: the front end fans n > 1 out into n requests of one sample (vLLM V1,
-engine/parallel_sampling.py), so what reaches the core from LLMEngine has n = 1. The core still
-takes an EngineCoreRequest with n > 1 from a caller who builds one: then its samples fork
-inside it after one prefill, sharing blocks by copy-on-write (vLLM V0's way, kept for lesson 02),
-and an EngineCoreRequest with `beam_search` set runs V0's beam search: its beams fork inside
-the core (core/beam_group.py) and the finished ones come out together at the end.
+The scheduler's class is the config's `scheduler_cls` (vLLM's name): V1's Scheduler, or V0's
+(core/v0/), which also takes an EngineCoreRequest with n > 1 (its samples fork in the core
+after one prefill, sharing blocks by copy-on-write: lesson 02) or with `beam_search` set (its
+beams fork in the core, and the finished ones come out together at the end). From LLMEngine,
+n > 1 arrives fanned out into n requests of one sample (vLLM V1, engine/parallel_sampling.py).
 
-The core's unit is vLLM V1's Request (core/request.py), made from each EngineCoreRequest.
+The core's unit is vLLM V1's Request (core/request.py), made from each EngineCoreRequest; its
+request id is the one key of every message. Finished requests' ids reach the workers in the
+next step's SchedulerOutput (`finished_req_ids`), as in V1: no message of their own.
 
 Pipeline parallelism: the executor's stages can work on up to `max_concurrent_batches`
 batches at once, so `step` becomes `step_with_batch_queue` (vLLM V1's): schedule and start a
@@ -47,7 +48,7 @@ token budget or arrivals split the work, and a decode-only batch of everything w
 
 from __future__ import annotations
 
-import itertools
+import importlib
 import logging
 import time
 from collections import deque
@@ -56,16 +57,27 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from minivllm.config import VllmConfig
-from minivllm.core.beam_group import BeamGroup
 from minivllm.core.block_manager import BlockManager
 from minivllm.core.kv_cache import ContiguousAllocator
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
 from minivllm.core.request import Request, RequestStatus
-from minivllm.engine.stats import EngineStats, ScheduledSeq, StepRecord
+from minivllm.engine.stats import EngineStats, StepRecord
 from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger("minivllm")
+
+
+@dataclass(slots=True)
+class EngineCoreInfo:
+    """What the front end knows of its core without reaching into it: the KV pool's size (to
+    refuse a request that could never fit), the end-of-sequence tokens, and the repr's facts."""
+
+    num_blocks: int
+    block_size: int
+    kv_layout: str
+    attention_backend: str
+    eos_token_ids: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -75,7 +87,7 @@ class EngineCoreRequest:
 
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams         # n > 1 only from a caller who wants V0's fork
+    sampling_params: SamplingParams         # n > 1 only for V0's fork (core/v0/)
     lora_request: object | None = None      # minivllm.LoRARequest, or None: the base model
     grammar: object | None = None           # the compiled guided-decoding constraint, if any
     arrival_time: float = field(default_factory=time.perf_counter)
@@ -86,13 +98,12 @@ class EngineCoreRequest:
 class EngineCore:
     def __init__(self, vllm_config: VllmConfig, model_executor, eos_token_ids: set[int],
                  clock: Callable[[], float] = time.perf_counter, exact_stats: bool = True):
-        """model_executor: executes a SchedulerOutput, frees finished samples' state, and says
-        how big its KV pools are (num_blocks, num_cpu_blocks). clock: the time steps are
+        """model_executor: executes a SchedulerOutput and says how big its KV pools are
+        (num_blocks, num_cpu_blocks). clock: the time steps are
         recorded in (the simulator's is virtual).
         exact_stats: count the tokens the KV pool holds block by block (shared blocks once);
         False counts them per sequence, cheap enough for a simulation's every step."""
         self.model_executor = model_executor
-        self.seq_ids = itertools.count()     # every sample's id, unique across reconfigures
         self.eos_token_ids = set(eos_token_ids)
         self.clock = clock
         self.exact_stats = exact_stats
@@ -128,27 +139,29 @@ class EngineCore:
         cache_config = vllm_config.cache_config
         executor = self.model_executor
         if cache_config.kv_layout == "paged":
-            self.block_manager = BlockManager(executor.num_blocks, cache_config.block_size,
-                                              cache_config.enable_prefix_caching)
+            block_manager = BlockManager(executor.num_blocks, cache_config.block_size,
+                                         cache_config.enable_prefix_caching)
         else:
-            self.block_manager = ContiguousAllocator(executor.num_blocks,
-                                                     vllm_config.model_config.max_model_len)
-        self.cpu_block_manager = (BlockManager(executor.num_cpu_blocks, cache_config.block_size)
-                                  if executor.num_cpu_blocks else None)
+            block_manager = ContiguousAllocator(executor.num_blocks,
+                                                vllm_config.model_config.max_model_len)
         kv_connector = None                  # the KV connector's scheduler side
         if vllm_config.kv_transfer_config is not None:
             from minivllm.distributed.kv_transfer.kv_connector import KVConnectorScheduler
             kv_connector = KVConnectorScheduler(vllm_config.kv_transfer_config.kv_role,
-                                                self.block_manager.num_cached_tokens)
-        self.scheduler = Scheduler(vllm_config.scheduler_config, self.block_manager,
-                                   self.cpu_block_manager, self.eos_token_ids, self.seq_ids,
-                                   kv_connector, vllm_config.lora_config)
+                                                block_manager.num_cached_tokens)
+        module, name = vllm_config.scheduler_config.scheduler_cls.rsplit(".", 1)
+        host_pool = {}                       # V0's swap pool in host memory, if it has one
+        if executor.num_cpu_blocks:
+            host_pool["cpu_block_manager"] = BlockManager(executor.num_cpu_blocks,
+                                                          cache_config.block_size)
+        self.scheduler: Scheduler = getattr(importlib.import_module(module), name)(
+            vllm_config.scheduler_config, block_manager, self.eos_token_ids,
+            kv_connector, vllm_config.lora_config, **host_pool)
         self.num_steps = 0
         self.last_scheduler_output: SchedulerOutput | None = None
         depth = getattr(self.model_executor, "max_concurrent_batches", 1)
         # (pending output, SchedulerOutput, start time) of each batch in flight (pp > 1)
         self.batch_queue = deque(maxlen=depth) if depth > 1 else None
-        self.pending_free: list[int] = []    # finished samples still in a batch in flight
 
     @property
     def requests(self) -> dict[str, Request]:
@@ -157,13 +170,7 @@ class EngineCore:
 
     # ---------------------------------------------------------------- requests in and out
     def add_request(self, request: EngineCoreRequest) -> None:
-        core_request = Request.from_engine_core_request(request, next(self.seq_ids))
-        if request.beam_search is not None:        # V0's beam search (core/beam_group.py)
-            if self.vllm_config.speculative_config is not None or self.batch_queue is not None:
-                raise ValueError("beam search in the core does not run with speculative "
-                                 "decoding or pipeline parallelism")
-            BeamGroup(core_request, request.beam_search, self.eos_token_ids)
-        self.scheduler.add(core_request)
+        self.scheduler.add(Request.from_engine_core_request(request))
 
     def add_prefilled_request(self, request: EngineCoreRequest, first_token
                               ) -> EngineCoreOutputs | None:
@@ -173,7 +180,7 @@ class EngineCore:
         with nothing changed, when there is no room for it now."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
-        core_request = Request.from_engine_core_request(request, next(self.seq_ids))
+        core_request = Request.from_engine_core_request(request)
         if not self.scheduler.add_prefilled(core_request, first_token):
             return None
         return EngineCoreOutputs([core_request.output_since(core_request.num_prompt_tokens)],
@@ -183,18 +190,13 @@ class EngineCore:
                        ) -> list[EngineCoreOutput]:
         """Finish these requests now with finish_reason "abort" (and the error, if one is
         given for it); their blocks and sampling state go."""
-        for request_id, error in (errors or {}).items():
-            first = self.requests.get(request_id)
-            for sample in first.samples if first else ():
-                sample.error = error
-        return self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED, errors=errors)
+        return self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED, errors)
 
-    def finish_requests(self, request_ids, status: RequestStatus, index: int | None = None,
+    def finish_requests(self, request_ids, status: RequestStatus,
                         errors: dict[str, str] | None = None) -> list[EngineCoreOutput]:
-        """Finish requests (only sample `index`, if given) with `status`: the front end's stop
-        strings and aborts. Called right after a step, they count in that step's record."""
-        outputs = self.scheduler.finish_requests(list(request_ids), status, index)
-        self._free(self.scheduler.take_finished())
+        """Finish requests with `status`: the front end's stop strings and aborts. Called
+        right after a step, they count in that step's record."""
+        outputs = self.scheduler.finish_requests(list(request_ids), status, errors)
         if self._traces and self.last_record is not None:
             done = [o.request_id for o in outputs if o.request_id not in self.requests]
             self.last_record.finished += [r for r in dict.fromkeys(done)
@@ -217,18 +219,17 @@ class EngineCore:
         scheduler_output = self._schedule()
         # 2. Execute: block copies, one forward pass, the sampled tokens (and drafts).
         runner_output = self.model_executor.execute_model(scheduler_output)
-        if not scheduler_output.scheduled_requests:
+        if not scheduler_output.scheduled:
             return self._nothing_to_run()
         # 3. and 4.: update the requests from the output, fit the drafts.
         return self._update(scheduler_output, runner_output, t0)
 
     def _update(self, scheduler_output: SchedulerOutput, runner_output, t0: float
                 ) -> EngineCoreOutputs:
-        # 3. Update: append, fork (V0), accept drafts, stop on tokens and length, free blocks.
+        # 3. Update: append, accept drafts, stop on tokens and length, free blocks.
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         # 4. The drafts the runner proposed, for the next schedule to fit (vLLM V1's order).
         self.scheduler.update_draft_token_ids(runner_output.draft_token_ids)
-        self._free(self.scheduler.take_finished())           # the workers forget them
         self.num_steps += 1
         if self._traces:
             self._record(scheduler_output, outputs, runner_output.errors, t0)
@@ -243,10 +244,14 @@ class EngineCore:
         if len(queue) < queue.maxlen:
             t0 = self.clock()
             scheduler_output = self._schedule()
-            if scheduler_output.scheduled_requests or scheduler_output.blocks_to_swap_out:
+            if scheduler_output.scheduled or scheduler_output.blocks_to_swap_out:
                 pending = self.model_executor.execute_model(scheduler_output, non_block=True)
                 queue.append((pending, scheduler_output, t0))
                 return EngineCoreOutputs(timestamp=self.clock())
+            if queue:                        # the finished ids ride with the next batch
+                self.scheduler.finished_req_ids |= scheduler_output.finished_req_ids
+            else:                            # idle: the workers forget the finished now
+                self.model_executor.execute_model(scheduler_output)
         if not queue:
             return self._nothing_to_run()
         pending, scheduler_output, t0 = queue.popleft()
@@ -264,46 +269,25 @@ class EngineCore:
             raise RuntimeError(f"the scheduler found nothing to run: {self.stats()}")
         return EngineCoreOutputs(timestamp=self.clock())
 
-    def _free(self, finished: list[Request]) -> None:
-        """The workers forget finished samples: now, or, for one still in a batch in flight
-        (an abort under pipeline parallelism), once that batch is back."""
-        in_flight = self.scheduler.in_flight
-        seq_ids = self.pending_free + [r.seq_id for r in finished]
-        self.pending_free = [s for s in seq_ids if s in in_flight]
-        self.model_executor.free([s for s in seq_ids if s not in in_flight])
-
     # ---------------------------------------------------------------- what it reports
     def stats(self) -> EngineStats:
-        bm = self.block_manager
-        sched = self.scheduler
-        used = bm.num_blocks - bm.num_free_blocks
-        cache = getattr(bm, "prefix_cache", None)
-        if self.exact_stats:
-            filled: dict[int, int] = {}        # block -> tokens it holds (shared blocks once)
-            for s in sched.running:
-                for i, block in enumerate(s.block_table):
-                    held = max(0, min(bm.block_size, s.num_computed_tokens - i * bm.block_size))
-                    filled[block] = max(filled.get(block, 0), held)
-            tokens_cached = sum(filled.values())
-        else:
-            tokens_cached = sum(s.num_computed_tokens for s in sched.running)
-        return EngineStats(
-            num_running=len(sched.running), num_waiting=len(sched.waiting),
-            num_swapped=len(sched.swapped),
-            num_blocks_used=used, num_blocks_total=bm.num_blocks,
-            slots_reserved=used * bm.block_size, tokens_cached=tokens_cached,
-            num_preemptions=sched.num_preemptions,
-            prefix_cache_queried_tokens=cache.num_queried_tokens if cache else 0,
-            prefix_cache_hit_tokens=cache.num_hit_tokens if cache else 0,
-            **(self._spec_decode_stats() if self.vllm_config.speculative_config else {}))
+        return self.scheduler.make_stats(self.exact_stats)
 
-    def _spec_decode_stats(self) -> dict[str, int]:
-        s = self.scheduler.spec_decoding_stats
-        return {"spec_decode_num_drafts": s.num_drafts,
-                "spec_decode_num_draft_tokens": s.num_draft_tokens,
-                "spec_decode_num_accepted_tokens": s.num_accepted_tokens,
-                "spec_decode_num_accepted_tokens_per_pos": tuple(s.num_accepted_tokens_per_pos),
-                "spec_decode_num_judged_tokens_per_pos": tuple(s.num_judged_tokens_per_pos)}
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()
+
+    def info(self) -> EngineCoreInfo:
+        """What the front end knows of the core without reaching into it."""
+        bm, runner = self.scheduler.block_manager, self.model_executor.driver_worker.model_runner
+        return EngineCoreInfo(bm.num_blocks, bm.block_size, runner.kv_layout,
+                              runner.attention_backend, set(self.eos_token_ids))
+
+    def add_lora(self, lora_request) -> None:
+        """Load the adapter now (it fails alone, before its request is queued)."""
+        self.model_executor.collective_rpc("add_lora", lora_request)
+
+    def list_loras(self) -> set[int]:
+        return self.model_executor.collective_rpc("list_loras")
 
     @contextmanager
     def trace(self):
@@ -320,21 +304,12 @@ class EngineCore:
 
     def _record(self, batch: SchedulerOutput, outputs: list[EngineCoreOutput],
                 errors: dict[str, str], t0: float) -> None:
-        rids = lambda seqs: [s.request_id for s in seqs]  # noqa: E731
         finished = [o.request_id for o in outputs
                     if o.finish_reason is not None and o.request_id not in self.requests]
-        computed = {r.seq_id: r.num_computed_tokens for r in batch.scheduled_new_reqs}
-        cached = batch.scheduled_cached_reqs
-        computed.update(zip(cached.seq_ids, cached.num_computed_tokens))
         record = StepRecord(
-            step=self.num_steps - 1,
-            scheduled=[ScheduledSeq(s.request_id, s.index, n, p, len(d), s.lora_int_id,
-                                    computed[s.seq_id], samples)
-                       for s, n, p, d, samples in
-                       zip(batch.scheduled_requests, batch.num_new_tokens, batch.is_prefill,
-                           batch.spec_token_ids, batch.sampling)],
-            preempted=rids(batch.preempted), swapped_out=rids(batch.swapped_out),
-            swapped_in=rids(batch.swapped_in), num_blocks_copied=len(batch.blocks_to_copy),
+            step=self.num_steps - 1, scheduled=batch.scheduled, preempted=batch.preempted,
+            swapped_out=batch.swapped_out, swapped_in=batch.swapped_in,
+            num_blocks_copied=len(batch.blocks_to_copy),
             finished=list(dict.fromkeys(finished)), duration=self.clock() - t0,
             stats=self.stats(), start_time=t0, errors=dict(errors),
             num_accepted_tokens=self.scheduler.spec_decoding_stats.num_accepted_this_step)
@@ -345,11 +320,12 @@ class EngineCore:
     # ---------------------------------------------------------------- scoring
     def prompt_logits(self, token_ids: list[int]):
         """Next-token logits at every position of `token_ids`, (len, vocab), float32."""
-        request = Request("score", token_ids, SamplingParams(), -1)
-        if not self.block_manager.can_allocate(request):
+        request = Request("score", token_ids, SamplingParams())
+        bm = self.scheduler.block_manager
+        if not bm.can_allocate(request):
             raise RuntimeError(f"no free KV blocks to score {len(token_ids)} tokens right now")
-        self.block_manager.allocate(request, use_prefix_cache=False)   # every position computed
+        bm.allocate(request, use_prefix_cache=False)          # every position computed
         try:
             return self.model_executor.prompt_logits(token_ids, request.block_table)
         finally:
-            self.block_manager.free(request)
+            bm.free(request)

@@ -22,11 +22,10 @@ engine thread).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from minivllm.config import VllmConfig
 from minivllm.core.request import RequestStatus
-from minivllm.engine.core import EngineCore, EngineCoreRequest
+from minivllm.engine.core import EngineCore, EngineCoreInfo, EngineCoreRequest
 from minivllm.engine.stats import EngineStats
 from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
 
@@ -34,18 +33,6 @@ from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
 class EngineDeadError(RuntimeError):
     """The engine has stopped (its core process died, or its loop did); nothing more is
     served (vLLM twin: vllm/v1/engine/exceptions.py)."""
-
-
-@dataclass(slots=True)
-class EngineCoreInfo:
-    """What the front end knows of its core without reaching into it: the KV pool's size (to
-    refuse a request that could never fit), the end-of-sequence tokens, and the repr's facts."""
-
-    num_blocks: int
-    block_size: int
-    kv_layout: str
-    attention_backend: str
-    eos_token_ids: set[int] = field(default_factory=set)
 
 
 class InprocClient:
@@ -63,11 +50,9 @@ class InprocClient:
                        ) -> list[EngineCoreOutput]:
         return self.engine_core.abort_requests(request_ids, errors)
 
-    def finish_stopped(self, samples: list[tuple[str, int]]) -> None:
-        """These samples' text reached a stop string: they finish with finish_reason "stop"."""
-        for request_id, index in samples:
-            self.engine_core.finish_requests([request_id], RequestStatus.FINISHED_STOPPED,
-                                             index)
+    def finish_stopped(self, request_ids: list[str]) -> None:
+        """These requests' text reached a stop string: they finish with finish_reason "stop"."""
+        self.engine_core.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED)
 
     def has_unfinished_requests(self) -> bool:
         return self.engine_core.has_unfinished_requests()
@@ -81,22 +66,14 @@ class InprocClient:
         self.engine_core.model_executor.shutdown()
 
     # ---------------------------------------------------------------- utility calls
-    @property
-    def _runner(self):
-        """The driver worker's ModelRunner (rank 0's, under tensor parallelism)."""
-        return self.engine_core.model_executor.driver_worker.model_runner
-
+    # Each forwards to the core, as the process client sends it (engine/multiproc/).
     @property
     def vllm_config(self) -> VllmConfig:
         return self.engine_core.vllm_config
 
     @property
     def info(self) -> EngineCoreInfo:
-        core = self.engine_core
-        runner = self._runner
-        return EngineCoreInfo(core.block_manager.num_blocks, core.block_manager.block_size,
-                              runner.kv_layout, runner.attention_backend,
-                              set(core.eos_token_ids))
+        return self.engine_core.info()
 
     def stats(self, fresh: bool = False) -> EngineStats:
         """The core's stats now (fresh or not: the core is here)."""
@@ -117,19 +94,13 @@ class InprocClient:
         return self.info
 
     def add_lora(self, lora_request) -> None:
-        """Load the adapter now (it fails alone, before its request is queued)."""
-        manager = self._runner.lora_manager
-        if manager is None:
-            raise ValueError(f"{lora_request} was given, but LoRA is off: start the engine "
-                             "with enable_lora=True (and max_loras, max_lora_rank)")
-        manager.add_lora(lora_request)
+        self.engine_core.add_lora(lora_request)
 
     def reset_prefix_cache(self) -> bool:
-        return self.engine_core.block_manager.reset_prefix_cache()
+        return self.engine_core.reset_prefix_cache()
 
     def list_loras(self) -> set[int]:
-        manager = self._runner.lora_manager
-        return set(manager.slots) if manager else set()
+        return self.engine_core.list_loras()
 
     def prompt_logits(self, token_ids: list[int]):
         return self.engine_core.prompt_logits(token_ids)

@@ -166,11 +166,11 @@ class LLMEngine:
 
     @property
     def block_manager(self):
-        return self.core.block_manager
+        return self.core.scheduler.block_manager
 
     @property
     def cpu_block_manager(self):
-        return self.core.cpu_block_manager
+        return getattr(self.core.scheduler, "cpu_block_manager", None)
 
     @property
     def requests(self):

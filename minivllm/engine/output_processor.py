@@ -5,14 +5,14 @@ and builds the RequestOutput a caller sees. It never reads an engine-core object
 
 Stop tokens and lengths were checked by the scheduler when the tokens were appended; a stop
 string needs the text, so it is found here: the sample's tokens and text are cut at it, and the
-front end then finishes that sample in the core (EngineCore.finish_requests), as vLLM V1 aborts
-a request whose text has stopped.
+front end then finishes that core request (EngineCore.finish_requests), as vLLM V1 aborts a
+request whose text has stopped.
 
 A request with n > 1 samples reaches the core as n child requests of one sample each (vLLM
 V1's fan-out, engine/parallel_sampling.py): the OutputProcessor keeps ONE RequestState for the
 parent, routes child i's tokens to its sample i, and so gathers the children into one
-RequestOutput with n CompletionOutputs, streaming and final. (A V0-style request whose core
-forks its samples reports each by its index, and lands in the same place.)
+RequestOutput with n CompletionOutputs, streaming and final. (A V0 core that forks the samples
+itself names them with the same child ids, core/v0/, and they land in the same place.)
 
 Left out, compared with vLLM: per-request output queues for streaming (the AsyncLLMEngine keeps
 its own), and the delta / final-only output kinds.
@@ -76,7 +76,7 @@ class RequestState:
 @dataclass(slots=True)
 class OutputProcessorOutput:
     request_outputs: list[RequestOutput]
-    stopped: list[tuple[str, int]]   # the core's (request id, sample) whose text hit a stop string
+    stopped: list[str]     # the core's request ids whose text hit a stop string
     errors: dict[str, str]           # request id -> why its output processing failed
     # The core's request ids to abort, with the error: a request whose output processing
     # failed, or a failed parent's children still running (one child's fault fails them all).
@@ -139,7 +139,7 @@ class OutputProcessor:
         for out in core_outputs.outputs:
             # A fanned-out child's tokens are sample `index` of its parent.
             state, index = self.child_requests.get(out.request_id) or (
-                self.request_states.get(out.request_id), out.index)
+                self.request_states.get(out.request_id), 0)
             if state is None or state.request_id in errors:
                 continue
             sample = state.samples.get(index)
@@ -148,7 +148,7 @@ class OutputProcessor:
             touched[state.request_id] = state
             try:
                 if self._update(state, out, index, core_outputs.timestamp):
-                    stopped.append((out.request_id, out.index))
+                    stopped.append(out.request_id)
             except Exception as e:                   # noqa: BLE001 (this request alone)
                 errors[state.request_id] = state.error = f"output processing failed: {e!r}"
         outputs = [request_output(state) for state in touched.values()]

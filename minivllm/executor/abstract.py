@@ -1,11 +1,12 @@
 """Executor: the engine core's handle on the devices (vLLM twin: vllm/v1/executor/abstract.py).
 
 The core calls `execute_model(scheduler_output)` once a step and gets the driver's (rank 0's)
-ModelRunnerOutput; `initialize_cache(vllm_config)` sets a configuration on every worker (the
-engine's start and LLMEngine.reconfigure); `free(seq_ids)` drops finished samples' state on
-every worker. Each is one `collective_rpc`: the same Worker method on every rank, the driver's
-answer returned. `executor_class` (minivllm/executor/__init__.py) picks the executor from
-`distributed_executor_backend` (vLLM: Executor.get_class).
+ModelRunnerOutput (finished requests reach the workers inside the next SchedulerOutput, as in
+V1: no call of their own); `initialize_cache(vllm_config)` sets a configuration on every worker
+(the engine's start and LLMEngine.reconfigure). Each is one `collective_rpc`: the same Worker
+method on every rank, the driver's answer returned. `executor_class`
+(minivllm/executor/__init__.py) picks the executor from `distributed_executor_backend` (vLLM:
+Executor.get_class).
 
 Pipeline parallelism: `max_concurrent_batches` (pp; 1 otherwise) says how many steps the
 core may keep in flight, and `execute_model(so, non_block=True)` starts one and returns what
@@ -58,10 +59,6 @@ class Executor:
 
     def execute_model(self, scheduler_output):
         return self.collective_rpc("execute_model", scheduler_output)
-
-    def free(self, seq_ids: list[int]) -> None:
-        if seq_ids:
-            self.collective_rpc("free", seq_ids)
 
     def prompt_logits(self, token_ids: list[int], block_table: list[int]):
         return self.collective_rpc("prompt_logits", token_ids, block_table)

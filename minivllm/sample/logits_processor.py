@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.core.request import Request
 
-
-def apply_logit_bias(logits: torch.Tensor, seqs: list[Request]) -> None:
+def apply_logit_bias(logits: torch.Tensor, seqs: list) -> None:
     """In place: each row's logit_bias added to the logits of the tokens it names."""
     rows = []
     cols = []
@@ -44,7 +42,7 @@ def apply_logit_bias(logits: torch.Tensor, seqs: list[Request]) -> None:
         logits[rows, cols] += torch.tensor(bias, dtype=logits.dtype, device=logits.device)
 
 
-def apply_min_tokens(logits: torch.Tensor, seqs: list[Request], eos_token_ids: set[int]):
+def apply_min_tokens(logits: torch.Tensor, seqs: list, eos_token_ids: set[int]):
     """In place: stop tokens of rows still short of min_tokens go to -inf. logits (B, V)."""
     rows = []
     cols = []
@@ -69,7 +67,7 @@ def token_counts(token_lists: list[list[int]], vocab: int, device) -> torch.Tens
     return counts[:, :vocab].to(device)                               # (R, V)
 
 
-def apply_penalties(logits: torch.Tensor, seqs: list[Request]) -> None:
+def apply_penalties(logits: torch.Tensor, seqs: list) -> None:
     """In place: vLLM's repetition, frequency and presence penalties. logits (B, V)."""
     rows = [i for i, s in enumerate(seqs) if s.sampling_params.has_penalties]
     if not rows:
@@ -89,10 +87,11 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Request]) -> None:
     logits[rows] = x
 
 
-def apply_logits_processors(logits: torch.Tensor, seqs: list[Request],
+def apply_logits_processors(logits: torch.Tensor, seqs: list,
                             eos_token_ids: set[int], guided=None) -> torch.Tensor:
     """Every processor, in order, on a copy of logits (the caller keeps the raw rows for
-    logprobs). Returns logits itself when no row asks for anything (no copy, no change)."""
+    logprobs); seqs[i]: the runner's state of row i's request (worker/input_batch.py).
+    Returns logits itself when no row asks for anything (no copy, no change)."""
     p = [s.sampling_params for s in seqs]
     if not any(x.min_tokens or x.has_penalties or x.guided_decoding or x.logit_bias
                for x in p):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from minivllm.core.request import Request
 from minivllm.outputs import Draw
 from minivllm.sample.sampler import logprobs_entry, sampling_probs
 
@@ -58,7 +57,7 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor,
 # --8<-- [end:accept]
 
 
-def accept_drafts(seq: Request, draft_logits: torch.Tensor, bonus: Draw,
+def accept_drafts(seq, draft_logits: torch.Tensor, bonus: Draw,
                   generator: torch.Generator) -> list[Draw]:
     """seq's drafts checked against the target -> the draws to append: the accepted drafts,
     then the target's token at the first rejection, or, when every draft is accepted, `bonus`

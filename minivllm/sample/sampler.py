@@ -6,11 +6,11 @@ minivllm/sample/logits_processor.py); then temperature, top-k and top-p reshape 
 with its own torch.Generator. Drawing is the "exponential race": argmax(p / E) with E ~ Exp(1)
 picks token i with probability p_i, exactly like multinomial, but without a host sync on GPUs.
 
-Each sample draws from its own torch.Generator, kept here by (request, sample index) (seeded
-with the request's seed + the sample's index, or from the OS; the front end seeds child i of a
-fanned-out n > 1 request seed + i, so its sample 0 draws what sample i of a forked one did), so its tokens do not depend on
-what else shares the batch: a seeded request is reproducible in any company. The ModelRunner
-calls `free` for the sequences the scheduler reports finished.
+Each request draws from its own torch.Generator, kept here by request id (seeded with the
+request's seed, or from the OS; sample i of an n > 1 request is a request of its own, seeded
+seed + i), so its tokens do not depend on what else shares the batch: a seeded request is
+reproducible in any company. The ModelRunner calls `free` for the requests the scheduler
+reports finished.
 
 Left out, compared with vLLM: min_p, logit_bias, user-supplied logits processors, and batched
 (FlashInfer) top-k/top-p kernels.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from minivllm.sample.logits_processor import apply_logits_processors
-from minivllm.core.request import Request
 
 
 # --8<-- [start:top_k_top_p]
@@ -71,7 +70,7 @@ def logprobs_entry(raw_logprobs: torch.Tensor, token_id: int, num: int) -> dict[
 
 class Sampler:
     """Draws every sampling row of a step. Its state is its own: the random generator of each
-    sample, and what it was given at construction (the tokens min_tokens holds back, and the
+    request, and what it was given at construction (the tokens min_tokens holds back, and the
     StructuredOutputManager whose bitmask guided rows get; None: no guided decoding)."""
 
     def __init__(self, device: torch.device, eos_token_ids: set[int] = frozenset(),
@@ -79,47 +78,44 @@ class Sampler:
         self.device = device
         self.eos_token_ids = set(eos_token_ids)
         self.structured_output = structured_output
-        # (request_id, sample index) -> its generator. Keyed by sample, not by Request: the
-        # first token of a forked sample (n > 1) is drawn before its Request exists.
-        self.generators: dict[tuple[str, int], torch.Generator] = {}
+        self.generators: dict[str, torch.Generator] = {}     # request id -> its generator
 
-    def generator(self, seq: Request, index: int | None = None) -> torch.Generator:
-        """The generator of sample `index` (default: seq's own) of seq's request."""
-        index = seq.index if index is None else index
-        g = self.generators.get((seq.request_id, index))
+    def generator(self, req_id: str, seed: int | None) -> torch.Generator:
+        """req_id's generator, made on first use and seeded (from the OS if seed is None)."""
+        g = self.generators.get(req_id)
         if g is None:
-            g = self.generators[(seq.request_id, index)] = torch.Generator(device=self.device)
-            if seq.sampling_params.seed is None:
+            g = self.generators[req_id] = torch.Generator(device=self.device)
+            if seed is None:
                 g.seed()
             else:
-                g.manual_seed(seq.sampling_params.seed + index)    # sample i of a seeded request
+                g.manual_seed(seed)
         return g
 
-    def get_generator_state(self, seq: Request) -> torch.Tensor | None:
-        """seq's generator state, None if it has drawn nothing (disaggregation sends it)."""
-        g = self.generators.get((seq.request_id, seq.index))
+    def get_generator_state(self, req_id: str) -> torch.Tensor | None:
+        """Its generator's state, None if it has drawn nothing (disaggregation sends it)."""
+        g = self.generators.get(req_id)
         return None if g is None else g.get_state()
 
-    def set_generator_state(self, seq: Request, state: torch.Tensor) -> None:
-        """Take over another engine's generator for seq (the disaggregation consumer)."""
-        self.generator(seq).set_state(state)
+    def set_generator_state(self, req_id: str, state: torch.Tensor) -> None:
+        """Take over another engine's generator for req_id (the disaggregation consumer)."""
+        self.generator(req_id, None).set_state(state)
 
-    def free(self, seq: Request) -> None:
-        """seq has finished: drop its generator (and its grammar matcher)."""
-        self.generators.pop((seq.request_id, seq.index), None)
+    def free(self, req_id: str) -> None:
+        """The request has finished: drop its generator (and its grammar matcher)."""
+        self.generators.pop(req_id, None)
         if self.structured_output is not None:
-            self.structured_output.free(seq)
+            self.structured_output.free(req_id)
 
     def reset(self) -> None:
-        """A new engine configuration: no sample from before survives it."""
+        """A new engine configuration: no request from before survives it (nor its matcher:
+        requests that finished last are forgotten with the next step, which may not come)."""
         self.generators.clear()
+        if self.structured_output is not None:
+            self.structured_output.matchers.clear()
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Request],
-                 indices: list[int] | None = None):
-        """logits: (B, V) float32, row i for seqs[i] -> (token ids, per-token logprob dicts).
-        indices[i]: which sample of seqs[i]'s request row i draws for (default: seqs[i]'s
-        own); a forked sample's first token is drawn from its parent's row this way."""
-        indices = [s.index for s in seqs] if indices is None else indices
+    def __call__(self, logits: torch.Tensor, seqs: list):
+        """logits: (B, V) float32, row i for seqs[i] (the runner's CachedRequestStates) ->
+        (token ids, per-token logprob dicts)."""
         want_logprobs = any(s.sampling_params.logprobs is not None for s in seqs)
         raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
         logits = apply_logits_processors(logits, seqs, self.eos_token_ids,
@@ -129,7 +125,7 @@ class Sampler:
         if sampled:
             probs = sampling_probs(logits[sampled], [seqs[i].sampling_params for i in sampled])
             for j, i in enumerate(sampled):
-                g = self.generator(seqs[i], indices[i])
+                g = self.generator(seqs[i].req_id, seqs[i].sampling_params.seed)
                 noise = torch.empty_like(probs[j]).exponential_(generator=g)
                 tokens[i] = (probs[j] / noise).argmax()
 

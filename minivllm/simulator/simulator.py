@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from collections import deque
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -53,9 +54,8 @@ from minivllm.simulator.cost_model import StepTimer, get_profile, model_config
 
 class SimulatedExecutor:
     """execute_model without a model: every sequence that samples this step (the scheduler's
-    SchedulerOutput.sampling) draws one token (an id of its own, never EOS), and the step moves
-    the virtual clock by what the StepTimer says. With n > 1, a finished prompt also draws the
-    other samples' first tokens, as the real runner does. It has no drafter, so its
+    ScheduledRequest.samples) draws one token (an id of its own, never EOS), and the step moves
+    the virtual clock by what the StepTimer says. It has no drafter, so its
     ModelRunnerOutput carries no drafts and a simulation with speculative_config never
     speculates (were drafts scheduled, they would be verified as all rejected).
 
@@ -81,16 +81,15 @@ class SimulatedExecutor:
     def execute_model(self, so: SchedulerOutput, non_block: bool = False):
         out = ModelRunnerOutput()
         contexts = []
-        for seq, n, samples in zip(so.scheduled_requests, so.num_new_tokens, so.sampling):
-            contexts.append(seq.num_computed_tokens + n)
-            if samples:
-                token = seq.seq_id % 1000 + 3                    # any id but EOS (0..2)
-                out.sampled[seq.seq_id] = [(token, None)]
-                if seq.num_unforked:
-                    out.forked[seq.seq_id] = [(token, None)] * seq.num_unforked
+        for s in so.scheduled:
+            contexts.append(s.num_computed_tokens + s.num_tokens)
+            if s.samples:
+                token = zlib.crc32(s.request_id.encode()) % 1000 + 3   # its own, never EOS
+                out.sampled[s.request_id] = [(token, None)]
         done = self.clock
-        if so.scheduled_requests:
-            done = self._run_stages(so.num_new_tokens, contexts, len(out.sampled))
+        if so.scheduled:
+            done = self._run_stages([s.num_tokens for s in so.scheduled], contexts,
+                                    len(out.sampled))
         pending = PendingBatch(self, out, done)
         return pending if non_block else pending.result()
     # --8<-- [end:execute_model]
@@ -110,9 +109,6 @@ class SimulatedExecutor:
             self.free_at[s] = t
             self.busy[s] += seconds
         return t
-
-    def free(self, seqs) -> None:
-        """Finished samples: a simulated executor keeps no state of them."""
 
 
 class PendingBatch:
@@ -183,7 +179,7 @@ def engine_core(timers: list[StepTimer], config: VllmConfig, num_blocks: int,
 def core_request(core: EngineCore, request_id: str, prompt: list[int],
                  params: SamplingParams) -> EngineCoreRequest:
     """The request for `core`, checked as the engine's processor checks it."""
-    validate_request(prompt, params, core.vllm_config, core.block_manager)
+    validate_request(prompt, params, core.vllm_config, core.scheduler.block_manager)
     return EngineCoreRequest(request_id, prompt, params)
 
 
@@ -216,7 +212,7 @@ class RequestTimes:
         return SimResult(merged, arrival, first - arrival, last - arrival,
                          mean_itl, np.asarray(self.gaps), int(tokens.sum()),
                          max(e.model_executor.clock for e in engines.values()), label,
-                         sum(e.block_manager.num_blocks for e in engines.values()),
+                         sum(e.scheduler.block_manager.num_blocks for e in engines.values()),
                          time.perf_counter() - wall0, steps,
                          {name: e.model_executor for name, e in engines.items()})
 

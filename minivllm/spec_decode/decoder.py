@@ -32,8 +32,8 @@ same batch. The core never sees a proposer, and a proposer is never handed a cor
 
 The drafter lives on the rank that samples (under tensor parallelism rank 0, whose output the
 core reads; the other ranks neither sample nor draft). A proposer with state (the draft
-model's twin of each sample) keeps it while the runner keeps its own: `free(seq_ids)` drops
-both when the executor frees finished samples.
+model's twin of each request) keeps it while the runner keeps its own: `free(req_ids)` drops
+it when the runner forgets finished requests (SchedulerOutput.finished_req_ids).
 
 Left out, compared with vLLM: the EAGLE, Medusa and MTP proposers, tree attention over several
 candidate continuations. (A request another engine prefilled, EngineCore.add_prefilled_request,
@@ -89,39 +89,32 @@ class SpeculativeDecoder:
         self.max_model_len = max_model_len
         self.proposer = proposer
 
-    def propose(self, states: list, output: ModelRunnerOutput
-                ) -> dict[tuple[str, int], list[int]]:
-        """Draft tokens for the next step of each sample that sampled this step, and of each
-        sample it forked, by (request id, sample index): a forked sample has no id the runner
-        knows yet (for the scheduler's update_draft_token_ids). states: the runner's
-        CachedRequestStates of the samples that sampled, their tokens as the step began;
-        output: what each appends now (`sampled`, `forked`). At most k drafts, and no more than
-        the sample may still produce (max_tokens, max_model_len) minus the one token the
-        target always adds. A sample that this step stops gets drafts the scheduler ignores."""
-        keys = []
-        seq_ids = []                       # the proposer's key: None for a fork (no id yet)
+    def propose(self, states: list, output: ModelRunnerOutput) -> dict[str, list[int]]:
+        """Draft tokens for the next step of each request that sampled this step, by request
+        id (for the scheduler's update_draft_token_ids). states: the runner's
+        CachedRequestStates of the requests that sampled, their tokens as the step began;
+        output: what each appends now (`sampled`). At most k drafts, and no more than the
+        request may still produce (max_tokens, max_model_len) minus the one token the target
+        always adds. A request that this step stops gets drafts the scheduler ignores."""
+        req_ids = []
         token_ids = []
         rooms = []
         for state in states:
-            samples = [(state.index, state.seq_id, output.sampled.get(state.seq_id))]
-            samples += [(1 + i, None, [draw])                 # forks: samples 1..n-1
-                        for i, draw in enumerate(output.forked.get(state.seq_id, ()))]
-            for index, seq_id, draws in samples:
-                if not draws:
-                    continue
-                tokens = state.token_ids + [token for token, _ in draws]
-                num_output = len(tokens) - state.num_prompt_tokens
-                room = min(self.config.num_speculative_tokens,
-                           state.sampling_params.max_tokens - num_output - 1,
-                           self.max_model_len - len(tokens) - 1)
-                if room > 0:
-                    keys.append((state.request_id, index))
-                    seq_ids.append(seq_id)
-                    token_ids.append(tokens)
-                    rooms.append(room)
-        drafts = self.proposer.propose_batch(seq_ids, token_ids, rooms)
-        return {key: d for key, d in zip(keys, drafts) if d}
+            draws = output.sampled.get(state.req_id)
+            if not draws:
+                continue
+            tokens = state.token_ids + [token for token, _ in draws]
+            num_output = len(tokens) - state.num_prompt_tokens
+            room = min(self.config.num_speculative_tokens,
+                       state.sampling_params.max_tokens - num_output - 1,
+                       self.max_model_len - len(tokens) - 1)
+            if room > 0:
+                req_ids.append(state.req_id)
+                token_ids.append(tokens)
+                rooms.append(room)
+        drafts = self.proposer.propose_batch(req_ids, token_ids, rooms)
+        return {req_id: d for req_id, d in zip(req_ids, drafts) if d}
 
-    def free(self, seq_ids) -> None:
-        """These samples have finished: the proposer forgets them (the draft model's twins)."""
-        self.proposer.free(seq_ids)
+    def free(self, req_ids) -> None:
+        """These requests have finished: the proposer forgets them (the draft model's twins)."""
+        self.proposer.free(req_ids)

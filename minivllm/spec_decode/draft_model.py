@@ -105,21 +105,19 @@ class DraftModelProposer:
         """runner: the draft's ModelRunner, loaded and given a pool (make_drafter)."""
         self.runner = runner
         self.block_manager = BlockManager(runner.num_blocks, runner.block_size)
-        self.shadows: dict[int, Request] = {}        # target seq_id -> its draft-side twin
+        self.shadows: dict[str, Request] = {}        # target request id -> its draft-side twin
 
-    def _sync(self, seq_id: int | None, token_ids: list[int]) -> Request | None:
-        """The shadow of sample seq_id holding token_ids, with the K/V of the prefix they
-        share kept (seq_id None: a sample just forked, whose shadow lasts this proposal only);
-        None when the draft pool has no room for it (it then proposes nothing)."""
+    def _sync(self, req_id: str, token_ids: list[int]) -> Request | None:
+        """The shadow of request req_id holding token_ids, with the K/V of the prefix they
+        share kept; None when the draft pool has no room for it (it then proposes nothing)."""
         bm = self.block_manager
-        shadow = self.shadows.get(seq_id)
+        shadow = self.shadows.get(req_id)
         if shadow is None:
-            shadow = Request(f"draft:{seq_id}", token_ids, SamplingParams(), -1)
+            shadow = Request(f"draft:{req_id}", token_ids, SamplingParams())
             if not bm.can_allocate(shadow):
                 return None
             bm.allocate(shadow, use_prefix_cache=False)
-            if seq_id is not None:
-                self.shadows[seq_id] = shadow
+            self.shadows[req_id] = shadow
             return shadow
         old = shadow.token_ids
         agree = next((i for i, (a, b) in enumerate(zip(old, token_ids)) if a != b),
@@ -128,24 +126,24 @@ class DraftModelProposer:
         shadow.num_computed_tokens = min(shadow.num_computed_tokens, agree)
         bm.free_lookahead_slots(shadow)                 # blocks past the shadow's last token
         if not bm.can_append_slots(shadow):
-            self.free([seq_id])
+            self.free([req_id])
             return None
         bm.append_slots(shadow)
         return shadow
 
-    def free(self, seq_ids) -> None:
-        for seq_id in seq_ids:
-            shadow = self.shadows.pop(seq_id, None)
+    def free(self, req_ids) -> None:
+        for req_id in req_ids:
+            shadow = self.shadows.pop(req_id, None)
             if shadow is not None:
                 self.block_manager.free(shadow)
 
     @torch.inference_mode()
-    def propose_batch(self, seq_ids: list[int | None], token_ids: list[list[int]],
+    def propose_batch(self, req_ids: list[str], token_ids: list[list[int]],
                       rooms: list[int]) -> list[list[int]]:
-        """Up to rooms[i] greedy guesses for sample seq_ids[i] (None: just forked), whose
-        tokens are token_ids[i], from one batched forward per position."""
-        drafts: list[list[int]] = [[] for _ in seq_ids]
-        shadows = [self._sync(seq_id, tokens) for seq_id, tokens in zip(seq_ids, token_ids)]
+        """Up to rooms[i] greedy guesses for request req_ids[i], whose tokens are
+        token_ids[i], from one batched forward per position."""
+        drafts: list[list[int]] = [[] for _ in req_ids]
+        shadows = [self._sync(req_id, tokens) for req_id, tokens in zip(req_ids, token_ids)]
         live = [i for i, sh in enumerate(shadows) if sh is not None and rooms[i] > 0]
         while live:
             batch = [shadows[i] for i in live]
@@ -161,7 +159,4 @@ class DraftModelProposer:
                     self.block_manager.append_slots(shadows[i])
                 else:
                     live.remove(i)
-        for seq_id, shadow in zip(seq_ids, shadows):
-            if seq_id is None and shadow is not None:    # a fork's: it has an id next step
-                self.block_manager.free(shadow)
         return drafts

@@ -32,9 +32,9 @@ class NgramProposer:
                 return tokens[start:start + k].tolist()
         return []
 
-    def propose_batch(self, seq_ids: list[int | None], token_ids: list[list[int]],
+    def propose_batch(self, req_ids: list[str], token_ids: list[list[int]],
                       rooms: list[int]) -> list[list[int]]:
         return [self.propose(tokens, k) for tokens, k in zip(token_ids, rooms)]
 
-    def free(self, seq_ids) -> None:
-        """Prompt lookup keeps no state of a sample."""
+    def free(self, req_ids) -> None:
+        """Prompt lookup keeps no state of a request."""

@@ -46,12 +46,10 @@ import json
 import threading
 import time
 from collections import OrderedDict
-
 import torch
 
 from minivllm.config import PER_REQUEST, incompatibility
 from minivllm.sampling_params import GuidedDecodingParams, SamplingParams
-from minivllm.core.request import Request
 from minivllm.structured_output.compiler import compile_constraint, make_compiler
 from minivllm.structured_output.transfer import SerializedGrammar
 
@@ -71,7 +69,7 @@ class StructuredOutputManager:
         self.cache_limit_bytes = cache_limit_bytes
         self.grammars: OrderedDict[tuple, object] = OrderedDict()  # key -> CompiledGrammar, LRU
         self._lock = threading.Lock()         # compile() runs on worker threads too
-        self.matchers: dict[int, list] = {}              # seq_id -> [matcher, tokens fed]
+        self.matchers: dict[str, list] = {}              # req_id -> [matcher, tokens fed]
         self.sandboxes: dict[tuple[float, int], object] = {}      # limits -> GrammarSandbox
         self.compile_limits = (30.0, 2048)     # the server's: CPU seconds, MiB (its flags)
         self.num_compiled = 0                           # grammars compiled (cache misses)
@@ -167,13 +165,13 @@ class StructuredOutputManager:
             return grammar
         return self.compile(params.guided_decoding, serialized=serialized)
 
-    def matcher(self, seq: Request):
+    def matcher(self, seq):
         """seq's GrammarMatcher, fed every output token it has not seen yet."""
-        entry = self.matchers.get(seq.seq_id)
+        entry = self.matchers.get(seq.req_id)
         if entry is None:
             import xgrammar as xgr
             grammar = seq.grammar or self.compile(seq.sampling_params.guided_decoding)
-            entry = self.matchers[seq.seq_id] = [xgr.GrammarMatcher(grammar), 0]
+            entry = self.matchers[seq.req_id] = [xgr.GrammarMatcher(grammar), 0]
         matcher, fed = entry
         for token in seq.output_token_ids[fed:]:
             if not matcher.accept_token(token):
@@ -182,7 +180,7 @@ class StructuredOutputManager:
         entry[1] = seq.num_output_tokens
         return matcher
 
-    def apply_bitmask(self, logits: torch.Tensor, seqs: list[Request]) -> None:
+    def apply_bitmask(self, logits: torch.Tensor, seqs: list) -> None:
         """In place: every guided row's disallowed tokens -> -inf. One bitmask for the batch,
         (B, ceil(V / 32)) int32, filled row by row by the matchers, applied in one call."""
         rows = [i for i, s in enumerate(seqs) if s.sampling_params.guided_decoding is not None]
@@ -198,5 +196,5 @@ class StructuredOutputManager:
         self.mask_seconds += time.perf_counter() - t0
         self.num_masked_rows += len(rows)
 
-    def free(self, seq: Request) -> None:
-        self.matchers.pop(seq.seq_id, None)
+    def free(self, req_id: str) -> None:
+        self.matchers.pop(req_id, None)

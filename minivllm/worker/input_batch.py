@@ -1,20 +1,27 @@
-"""The runner's own state of each sample it computes (vLLM twin: CachedRequestState in
+"""The runner's own state of each request it computes (vLLM twin: CachedRequestState in
 vllm/v1/worker/gpu_input_batch.py).
 
-The runner builds a CachedRequestState from a NewRequestData the first time a sample is
-scheduled, updates its block table and computed count from each step's CachedRequestData,
-and appends the tokens it samples itself; finished samples are dropped. So the runner reads no
-scheduler object: what it knows of a sample came in a SchedulerOutput message
+The runner builds a CachedRequestState from a NewRequestData the first time a request is
+scheduled, updates its tokens, block table and computed count from each step's
+CachedRequestData, and drops it when its id comes in finished_req_ids. So the runner reads no
+scheduler object: what it knows of a request came in a SchedulerOutput message
 (core/scheduler_output.py). It has the fields the sampler, the logits processors, the
-rejection sampler and guided decoding read of a sample.
+rejection sampler and guided decoding read of a request.
 
-Left out, compared with vLLM: the persistent InputBatch (tensors kept across steps and
-updated in place, rows condensed as requests leave); here the step's tensors are built anew.
+StepInputs holds the step's integer inputs in persistent host buffers (vLLM V1's
+CpuGpuBuffer): each is filled in place and, on CUDA, copied from pinned memory into a device
+buffer of its own with non_blocking=True, so building a step's inputs never waits for the GPU.
+
+Left out, compared with vLLM: the persistent InputBatch (per-request rows kept across steps and
+updated in place, condensed as requests leave); here the step's lists are built anew in Python,
+and only their buffers persist.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
 
 from minivllm.core.scheduler_output import NewRequestData
 from minivllm.sampling_params import SamplingParams
@@ -22,9 +29,7 @@ from minivllm.sampling_params import SamplingParams
 
 @dataclass(slots=True)
 class CachedRequestState:
-    seq_id: int
-    request_id: str
-    index: int                             # which of the request's samples
+    req_id: str
     token_ids: list[int]                   # prompt + output, as far as the runner knows
     num_prompt_tokens: int
     sampling_params: SamplingParams
@@ -36,7 +41,7 @@ class CachedRequestState:
 
     @classmethod
     def from_new(cls, new: NewRequestData) -> CachedRequestState:
-        return cls(new.seq_id, new.request_id, new.index, list(new.token_ids),
+        return cls(new.req_id, list(new.token_ids),
                    new.num_prompt_tokens, new.sampling_params, list(new.block_ids),
                    new.num_computed_tokens, new.lora_int_id, new.grammar)
 
@@ -52,14 +57,33 @@ class CachedRequestState:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
-    @property
-    def num_forks(self) -> int:
-        """Samples to fork when this one first samples: n - 1 for the first sample of an
-        n > 1 request whose prompt is now computed (V0's fork; V1 fans n out instead)."""
-        first = self.index == 0 and self.num_output_tokens == 0
-        return self.sampling_params.n - 1 if first else 0
-
     def samples_after(self, num_new_tokens: int) -> bool:
         """As Request.samples_after (the draft model's own runs ask it of a state)."""
         return (self.num_computed_tokens + num_new_tokens
                 >= len(self.token_ids) + len(self.spec_token_ids))
+
+
+class StepInputs:
+    """The step's int64 inputs, one persistent buffer each, by name. `put` writes a list of
+    ints into the host buffer and returns the input: on a CPU the host buffer itself (a view of
+    its first len(values)), on CUDA a device buffer it was copied to from pinned memory. A
+    buffer grows when a step needs more (the draft model's first pass over whole prompts)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self.host: dict[str, torch.Tensor] = {}
+        self.on_device: dict[str, torch.Tensor] = {}
+
+    def put(self, name: str, values: list[int]) -> torch.Tensor:
+        n = len(values)
+        host = self.host.get(name)
+        if host is None or host.numel() < n:
+            size = max(n, 2 * host.numel() if host is not None else 256)
+            host = self.host[name] = torch.zeros(size, dtype=torch.int64, pin_memory=self.pinned)
+            if self.pinned:
+                self.on_device[name] = torch.empty_like(host, device=self.device)
+        host.numpy()[:n] = values
+        if not self.pinned:
+            return host[:n]
+        return self.on_device[name][:n].copy_(host[:n], non_blocking=True)

@@ -3,20 +3,21 @@
 
 `execute_model(scheduler_output)` is one step's work on the device:
 
-    0. state          its own state of each sample (worker/input_batch.py) brought up to date
-                      from the scheduler's messages: it reads no scheduler object
+    0. state          its own state of each request (worker/input_batch.py) brought up to date
+                      from the scheduler's messages, finished ones forgotten: it reads no
+                      scheduler object
     1. block copies   swap out, swap in, copy-on-write (the scheduler decided them)
-    2. prepare        flatten the scheduled samples into the four tensors every paged engine
+    2. prepare        flatten the scheduled requests into the four tensors every paged engine
                       builds:
-                        input_ids     (T,)   the new tokens of every sample, concatenated
-                        positions     (T,)   each token's position in its own sample (RoPE)
+                        input_ids     (T,)   the new tokens of every request, concatenated
+                        positions     (T,)   each token's position in its own request (RoPE)
                         slot_mapping  (T,)   where each new token's K/V goes in the pool
-                        block_tables  (B, max_blocks)   where each sample's earlier K/V is
-    3. forward        the model once, and logits only for the last token of each sample that
+                        block_tables  (B, max_blocks)   where each request's earlier K/V is
+    3. forward        the model once, and logits only for the last token of each request that
                       samples this step (a prefill chunk short of its prompt's end samples
-                      nothing); k + 1 rows for a sample verifying k draft tokens
-    4. sample         the Sampler draws each row (and a V0 n > 1 request's other samples'
-                      first tokens); the rejection sampler keeps the accepted drafts
+                      nothing); k + 1 rows for a request verifying k draft tokens
+    4. sample         the Sampler draws each row; the rejection sampler keeps the accepted
+                      drafts
     5. draft          speculative decoding: the drafter (minivllm/spec_decode/) proposes the
                       next step's drafts from the runner's state and the tokens just sampled
 
@@ -34,7 +35,7 @@ same execute_model on the same messages (minivllm/executor/); collectives and th
 sends keep them in step, and only the driver (tensor rank 0 of the last stage) samples.
 Decode steps on CUDA replay CUDA graphs; torch.compile is an option (worker/compilation.py).
 
-Left out, compared with vLLM: persistent input buffers, async scheduling, multi-modal inputs.
+Left out, compared with vLLM: the persistent InputBatch, async scheduling, multi-modal inputs.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ import torch
 
 from minivllm.attention.layer import resolve_attention_backend
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.config import ModelConfig, VllmConfig
-from minivllm.core.kv_cache import allocate_kv_cache, kv_bytes_per_token
+from minivllm.config import HfConfig, ModelConfig, VllmConfig
+from minivllm.core.kv_cache import kv_bytes_per_token
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.distributed.layers import parallelize
 from minivllm.distributed.pipeline import split_for_stage
@@ -61,9 +62,23 @@ from minivllm.sample.rejection_sampler import accept_drafts
 from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.compilation import CUDAGraphRunner, set_compilation, use_cuda_graphs
-from minivllm.worker.input_batch import CachedRequestState
+from minivllm.worker.input_batch import CachedRequestState, StepInputs
 
 logger = logging.getLogger("minivllm")
+
+
+def allocate_kv_cache(config: HfConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                      device: torch.device, kv_cache_dtype: str = "auto") -> torch.Tensor:
+    """The KV pool: [layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim] (vLLM: the
+    runner's initialize_kv_cache; the core only counts blocks). Zero-filled, not empty:
+    attention masks unused slots, but a masked NaN would still poison the weighted sum of V
+    (0 x NaN = NaN). Quantized ("fp8", "int8"): int8 storage, each row head_dim bytes then its
+    fp32 scale's 4 bytes (kernels/write_kv.py), so copy-on-write and swaps move the scales."""
+    row, dtype = ((config.head_dim, dtype) if kv_cache_dtype == "auto"
+                  else (config.head_dim + 4, torch.int8))
+    return torch.zeros(config.num_hidden_layers, 2, num_blocks, block_size,
+                       config.num_key_value_heads, row, dtype=dtype, device=device)
+
 
 class ModelRunner:
     def __init__(self, vllm_config: VllmConfig, device: torch.device, tp=None,
@@ -124,7 +139,8 @@ class ModelRunner:
         max_model_len = vllm_config.model_config.max_model_len
         cache_config = vllm_config.cache_config
         self.sampler.reset()                 # no sample's generator outlives its pool
-        self.requests: dict[int, CachedRequestState] = {}    # seq id -> the runner's state
+        self.requests: dict[str, CachedRequestState] = {}    # request id -> the runner's state
+        self.inputs = StepInputs(self.device)                # the step's input buffers
         self.drafter = None        # speculative decoding's, set with the pool (Worker)
         self.cuda_graphs = None
         self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
@@ -192,11 +208,7 @@ class ModelRunner:
     # --8<-- [start:prepare]
     def prepare(self, seqs: list[CachedRequestState], num_new_tokens: list[int]):
         """Flatten the step's work into input_ids, positions and attention metadata."""
-        input_ids = []
-        positions = []
-        slot_mapping = []
-        query_start_loc = [0]
-        seq_lens = []
+        input_ids, positions, slot_mapping, query_start_loc, seq_lens = [], [], [], [0], []
         bs = self.block_size
         for seq, n in zip(seqs, num_new_tokens):
             start = seq.num_computed_tokens
@@ -209,15 +221,17 @@ class ModelRunner:
         if self.lora_manager:                # each token's adapter slot, once for every layer
             self.lora_manager.set_batch([s.lora_int_id for s in seqs], num_new_tokens,
                                         self.device)
-        max_blocks = max(len(s.block_table) for s in seqs)
-        block_tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs]
-        as_tensor = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)  # noqa: E731
+        width = max(len(s.block_table) for s in seqs)
+        block_tables = [b for s in seqs for b in s.block_table + [0] * (width - len(s.block_table))]
+        put = self.inputs.put                # persistent buffers; pinned, non-blocking on CUDA
         md = AttentionMetadata(
-            slot_mapping=as_tensor(slot_mapping), query_start_loc=as_tensor(query_start_loc),
-            seq_lens=as_tensor(seq_lens), block_tables=as_tensor(block_tables),
+            slot_mapping=put("slot_mapping", slot_mapping),
+            query_start_loc=put("query_start_loc", query_start_loc),
+            seq_lens=put("seq_lens", seq_lens),
+            block_tables=put("block_tables", block_tables).view(len(seqs), width),
             max_query_len=max(num_new_tokens), max_seq_len=max(seq_lens),
             decode_scratch=self.decode_scratch)
-        return as_tensor(input_ids), as_tensor(positions), md
+        return put("input_ids", input_ids), put("positions", positions), md
     # --8<-- [end:prepare]
 
     @torch.inference_mode()
@@ -250,10 +264,10 @@ class ModelRunner:
         self.swap_out(so.blocks_to_swap_out)                  # before their blocks are reused
         self.swap_in(so.blocks_to_swap_in)
         self.copy_blocks(so.blocks_to_copy)
-        if not so.seq_ids:
+        if not so.req_ids:
             return ModelRunnerOutput()
-        states = [self.requests[seq_id] for seq_id in so.seq_ids]
-        num_tokens = [so.num_scheduled_tokens[seq_id] for seq_id in so.seq_ids]
+        states = [self.requests[req_id] for req_id in so.req_ids]
+        num_tokens = [so.num_scheduled_tokens[req_id] for req_id in so.req_ids]
         sampling, logits = self.run(states, num_tokens, so.sampling)
         if not self.is_driver:               # split: the driver samples for all
             return ModelRunnerOutput()
@@ -264,20 +278,26 @@ class ModelRunner:
         return output
 
     def _update_states(self, so: SchedulerOutput) -> None:
-        """New samples whole; held ones: their block tables, computed counts and drafts."""
+        """Finished requests forgotten (their sampling state and the drafter's too); new ones
+        whole; held ones: their new tokens, block tables, computed counts and drafts."""
+        for req_id in so.finished_req_ids:
+            if self.requests.pop(req_id, None) is not None:
+                self.sampler.free(req_id)
+        if self.drafter is not None and so.finished_req_ids:
+            self.drafter.free(so.finished_req_ids)
         for new in so.scheduled_new_reqs:
-            self.requests[new.seq_id] = CachedRequestState.from_new(new)
+            self.requests[new.req_id] = CachedRequestState.from_new(new)
         cached = so.scheduled_cached_reqs
-        for seq_id, new_token_ids, block_ids, num_computed in zip(
-                cached.seq_ids, cached.new_token_ids, cached.block_ids,
+        for req_id, new_token_ids, block_ids, num_computed in zip(
+                cached.req_ids, cached.new_token_ids, cached.block_ids,
                 cached.num_computed_tokens):
-            state = self.requests[seq_id]
+            state = self.requests[req_id]
             state.token_ids += new_token_ids        # what the core appended since last time
             state.block_table = block_ids
             state.num_computed_tokens = num_computed
-        for seq_id in so.seq_ids:
-            state = self.requests[seq_id]
-            state.spec_token_ids = so.scheduled_spec_decode_tokens.get(seq_id, [])
+        for req_id in so.req_ids:
+            state = self.requests[req_id]
+            state.spec_token_ids = so.scheduled_spec_decode_tokens.get(req_id, [])
     # --8<-- [end:execute_model]
 
     @torch.inference_mode()
@@ -318,12 +338,10 @@ class ModelRunner:
     # --8<-- [start:sample]
     def sample(self, seqs: list[CachedRequestState], logits: torch.Tensor | None
                ) -> ModelRunnerOutput:
-        """Draw the tokens of the sequences that sample this step. logits: their rows from
-        `run`, one per sequence, or k + 1 for a sequence verifying k drafts (its last row
-        last). One draw per row for each sequence, plus, for a sequence whose prompt is now
-        computed and whose request asks for n > 1 samples, one per other sample, from the same
-        row with that sample's own generator. A failure confined to some requests fails those
-        requests alone (output.errors); the others go on."""
+        """Draw the tokens of the requests that sample this step. logits: their rows from
+        `run`, one per request, or k + 1 for a request verifying k drafts (its last row
+        last). A failure confined to some requests fails those requests alone
+        (output.errors); the others go on."""
         out = ModelRunnerOutput()
         if not seqs:
             return out
@@ -333,59 +351,39 @@ class ModelRunner:
         for seq in seqs:
             k = len(seq.spec_token_ids)
             if k:                            # the draft rows wait for the rejection sampler
-                draft_rows[seq.seq_id] = logits[start:start + k]
+                draft_rows[seq.req_id] = logits[start:start + k]
             last.append(start + k)
             start += k + 1
-        rows = []
-        row_seqs = []
-        indices = []
-        for seq, row in zip(seqs, last):
-            forks = range(1, 1 + seq.num_forks)
-            for index in [seq.index, *forks]:
-                rows.append(row)
-                row_seqs.append(seq)
-                indices.append(index)
-        draws = self._draw(logits[rows], row_seqs, indices, out.errors)
-        for seq, index, draw in zip(row_seqs, indices, draws):
-            if seq.request_id in out.errors:
+        draws = self._draw(logits[last], seqs, out.errors)
+        for seq, draw in zip(seqs, draws):
+            if seq.req_id in out.errors:
                 continue
-            if index != seq.index:                                  # a sample to fork
-                out.forked.setdefault(seq.seq_id, []).append(draw)
-            elif seq.seq_id in draft_rows:                          # drafts, then one more
+            if seq.req_id in draft_rows:                            # drafts, then one more
                 try:
-                    out.sampled[seq.seq_id] = accept_drafts(
-                        seq, draft_rows[seq.seq_id], draw, self.sampler.generator(seq))
+                    out.sampled[seq.req_id] = accept_drafts(
+                        seq, draft_rows[seq.req_id], draw,
+                        self.sampler.generator(seq.req_id, seq.sampling_params.seed))
                 except Exception as e:                              # noqa: BLE001
-                    out.errors[seq.request_id] = f"output processing failed: {e!r}"
+                    out.errors[seq.req_id] = f"output processing failed: {e!r}"
             else:
-                out.sampled[seq.seq_id] = [draw]
+                out.sampled[seq.req_id] = [draw]
         return out
     # --8<-- [end:sample]
 
-    def free(self, seq_ids) -> None:
-        """These samples have finished: drop the runner's state of them, their sampling
-        state (generators, matchers) and the drafter's (a draft model's twins)."""
-        for seq_id in seq_ids:
-            state = self.requests.pop(seq_id, None)
-            if state is not None:
-                self.sampler.free(state)
-        if self.drafter is not None:
-            self.drafter.free(seq_ids)
-
-    def _draw(self, logits, seqs, indices, errors: dict[str, str]) -> list:
+    def _draw(self, logits, seqs, errors: dict[str, str]) -> list:
         """The Sampler over every row at once; if that fails, row by row, to find the rows at
         fault (their requests go into `errors`, their draws are None)."""
         try:
-            return list(zip(*self.sampler(logits, seqs, indices)))
+            return list(zip(*self.sampler(logits, seqs)))
         except Exception:                                           # noqa: BLE001
             draws = []
-            for i, (seq, index) in enumerate(zip(seqs, indices)):
+            for i, seq in enumerate(seqs):
                 try:
-                    token_ids, logprobs = self.sampler(logits[i:i + 1], [seq], [index])
+                    token_ids, logprobs = self.sampler(logits[i:i + 1], [seq])
                     draws.append((token_ids[0], logprobs[0]))
                 except Exception as e:                              # noqa: BLE001
                     draws.append(None)
-                    errors.setdefault(seq.request_id, f"sampling failed: {e!r}")
+                    errors.setdefault(seq.req_id, f"sampling failed: {e!r}")
             return draws
 
     @torch.inference_mode()
@@ -394,7 +392,6 @@ class ModelRunner:
         (n, vocab). For scoring and for checking the model against a reference; the serving
         path never needs them."""
         n = len(token_ids)
-        seq = CachedRequestState(-1, "score", 0, list(token_ids), n, SamplingParams(),
-                                 block_table, 0)
+        seq = CachedRequestState("score", list(token_ids), n, SamplingParams(), block_table, 0)
         input_ids, positions, md = self.prepare([seq], [n])
         return self.forward(input_ids, positions, md, torch.arange(n, device=self.device))

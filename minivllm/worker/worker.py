@@ -12,6 +12,7 @@ vllm/v1/worker/gpu_worker.py).
                                  kv_transfer_config the KV connector's worker side around it:
                                  received K/V into the pool before the forward, a prompt's
                                  K/V sent after (minivllm/distributed/kv_transfer/)
+    add_lora(r), list_loras()    the engine core's LoRA calls (one worker: LoRA runs unsplit)
 
 The pool's size, first rule that applies: num_kv_blocks blocks; kv_cache_memory bytes; on
 CUDA, what profiling one full step leaves within gpu_memory_utilization; on a CPU, 1 GiB.
@@ -27,11 +28,10 @@ import logging
 import torch
 
 from minivllm.config import VllmConfig
-from minivllm.core.kv_cache import allocate_kv_cache
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.spec_decode.decoder import make_drafter
-from minivllm.worker.model_runner import ModelRunner
+from minivllm.worker.model_runner import ModelRunner, allocate_kv_cache
 
 logger = logging.getLogger("minivllm")
 
@@ -135,8 +135,16 @@ class Worker:
             self.kv_connector.wait_for_save(kv_meta, runner.kv_cache, runner.sampler, output)
         return output
 
-    def free(self, seq_ids) -> None:
-        self.model_runner.free(seq_ids)
+    def add_lora(self, lora_request) -> None:
+        manager = self.model_runner.lora_manager
+        if manager is None:
+            raise ValueError(f"{lora_request} was given, but LoRA is off: start the engine "
+                             "with enable_lora=True (and max_loras, max_lora_rank)")
+        manager.add_lora(lora_request)
+
+    def list_loras(self) -> set[int]:
+        manager = self.model_runner.lora_manager
+        return set(manager.slots) if manager else set()
 
     def prompt_logits(self, token_ids: list[int], block_table: list[int]) -> torch.Tensor:
         return self.model_runner.prompt_logits(token_ids, block_table)

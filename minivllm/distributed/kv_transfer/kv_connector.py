@@ -62,8 +62,7 @@ from minivllm.sampling_params import SamplingParams
 
 @dataclass(slots=True)
 class ReqMeta:
-    """One request's K/V to move (vLLM's ReqMeta). The sampler finds a generator by
-    (request_id, index) and seeds a new one from sampling_params."""
+    """One request's K/V to move (vLLM's ReqMeta); its generator goes with it, by request id."""
 
     request_id: str
     sampling_params: SamplingParams
@@ -71,9 +70,7 @@ class ReqMeta:
     num_tokens: int                 # the prompt's
     start: int = 0                  # load: tokens held here already (prefix cache): left as is
     cached: int = 0                 # load: tokens the producer did not send (held here then)
-    seq_id: int = -1                # save: where the step's sampled first token is
     prompt_token_ids: list[int] = field(default_factory=list)    # save: the consumer's key
-    index: int = 0
 
 
 @dataclass(slots=True)
@@ -94,7 +91,7 @@ class KVConnectorScheduler:
         pipe = get_kv_pipe()
         if kv_role == "kv_consumer" and pipe is not None and num_cached_tokens is not None:
             pipe.lookup_cached_tokens = lambda prompt_token_ids: num_cached_tokens(
-                Request("probe", prompt_token_ids, SamplingParams(), -1))
+                Request("probe", prompt_token_ids, SamplingParams()))
 
     def update_state_after_alloc(self, seq) -> None:
         """Consumer: seq, a transferred request, just got its blocks; its prompt's K/V goes
@@ -105,17 +102,16 @@ class KVConnectorScheduler:
         if start < cached:
             raise ValueError(f"{cached - start} cached prompt tokens were evicted")
         self.loads.append(ReqMeta(seq.request_id, seq.sampling_params, list(seq.block_table),
-                                  seq.num_prompt_tokens, start, cached, index=seq.index))
+                                  seq.num_prompt_tokens, start, cached))
 
-    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata | None:
+    def build_connector_meta(self, scheduler_output, requests: dict) -> KVConnectorMetadata | None:
         """The step's loads (every one pending: the blocks' K/V is there before any forward
         reads them, even if the request was aborted or preempted since) and saves (the
         requests asked to decode elsewhere that sample their first token this step)."""
-        so = scheduler_output
+        scheduled = [requests[s.request_id] for s in scheduler_output.scheduled if s.samples]
         saves = [ReqMeta(s.request_id, s.sampling_params, list(s.block_table), s.num_prompt_tokens,
-                         seq_id=s.seq_id, prompt_token_ids=s.prompt_token_ids, index=s.index)
-                 for s, samples in zip(so.scheduled_requests, so.sampling)
-                 if samples and not s.num_output_tokens
+                         prompt_token_ids=s.prompt_token_ids)
+                 for s in scheduled if not s.num_output_tokens
                  and (s.kv_transfer_params or {}).get("do_remote_decode")]
         if not (self.loads or saves):
             return None
@@ -149,7 +145,7 @@ class KVConnectorWorker:
             pool[:, :, torch.tensor(slots, device=pool.device, dtype=torch.long)] = \
                 kv[:, :, req.start - req.cached:].to(pool.device)
             if generator is not None:
-                sampler.set_generator_state(req, generator)
+                sampler.set_generator_state(req.request_id, generator)
 
     def wait_for_save(self, meta: KVConnectorMetadata, kv_cache: torch.Tensor, sampler,
                       output) -> None:
@@ -159,7 +155,7 @@ class KVConnectorWorker:
         of it from ERROR and decodes it here (`pipe.sent` lists the requests that went)."""
         pipe = self.pipe
         for req in meta.saves:
-            draws = output.sampled.get(req.seq_id)
+            draws = output.sampled.get(req.request_id)
             if not draws or pipe.broken:            # it failed, or the consumer is gone
                 continue
             t0 = time.perf_counter()
@@ -171,7 +167,7 @@ class KVConnectorWorker:
                                "params": req.sampling_params,
                                "first_token": draws[0][0], "first_logprobs": draws[0][1],
                                "kv_shape": tuple(kv.shape),
-                               "generator": sampler.get_generator_state(req)}, kv)
+                               "generator": sampler.get_generator_state(req.request_id)}, kv)
             except Exception as e:  # noqa: BLE001 (it keeps decoding here)
                 pipe.broken = True
                 pipe.inbox.put((ERROR, f"sending {req.request_id}'s KV failed: {e}", None))

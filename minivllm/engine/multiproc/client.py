@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 import zmq
 
 from minivllm.config import VllmConfig
-from minivllm.engine.core import EngineCoreRequest
-from minivllm.engine.core_client import EngineCoreInfo, EngineDeadError
+from minivllm.engine.core import EngineCoreInfo, EngineCoreRequest
+from minivllm.engine.core_client import EngineDeadError
 from minivllm.engine.stats import EngineStats, StepRecord
 from minivllm.outputs import EngineCoreOutputs
 from minivllm.structured_output.transfer import GrammarsSent
@@ -284,8 +284,8 @@ class SyncMPClient:
             self.process.send("abort", (list(request_ids), errors))
         return []
 
-    def finish_stopped(self, samples: list[tuple[str, int]]) -> None:
-        self.process.send("finish", samples)
+    def finish_stopped(self, request_ids: list[str]) -> None:
+        self.process.send("finish", request_ids)
 
     def has_unfinished_requests(self) -> bool:
         """False: the front end's OutputProcessor is the record of what is in flight (the

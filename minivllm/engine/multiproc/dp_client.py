@@ -165,11 +165,11 @@ class DPLBClient:
                                                      if errors and i in errors})
         return []
 
-    def finish_stopped(self, samples: list[tuple[str, int]]) -> None:
-        for request_id, index in samples:
+    def finish_stopped(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
             rank = self.owner.get(request_id)
             if rank is not None:
-                self.replicas[rank].finish_stopped([(request_id, index)])
+                self.replicas[rank].finish_stopped([request_id])
 
     def has_unfinished_requests(self) -> bool:
         return False                         # the front end's OutputProcessor keeps the record
