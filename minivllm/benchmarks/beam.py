@@ -51,6 +51,7 @@ def counted(llm, work) -> dict:
 
 def run(args: argparse.Namespace) -> None:
     from minivllm import LLM, BeamSearchParams, SamplingParams
+    from minivllm.config.scheduler import V0_SCHEDULER, V1_SCHEDULER
     llm = LLM(args.model, dtype=args.dtype, max_model_len=512, max_num_seqs=64)
     k, n = args.beam_width, args.max_tokens
     prompts = [llm.tokenizer.encode(p) for p in PROMPTS]
@@ -58,11 +59,11 @@ def run(args: argparse.Namespace) -> None:
     greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     llm.beam_search(prompts[:1], BeamSearchParams(beam_width=2, max_tokens=2))     # warm-up
     rows = {}
-    llm.reconfigure(enable_prefix_caching=True)
+    llm.reconfigure(enable_prefix_caching=True, scheduler_cls=V0_SCHEDULER)   # V0's forks
     rows["beam search, V0's design: forks in the core"] = counted(
         llm, lambda: llm.beam_search(prompts, beams, method="fork"))
-    for caching in (True, False):
-        llm.reconfigure(enable_prefix_caching=caching)          # a fresh, empty cache
+    for caching in (True, False):                               # a fresh, empty cache
+        llm.reconfigure(enable_prefix_caching=caching, scheduler_cls=V1_SCHEDULER)
         rows[f"beam search, V1's way, cache {'on' if caching else 'off'}"] = counted(
             llm, lambda: llm.beam_search(prompts, beams))
     rows[f"{k} independent greedy sequences"] = counted(
