@@ -177,6 +177,13 @@ class BlockManager:
         shared = self._shared_blocks_to_write(request, num_lookahead_slots)
         return new_blocks + len(shared) <= len(self.free_block_ids)
 
+    def num_blocks_to_append(self, request: Request) -> int:
+        """Free blocks append_slots would take for request's next tokens: new ones, and copies
+        of shared ones it writes into (a V0 beam group's are summed: core/v0/)."""
+        num_blocks = cdiv(len(request.token_ids), self.block_size)
+        return max(num_blocks - len(request.block_table), 0) + len(
+            self._shared_blocks_to_write(request))
+
     def append_slots(self, request: Request, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         """Grow request's table to cover all len(request) tokens, and num_lookahead_slots more (the
         draft tokens it verifies this step); return the copy-on-write pairs."""

@@ -139,9 +139,7 @@ class V0Scheduler(Scheduler):
         if not isinstance(group, BeamGroup):
             return super()._can_append(request)
         bm = self.block_manager
-        needed = sum(max(cdiv(len(b), bm.block_size) - len(b.block_table), 0)
-                     + len(bm._shared_blocks_to_write(b)) for b in group.seqs)
-        return needed <= bm.num_free_blocks
+        return sum(map(bm.num_blocks_to_append, group.seqs)) <= bm.num_free_blocks
 
     # ---------------------------------------------------------------- preemption
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
