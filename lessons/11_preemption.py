@@ -632,8 +632,8 @@ def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sw
       `V0Scheduler._preempt` swaps (its blocks' copies into the host pool), the swapped queue
       served before new admissions (`_schedule_waiting`), `num_swapped_out_blocks`.
     * `minivllm/core/block_manager.py`: `can_append_slots`, `free`.
-    * `minivllm/worker/model_runner.py`: `ModelRunner.swap_out` / `swap_in`, the block copies
-      between the device pool and the host pool.
+    * `minivllm/worker/swap_pool.py`: `SwapPool`, the host pool V0's swap needs, and the
+      block copies between it and the device pool (the Worker makes it for swap only).
     * `minivllm/config/`: `num_kv_blocks` and `swap_space` (cache.py), `preemption_mode` (scheduler.py).
     """), v1_box])
     return (findings,)

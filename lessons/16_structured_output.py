@@ -43,7 +43,7 @@ def _(LLM, mo, torch):
     # sized from free memory; 32 sequences of up to 512 tokens fit many times over.
     GPU = torch.cuda.is_available()
     llm = LLM(max_model_len=512, max_num_seqs=64, num_kv_blocks=512)
-    so = llm.engine.structured_output          # the engine's StructuredOutputManager
+    so = llm.engine.structured_output          # the front end's StructuredOutputManager
     device = torch.cuda.get_device_name() if GPU else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
           f"({str(llm.engine.dtype).removeprefix('torch.')}) · **guided decoding:** xgrammar"
@@ -295,8 +295,8 @@ def _(mo):
     ## What it costs
 
     Two runs of the same batch at temperature 1: unconstrained, and under the schema. The
-    engine keeps the time spent filling and applying the bitmasks; the trace has each
-    step's duration.
+    engine core's manager keeps the time its matchers spent filling the bitmasks; the trace
+    has each step's duration.
     """)
     return
 
@@ -306,7 +306,8 @@ def _(GPU, GuidedDecodingParams, PROMPT, SCHEMA, SamplingParams, llm, so):
     def timed_run(batch, guided, max_tokens=24):
         """One batch of `batch` samples; -> steps, mean step ms, mask ms per step, masked
         rows, and the tokens generated."""
-        mask0, rows0 = so.mask_seconds, so.num_masked_rows
+        core_so = llm.engine.core.structured_output     # the core's: matchers, bitmasks
+        mask0, rows0 = core_so.mask_seconds, core_so.num_masked_rows
         params = SamplingParams(n=batch, temperature=1.0, max_tokens=max_tokens, seed=1,
                                 ignore_eos=not guided,
                                 guided_decoding=GuidedDecodingParams(json=SCHEMA)
@@ -315,8 +316,8 @@ def _(GPU, GuidedDecodingParams, PROMPT, SCHEMA, SamplingParams, llm, so):
             _out = llm.generate(PROMPT, params, use_tqdm=False)[0]
         return {"steps": len(_steps),
                 "step_ms": 1e3 * sum(_s.duration for _s in _steps) / len(_steps),
-                "mask_ms": 1e3 * (so.mask_seconds - mask0) / len(_steps),
-                "rows": so.num_masked_rows - rows0,
+                "mask_ms": 1e3 * (core_so.mask_seconds - mask0) / len(_steps),
+                "rows": core_so.num_masked_rows - rows0,
                 "tokens": sum(len(_c.token_ids) for _c in _out.outputs)}
 
     BATCHES = (1, 32) if GPU else (1, 16)
@@ -346,8 +347,8 @@ def _(BATCHES, compile_ms, cost, cost_table, device, mo):
     {_big['rows']} masked rows for {_big['tokens']} tokens. The mask cost
     **{_big['mask_ms']:.2f} ms** a step there, **{_big['mask_ms'] / _big['step_ms']:.1%}** of
     a step on this device ({device}; on a loaded machine the milliseconds wander, the counts
-    do not). Most of it is the matchers filling their rows, one by one on the host; applying
-    the mask is one vectorized call. Compiling the schema took about {compile_ms:.0f} ms,
+    do not). That is the core's matchers filling their rows, one by one on the host; the
+    worker's part, turning the bits into -inf, is one vectorized call. Compiling the schema took about {compile_ms:.0f} ms,
     once: the second request with the same schema finds it in the cache. On a GPU the
     forward pass is much shorter, so the same host-side mask is a larger share of the step;
     vLLM fills the bitmasks while the GPU runs the forward pass for exactly that reason.
@@ -586,9 +587,11 @@ def _(mo):
     runner (`vllm/v1/worker/gpu_model_runner.py`) applies it to the logits before sampling;
     `update_from_output` advances each request's matcher with its new tokens. minivllm keeps
     the same shape with xgrammar only: `AsyncLLMEngine` compiles in a child process bounded in
-    CPU time and memory (a schema can take minutes and gigabytes), and the sampler applies the
-    bitmask through `apply_logits_processors`, on the same process and thread as the forward
-    pass, where vLLM fills the bitmask while the GPU is busy.
+    CPU time and memory (a schema can take minutes and gigabytes), the core fills the bitmask
+    (`StructuredOutputManager.grammar_bitmask`, the matcher on the core's `Request`) and sends
+    it in the `SchedulerOutput`, and the sampler applies it through
+    `apply_logits_processors`; the core fills it before the forward pass, where vLLM's async
+    scheduling fills it while the GPU is busy.
     """), kind="info")
     return (v1_box,)
 
@@ -644,11 +647,12 @@ def _(
     ## Where the code lives
 
     * `minivllm/structured_output/manager.py`: `StructuredOutputManager.compile` (xgrammar, cached by
-      constraint), `.matcher` (one per sequence, fed the sequence's new tokens) and
-      `.apply_bitmask` (one bitmask for the batch, applied in one call).
+      constraint), `.matcher` (one per request, kept on the core's `Request`, fed its new
+      tokens) and `.grammar_bitmask` (the step's bitmask, built in the core, sent with the
+      `SchedulerOutput`).
     * `minivllm/sample/logits_processor.py`: the seam: `apply_logits_processors` runs min_tokens,
-      the repetition / frequency / presence penalties, then the grammar's mask, on the rows
-      that ask for them.
+      the repetition / frequency / presence penalties, then the grammar's mask
+      (`apply_grammar_bitmask`, torch alone), on the rows that ask for them.
     * `minivllm/sample/sampler.py`: `Sampler.__call__` calls the seam after reading raw logprobs
       and before temperature, top-k and top-p.
     * `minivllm/sampling_params.py`: `GuidedDecodingParams` (json, regex, choice, grammar,

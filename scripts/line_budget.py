@@ -45,8 +45,10 @@ SUBPACKAGES = {("distributed", "kv_transfer"), ("engine", "disagg"),   # counted
 # `minivllm simulate` command sits in simulator/ so that imports between the two packages go
 # one way (simulator -> benchmarks), but it is a tool around the simulator, as `minivllm bench`
 # is around the engine: it is counted with the benchmarks, where it lived until issue 40.
+# V0's swap pool (worker/swap_pool.py) is the worker's side of core/v0/'s swap preemption.
 ADD_ON_FILES = {"executor/multiproc_executor.py": "distributed",
                 "executor/ray_executor.py": "distributed",
+                "worker/swap_pool.py": "core/v0",
                 "simulator/cli.py": "benchmarks"}
 
 # Issue 38 set 3,400 for the core; V1's layers (the engine core and its client, the executor,

@@ -120,15 +120,16 @@ def test_swap_out_and_in_restore_kv_bit_exactly(smol):
         engine.step()
     seq = engine.scheduler.running[0]
     kv = engine.runner.kv_cache
+    pool = engine.model_executor.driver_worker.swap_pool      # the worker's side of V0's swap
     before = kv[:, :, seq.block_table].clone()
     # Swap out, scribble over the device blocks it used, swap back in (to other blocks).
     old_blocks = list(seq.block_table)
     pairs_out = engine.scheduler.swap_out(seq)                 # V0's scheduler (core/v0/)
-    engine.runner.swap_out(pairs_out)
+    pool.swap(pairs_out, [], kv)
     blocker = [engine.block_manager._take() for _ in range(len(old_blocks))]
     kv[:, :, old_blocks] = float("nan")
     pairs_in = engine.scheduler.swap_in(seq)
-    engine.runner.swap_in(pairs_in)
+    pool.swap([], pairs_in, kv)
     assert seq.block_table != old_blocks
     assert torch.equal(kv[:, :, seq.block_table], before)
     for b in blocker:

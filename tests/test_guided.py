@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.sample.logits_processor import apply_penalties
+from minivllm.sample.logits_processor import apply_grammar_bitmask, apply_penalties
 from minivllm.sampling_params import GuidedDecodingParams
 
 from conftest import nested_schema, reconfigured, rss_mb
@@ -66,10 +66,10 @@ def test_json_schemas_hold_for_50_samples_each_and_unconstrained_fails(smol):
     failures = sum(not parses(c.text, PERSON) for c in outs[2].outputs)
     print(f"unconstrained: {failures}/20 fail to parse and validate")
     assert failures >= 5                       # the constraint, not the prompt, does the work
-    llm.engine.core.step()                     # the runner forgets the last ones finished
     so = llm.engine.structured_output
     assert so.num_compiled - compiled_before == 2   # once per schema, not once per sample
-    assert so.num_masked_rows >= 2 * N * 5 and not so.matchers   # every matcher freed
+    masked = llm.engine.core.structured_output.num_masked_rows      # filled by the core
+    assert masked >= 2 * N * 5 and not llm.engine.requests           # matchers went too
     assert llm.engine.stats().num_blocks_used == 0
 
 
@@ -101,8 +101,7 @@ def test_preemption_keeps_the_constraint(smol, mode):
         (out,) = llm.generate(chat(llm, "A person as JSON."), params, use_tqdm=False)
     assert sum(len(s.preempted) for s in steps) > 0, "nothing was preempted"
     assert all(parses(c.text, PERSON) for c in out.outputs), [c.text for c in out.outputs]
-    llm.engine.core.step()                     # the runner forgets the last ones finished
-    assert llm.engine.stats().num_blocks_used == 0 and not llm.engine.structured_output.matchers
+    assert llm.engine.stats().num_blocks_used == 0 and not llm.engine.requests
 
 
 def test_chunked_prefill_and_prefix_caching_leave_guided_tokens_alone(smol):
@@ -170,6 +169,27 @@ def test_batched_penalties_match_the_direct_formula():
         want = _penalized(logits[i], s.prompt_token_ids, s.output_token_ids, s.sampling_params)
         torch.testing.assert_close(got[i], want)
     assert torch.equal(got[1], logits[1])
+
+
+def test_the_workers_bitmask_matches_xgrammars_own_apply():
+    """The worker turns the core's bitmask into -inf with torch alone (no xgrammar on its
+    side): the same rows as xgrammar's apply_token_bitmask_inplace, random bits over a
+    vocabulary that is not a multiple of 32, and rows without a mask untouched."""
+    import xgrammar as xgr
+
+    class Seq:                                   # the one field apply_grammar_bitmask reads
+        def __init__(self, bitmask):
+            self.grammar_bitmask = bitmask
+    vocab = 100
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, vocab, generator=g)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (2, 4), generator=g, dtype=torch.int64).int()
+    got = logits.clone()
+    apply_grammar_bitmask(got, [Seq(bitmask[0]), Seq(None), Seq(bitmask[1])])
+    want = logits.clone()
+    xgr.apply_token_bitmask_inplace(want, bitmask[[0, 0, 1]], vocab_size=vocab, indices=[0, 2])
+    assert torch.equal(got, want) and torch.equal(got[1], logits[1])
+    assert 0 < int(got.isinf().sum()) < 2 * vocab
 
 
 def test_penalties_and_min_tokens_on_a_tiny_model(tiny_checkpoint):

@@ -269,11 +269,13 @@ def test_packages_can_cycle_where_modules_do_not(tmp_path):
 
 def test_the_runner_and_the_sampler_read_messages_not_core_requests():
     """V1's border (issue 62): what worker/ and sample/ know of a request came in a message
-    (core/scheduler_output.py, by request id); the core's Request and V0's scheduler
-    (core/v0/) stay on the core's side."""
+    (core/scheduler_output.py, by request id); the core's Request, V0's scheduler (core/v0/)
+    and the grammars' matchers (structured_output/: the worker gets a bitmask) stay on the
+    core's side."""
     graph = import_graph(REPO / "minivllm")
     crossing = {module: sorted(e for e in edges if e == "minivllm.core.request"
-                               or e.startswith("minivllm.core.v0"))
+                               or e.startswith(("minivllm.core.v0",
+                                                "minivllm.structured_output")))
                 for module, edges in graph.items()
                 if module.startswith(("minivllm.worker", "minivllm.sample"))}
     assert "minivllm.core.scheduler_output" in graph["minivllm.worker.model_runner"]

@@ -57,7 +57,7 @@ def bench_compile(tokenizer, vocab_size: int, eos: set[int]) -> None:
 
 def serve_once(llm, prompt: str, batch: int, max_tokens: int, guided) -> dict:
     from minivllm import SamplingParams
-    so = llm.engine.structured_output
+    so = llm.engine.core.structured_output          # the core's: the matchers and the bitmasks
     mask0 = so.mask_seconds
     rows0 = so.num_masked_rows
     params = SamplingParams(n=batch, temperature=1.0, max_tokens=max_tokens, seed=0,

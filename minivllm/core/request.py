@@ -69,6 +69,7 @@ class Request:
         self.sampling_params = sampling_params
         self.lora_request = lora_request         # LoRARequest, or None for the base model
         self.grammar = None                      # its compiled guided-decoding constraint
+        self.matcher = None                      # ... and its state (structured_output/)
         self.kv_transfer_params = None           # disaggregation: vLLM's, a dict or None
         self.beam_search = None                  # V0's in-core beam search: BeamSearchParams
         self.error: str | None = None            # why the engine failed it, if it did

@@ -44,13 +44,12 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     lora_int_id: int = 0
-    grammar: object | None = None     # its compiled guided-decoding constraint
 
     @classmethod
     def from_request(cls, request: Request) -> NewRequestData:
         return cls(request.request_id, list(request.token_ids),
                    request.num_prompt_tokens, request.sampling_params, list(request.block_table),
-                   request.num_computed_tokens, request.lora_int_id, request.grammar)
+                   request.num_computed_tokens, request.lora_int_id)
 
 
 @dataclass(slots=True)          # not frozen: that makes __init__ ~5x slower, and a long
@@ -100,18 +99,22 @@ class SchedulerOutput:
     # Prefill/decode disaggregation: which blocks' K/V the worker loads or sends this step
     # (minivllm/distributed/kv_transfer/kv_connector.py, KVConnectorMetadata), or None.
     kv_connector_metadata: object | None = None
+    # Structured output (V1's grammar_bitmask): a row of allowed-token bits for each guided
+    # request that samples this step, in the order of structured_output_request_ids; built by
+    # the core (structured_output/manager.py), applied by the worker's logits processors.
+    structured_output_request_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: object | None = None
     # The core's view (traces, lessons, tests).
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)     # request ids, recomputed or swapped out
     swapped_out: list[str] = field(default_factory=list)   # of those, swapped out
     swapped_in: list[str] = field(default_factory=list)
+    grammar_errors: dict[str, str] = field(default_factory=dict)   # they fail with the step
 
     def for_workers(self) -> SchedulerOutput:
-        """The messages alone, what crosses to another process: the core's view emptied, and
-        no compiled grammar (only the first rank samples)."""
-        new = [replace(r, grammar=None) for r in self.scheduled_new_reqs]
-        return replace(self, scheduled_new_reqs=new, scheduled=[], preempted=[], swapped_out=[],
-                       swapped_in=[])
+        """The messages alone, what crosses to another process: the core's view emptied."""
+        return replace(self, scheduled=[], preempted=[], swapped_out=[], swapped_in=[],
+                       grammar_errors={})
 
     @property
     def num_batched_tokens(self) -> int:

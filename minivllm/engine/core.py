@@ -124,12 +124,11 @@ class EngineCore:
         eos_token_ids = set(model_config.hf_config.eos_token_id)
         if tokenizer.eos_token_id is not None:
             eos_token_ids.add(tokenizer.eos_token_id)
-        structured_output = StructuredOutputManager(   # logits processors' engine state
-            tokenizer, model_config.hf_config.vocab_size, eos_token_ids)
-        sampler = Sampler(model_config.device, eos_token_ids, structured_output)
+        sampler = Sampler(model_config.device, eos_token_ids)
         executor = executor_class(vllm_config.parallel_config)(vllm_config, sampler=sampler)
         core = cls(vllm_config, executor, eos_token_ids)
-        core.structured_output = structured_output
+        core.structured_output = StructuredOutputManager(   # the grammars' matchers
+            tokenizer, model_config.hf_config.vocab_size, eos_token_ids)
         return core
 
     def init_state(self, vllm_config: VllmConfig) -> None:
@@ -227,6 +226,7 @@ class EngineCore:
     def _update(self, scheduler_output: SchedulerOutput, runner_output, t0: float
                 ) -> EngineCoreOutputs:
         # 3. Update: append, accept drafts, stop on tokens and length, free blocks.
+        runner_output.errors.update(scheduler_output.grammar_errors)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         # 4. The drafts the runner proposed, for the next schedule to fit (vLLM V1's order).
         self.scheduler.update_draft_token_ids(runner_output.draft_token_ids)
@@ -259,6 +259,8 @@ class EngineCore:
 
     def _schedule(self) -> SchedulerOutput:
         scheduler_output = self.scheduler.schedule()
+        if self.structured_output is not None:      # the guided rows' allowed tokens
+            self.structured_output.grammar_bitmask(scheduler_output, self.requests)
         self.last_scheduler_output = scheduler_output
         for callback in self.schedule_callbacks:    # a long prefill shows as running meanwhile
             callback()

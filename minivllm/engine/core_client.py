@@ -1,19 +1,22 @@
 """How a front end talks to its EngineCore (vLLM twin: vllm/v1/engine/core_client.py).
 
+EngineCoreClient is the interface, and `make_client` (engine/llm_engine.py: it imports the
+process clients, which import this module) picks one of three:
+
     InprocClient    the core in the same process, called directly: get_output() is one
                     EngineCore.step(). LLM and LLMEngine use it by default, so a lesson can step
                     the core and look inside it (client.engine_core.scheduler, ...).
     SyncMPClient    the core in a process of its own, behind a busy loop and ZMQ sockets
                     (engine/multiproc/: client.py, core_proc.py). `minivllm serve` uses it.
+    DPLBClient      data parallelism: several cores, each in its own process, behind one front
+                    end (engine/multiproc/dp_client.py), the same methods over SyncMPClients.
 
-Both have the same methods, and every message is plain data: EngineCoreRequest in,
+They have the same methods, and every message is plain data: EngineCoreRequest in,
 EngineCoreOutputs out, request ids to abort or finish. What the front end asks of the core
 besides (stats, reconfigure, LoRA adapters, prompt logits for scoring, traces) is a method of
-InprocClient; SyncMPClient sends its name and arguments as a utility call (vLLM's
-`call_utility`), which the core's process answers by calling that very InprocClient method.
-
-Data parallelism puts several cores behind one front end: DPLBClient
-(engine/multiproc/dp_client.py), the same methods over several SyncMPClients.
+the core that InprocClient forwards to; SyncMPClient sends its name and arguments as a utility
+call (vLLM's `call_utility`), which the core's process answers by calling that very
+InprocClient method.
 
 Left out, compared with vLLM: AsyncMPClient (AsyncLLMEngine drives the sync client from its
 engine thread).
@@ -21,6 +24,7 @@ engine thread).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from minivllm.config import VllmConfig
@@ -35,7 +39,81 @@ class EngineDeadError(RuntimeError):
     served (vLLM twin: vllm/v1/engine/exceptions.py)."""
 
 
-class InprocClient:
+class EngineCoreClient(ABC):
+    """How a front end reaches its core, wherever the core runs (vLLM's EngineCoreClient)."""
+
+    vllm_config: VllmConfig      # the configuration the core runs now
+    info: EngineCoreInfo         # what the front end knows of the core (engine/core.py)
+
+    # ---------------------------------------------------------------- requests in, outputs out
+    @abstractmethod
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a tokenized, checked request in the core."""
+
+    @abstractmethod
+    def get_output(self) -> EngineCoreOutputs:
+        """The outputs of the core's next step (in process: run that step now)."""
+
+    @abstractmethod
+    def abort_requests(self, request_ids, errors: dict[str, str] | None = None
+                       ) -> list[EngineCoreOutput]:
+        """Finish these requests now (finish_reason "abort", with the error if given)."""
+
+    @abstractmethod
+    def finish_stopped(self, request_ids: list[str]) -> None:
+        """These requests' text reached a stop string: they finish with finish_reason "stop"."""
+
+    @abstractmethod
+    def has_unfinished_requests(self) -> bool:
+        """Has the core requests it has not finished?"""
+
+    @abstractmethod
+    def wake(self) -> None:
+        """Wake a thread waiting in get_output (a request was added or aborted)."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop the core and its workers."""
+
+    # ---------------------------------------------------------------- utility calls
+    @abstractmethod
+    def stats(self, fresh: bool = False) -> EngineStats:
+        """The core's stats (fresh: asked of the core now, not the last step's)."""
+
+    @abstractmethod
+    def reconfigure(self, vllm_config: VllmConfig) -> EngineCoreInfo:
+        """A fresh KV pool, block manager and scheduler for `vllm_config`, same weights."""
+
+    @abstractmethod
+    def add_lora(self, lora_request) -> None:
+        """Load a LoRA adapter now (it fails alone, before its request is queued)."""
+
+    @abstractmethod
+    def list_loras(self) -> set[int]:
+        """The ids of the adapters loaded."""
+
+    @abstractmethod
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; False if blocks are in use."""
+
+    @abstractmethod
+    def prompt_logits(self, token_ids: list[int]):
+        """Next-token logits at every position of token_ids, (len, vocab)."""
+
+    @abstractmethod
+    def trace(self):
+        """`with client.trace() as steps`: the core's StepRecords, appended as steps run."""
+
+    @abstractmethod
+    def add_schedule_callback(self, callback: Callable[[], None]) -> None:
+        """Call `callback` after each schedule (a long prefill shows as running meanwhile)."""
+
+    @abstractmethod
+    def remove_schedule_callback(self, callback: Callable[[], None]) -> None:
+        """Stop calling it."""
+
+
+class InprocClient(EngineCoreClient):
     def __init__(self, engine_core: EngineCore):
         self.engine_core = engine_core
 
@@ -51,7 +129,6 @@ class InprocClient:
         return self.engine_core.abort_requests(request_ids, errors)
 
     def finish_stopped(self, request_ids: list[str]) -> None:
-        """These requests' text reached a stop string: they finish with finish_reason "stop"."""
         self.engine_core.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED)
 
     def has_unfinished_requests(self) -> bool:
@@ -106,7 +183,6 @@ class InprocClient:
         return self.engine_core.prompt_logits(token_ids)
 
     def trace(self):
-        """`with client.trace() as steps`: the core's StepRecords, appended as steps run."""
         return self.engine_core.trace()
 
     def add_schedule_callback(self, callback: Callable[[], None]) -> None:

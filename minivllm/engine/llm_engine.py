@@ -24,7 +24,8 @@ n > 1 request is its children, "0_id" .. "{n-1}_id"; a lesson that wants vLLM V0
 inside the core adds an EngineCoreRequest with n > 1 to `engine.engine_core` itself).
 
 Where the core runs (vLLM's `multiprocess_mode`, which its LLMEngine takes from the
-environment variable VLLM_ENABLE_V1_MULTIPROCESSING):
+environment variable VLLM_ENABLE_V1_MULTIPROCESSING), as `make_client` picks the client
+(an EngineCoreClient: engine/core_client.py):
 
     LLMEngine(...)                          in this process (InprocClient): the default, so
                                             lessons can look inside; step() is one core step
@@ -57,7 +58,7 @@ import torch
 from minivllm.config import ModelConfig, VllmConfig
 from minivllm.engine.arg_utils import LOAD_TIME_ARGS, EngineArgs
 from minivllm.engine.core import EngineCore, EngineCoreRequest
-from minivllm.engine.core_client import InprocClient
+from minivllm.engine.core_client import EngineCoreClient, InprocClient
 from minivllm.engine.multiproc.client import SyncMPClient
 from minivllm.engine.multiproc.dp_client import DPLBClient
 from minivllm.engine.output_processor import OutputProcessor
@@ -70,6 +71,18 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger("minivllm")
+
+
+def make_client(vllm_config: VllmConfig, tokenizer, multiprocess_mode: bool
+                ) -> EngineCoreClient:
+    """The front end's client (vLLM's EngineCoreClient.make_client): the core here
+    (InprocClient, the weights loaded in this process), or in a process of its own
+    (SyncMPClient), or one per data-parallel replica (DPLBClient)."""
+    if not multiprocess_mode:
+        return InprocClient(EngineCore.from_model(vllm_config, tokenizer))
+    if vllm_config.parallel_config.data_parallel_size > 1:
+        return DPLBClient(vllm_config)
+    return SyncMPClient(vllm_config)
 
 
 def multiprocessing_enabled() -> bool:
@@ -98,18 +111,14 @@ class LLMEngine:
             raise ValueError("data_parallel_size > 1 runs each replica's engine core in a "
                              "process of its own: not with multiprocess_mode=False")
         self.multiprocess_mode = self.multiprocess_mode or dp > 1
-        if self.multiprocess_mode:
-            if config.kv_transfer_config is not None:
-                raise ValueError("kv_transfer_config needs the engine core in this process: "
-                                 "use multiprocess_mode=False")
-            self.engine_core = DPLBClient(config) if dp > 1 else SyncMPClient(config)
-            self.structured_output = StructuredOutputManager(   # the front end's, to check
-                self.tokenizer, config.model_config.hf_config.vocab_size,   # and compile; the
-                self.engine_core.info.eos_token_ids)            # core loads what it compiled
-        else:
-            core = EngineCore.from_model(config, self.tokenizer)
-            self.engine_core = InprocClient(core)
-            self.structured_output = core.structured_output    # the Processor checks with it
+        if self.multiprocess_mode and config.kv_transfer_config is not None:
+            raise ValueError("kv_transfer_config needs the engine core in this process: "
+                             "use multiprocess_mode=False")
+        self.engine_core = make_client(config, self.tokenizer, self.multiprocess_mode)
+        # The front end's grammars: checked and compiled here, matched by the core.
+        self.structured_output = StructuredOutputManager(
+            self.tokenizer, config.model_config.hf_config.vocab_size,
+            self.engine_core.info.eos_token_ids)
         self.eos_token_ids = self.engine_core.info.eos_token_ids
         self.output_processor = OutputProcessor(self.tokenizer)
 

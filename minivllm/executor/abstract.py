@@ -44,7 +44,9 @@ class Executor:
 
     @property
     def num_cpu_blocks(self) -> int:
-        return self.driver_worker.model_runner.num_cpu_blocks
+        """V0's swap pool's blocks (worker/swap_pool.py), 0 without one."""
+        pool = self.driver_worker.swap_pool
+        return pool.num_blocks if pool is not None else 0
 
     def initialize_cache(self, vllm_config: VllmConfig) -> None:
         """Set vllm_config on every worker's loaded weights: format, state, pool, compilation.

@@ -12,8 +12,9 @@ those rows at once, never a Python loop over the vocabulary. In the Sampler's or
                                             logit / r if logit > 0, else logit * r
                      frequency_penalty f    logit -= f * (times the token is in the output)
                      presence_penalty p     logit -= p * (1 if it is in the output at all)
-    guided         the grammar's token bitmask (minivllm/structured_output/manager.py): tokens
-                   that would break the JSON schema / regex / choice go to -inf
+    guided         the grammar's token bitmask, built by the core (structured_output/manager.py)
+                   and sent with the step: tokens that would break the JSON schema / regex /
+                   choice go to -inf
 
 Requests that ask for none of these cost nothing: their rows are never touched, so greedy
 output of a plain request is the same bits as before the seam existed.
@@ -87,19 +88,30 @@ def apply_penalties(logits: torch.Tensor, seqs: list) -> None:
     logits[rows] = x
 
 
+def apply_grammar_bitmask(logits: torch.Tensor, seqs: list) -> None:
+    """In place: the tokens a guided row's bitmask forbids go to -inf. A row of the bitmask is
+    ceil(V / 32) int32 words, bit j of word w for token 32 w + j (xgrammar's layout)."""
+    rows = [i for i, s in enumerate(seqs) if s.grammar_bitmask is not None]
+    if not rows:
+        return
+    words = torch.stack([seqs[i].grammar_bitmask for i in rows]).to(logits.device)   # (R, W)
+    bits = (words[:, :, None] >> torch.arange(32, device=logits.device)) & 1         # (R, W, 32)
+    allowed = bits.flatten(1)[:, :logits.shape[-1]].bool()
+    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+
+
 def apply_logits_processors(logits: torch.Tensor, seqs: list,
-                            eos_token_ids: set[int], guided=None) -> torch.Tensor:
+                            eos_token_ids: set[int]) -> torch.Tensor:
     """Every processor, in order, on a copy of logits (the caller keeps the raw rows for
     logprobs); seqs[i]: the runner's state of row i's request (worker/input_batch.py).
     Returns logits itself when no row asks for anything (no copy, no change)."""
     p = [s.sampling_params for s in seqs]
-    if not any(x.min_tokens or x.has_penalties or x.guided_decoding or x.logit_bias
-               for x in p):
+    if not any(x.min_tokens or x.has_penalties or x.logit_bias for x in p) and all(
+            s.grammar_bitmask is None for s in seqs):
         return logits
     logits = logits.clone()
     apply_logit_bias(logits, seqs)
     apply_min_tokens(logits, seqs, eos_token_ids)
     apply_penalties(logits, seqs)
-    if guided is not None:
-        guided.apply_bitmask(logits, seqs)
+    apply_grammar_bitmask(logits, seqs)
     return logits

@@ -70,14 +70,11 @@ def logprobs_entry(raw_logprobs: torch.Tensor, token_id: int, num: int) -> dict[
 
 class Sampler:
     """Draws every sampling row of a step. Its state is its own: the random generator of each
-    request, and what it was given at construction (the tokens min_tokens holds back, and the
-    StructuredOutputManager whose bitmask guided rows get; None: no guided decoding)."""
+    request, and what it was given at construction (the tokens min_tokens holds back)."""
 
-    def __init__(self, device: torch.device, eos_token_ids: set[int] = frozenset(),
-                 structured_output=None):
+    def __init__(self, device: torch.device, eos_token_ids: set[int] = frozenset()):
         self.device = device
         self.eos_token_ids = set(eos_token_ids)
-        self.structured_output = structured_output
         self.generators: dict[str, torch.Generator] = {}     # request id -> its generator
 
     def generator(self, req_id: str, seed: int | None) -> torch.Generator:
@@ -101,25 +98,20 @@ class Sampler:
         self.generator(req_id, None).set_state(state)
 
     def free(self, req_id: str) -> None:
-        """The request has finished: drop its generator (and its grammar matcher)."""
+        """The request has finished: drop its generator."""
         self.generators.pop(req_id, None)
-        if self.structured_output is not None:
-            self.structured_output.free(req_id)
 
     def reset(self) -> None:
-        """A new engine configuration: no request from before survives it (nor its matcher:
-        requests that finished last are forgotten with the next step, which may not come)."""
+        """A new engine configuration: no request from before survives it (requests that
+        finished last are forgotten with the next step, which may not come)."""
         self.generators.clear()
-        if self.structured_output is not None:
-            self.structured_output.matchers.clear()
 
     def __call__(self, logits: torch.Tensor, seqs: list):
         """logits: (B, V) float32, row i for seqs[i] (the runner's CachedRequestStates) ->
         (token ids, per-token logprob dicts)."""
         want_logprobs = any(s.sampling_params.logprobs is not None for s in seqs)
         raw_logprobs = logits.log_softmax(dim=-1) if want_logprobs else None
-        logits = apply_logits_processors(logits, seqs, self.eos_token_ids,
-                                         self.structured_output)
+        logits = apply_logits_processors(logits, seqs, self.eos_token_ids)
         tokens = logits.argmax(dim=-1)                      # greedy rows are done here
         sampled = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]
         if sampled:

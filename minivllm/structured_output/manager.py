@@ -7,18 +7,22 @@ automaton over the model's vocabulary. Compiling costs milliseconds to a fractio
 (it precomputes, per grammar state, which of the 49,152 tokens can follow), so each constraint
 is compiled once, when the first request that names it arrives, and cached by its text.
 
-Each guided sequence then owns a GrammarMatcher, the automaton's current state. Every step:
+Each guided request then owns a GrammarMatcher, the automaton's current state. The core, not
+the worker, keeps it (on the core's Request), as vLLM V1 does. Every step:
 
-    1. the matcher catches up with the tokens its sequence gained since the last step
-       (accept_token: normally one; after speculation or a fork, what is there)
-    2. it fills one row of a bitmask, one bit per vocabulary token (49,152 bits = 1,536 int32
-       words): 1 = allowed next
-    3. xgrammar applies the whole batch's bitmask to the logits in one call: 0 bits -> -inf
+    1. the core's matcher of each guided request that samples catches up with the tokens the
+       request gained since the last step (accept_token: normally one; after a fork, what is
+       there)
+    2. it fills one row of the step's bitmask, one bit per vocabulary token (49,152 bits =
+       1,536 int32 words): 1 = allowed next
+    3. the bitmask travels with the SchedulerOutput (`grammar_bitmask`) and the worker's
+       logits processors (sample/logits_processor.py) turn its 0 bits into -inf: the worker
+       needs no grammar, no matcher, no xgrammar
 
-The matcher lives here by sequence id and reads the sequence's own tokens, which preemption
-never changes: a sequence recomputed or swapped out and back finds its matcher where it left
-it, and prefix caching and chunked prefill (which touch only the KV cache) cannot disturb it.
-A forked sample (n > 1) gets its own matcher, which catches up from the fork's tokens.
+The matcher reads the request's own tokens, which preemption never changes: a request
+recomputed or swapped out and back finds its matcher where it left it, and prefix caching and
+chunked prefill (which touch only the KV cache) cannot disturb it. A forked sample (n > 1) is
+a request of its own and gets its own matcher, which catches up from the fork's tokens.
 
 Speculative decoding is refused with guided decoding (and with the other logits processors):
 its draft tokens are verified against the unprocessed distribution, so a draft could break the
@@ -46,7 +50,6 @@ import json
 import threading
 import time
 from collections import OrderedDict
-import torch
 
 from minivllm.config import PER_REQUEST, incompatibility
 from minivllm.sampling_params import GuidedDecodingParams, SamplingParams
@@ -55,8 +58,8 @@ from minivllm.structured_output.transfer import SerializedGrammar
 
 
 class StructuredOutputManager:
-    """vLLM's name: compiles and caches grammars, holds each guided sequence's matcher, and
-    applies the step's bitmask. Importing xgrammar takes seconds, so it happens on the first
+    """vLLM's name: compiles and caches grammars, and fills the step's bitmask from each
+    guided request's matcher. Importing xgrammar takes seconds, so it happens on the first
     guided request, not at engine start."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int],
@@ -69,7 +72,6 @@ class StructuredOutputManager:
         self.cache_limit_bytes = cache_limit_bytes
         self.grammars: OrderedDict[tuple, object] = OrderedDict()  # key -> CompiledGrammar, LRU
         self._lock = threading.Lock()         # compile() runs on worker threads too
-        self.matchers: dict[str, list] = {}              # req_id -> [matcher, tokens fed]
         self.sandboxes: dict[tuple[float, int], object] = {}      # limits -> GrammarSandbox
         self.compile_limits = (30.0, 2048)     # the server's: CPU seconds, MiB (its flags)
         self.num_compiled = 0                           # grammars compiled (cache misses)
@@ -165,36 +167,41 @@ class StructuredOutputManager:
             return grammar
         return self.compile(params.guided_decoding, serialized=serialized)
 
-    def matcher(self, seq):
-        """seq's GrammarMatcher, fed every output token it has not seen yet."""
-        entry = self.matchers.get(seq.req_id)
-        if entry is None:
+    def matcher(self, request):
+        """The request's GrammarMatcher (kept on the core's Request, so it goes with it and
+        survives its preemption), fed every output token it has not seen yet."""
+        if request.matcher is None:
             import xgrammar as xgr
-            grammar = seq.grammar or self.compile(seq.sampling_params.guided_decoding)
-            entry = self.matchers[seq.req_id] = [xgr.GrammarMatcher(grammar), 0]
-        matcher, fed = entry
-        for token in seq.output_token_ids[fed:]:
+            grammar = request.grammar or self.compile(request.sampling_params.guided_decoding)
+            request.matcher = [xgr.GrammarMatcher(grammar), 0]
+        matcher, fed = request.matcher
+        for token in request.output_token_ids[fed:]:
             if not matcher.accept_token(token):
-                kind = seq.sampling_params.guided_decoding.kind
+                kind = request.sampling_params.guided_decoding.kind
                 raise ValueError(f"token {token} breaks the {kind} constraint")
-        entry[1] = seq.num_output_tokens
+        request.matcher[1] = request.num_output_tokens
         return matcher
 
-    def apply_bitmask(self, logits: torch.Tensor, seqs: list) -> None:
-        """In place: every guided row's disallowed tokens -> -inf. One bitmask for the batch,
-        (B, ceil(V / 32)) int32, filled row by row by the matchers, applied in one call."""
-        rows = [i for i, s in enumerate(seqs) if s.sampling_params.guided_decoding is not None]
-        if not rows:
+    def grammar_bitmask(self, scheduler_output, requests: dict) -> None:
+        """The step's bitmask, built in the core and sent to the worker with the step (V1's
+        grammar_bitmask): a row for each guided request that samples this step, (R, ceil(V /
+        32)) int32, one bit per token (1: allowed), in the order of
+        scheduler_output.structured_output_request_ids. A request whose tokens broke its
+        grammar (a terminated one, under ignore_eos) keeps an open row and fails with the
+        step (grammar_errors)."""
+        so = scheduler_output
+        ids = [req_id for req_id, samples in zip(so.req_ids, so.sampling)
+               if samples and requests[req_id].sampling_params.guided_decoding is not None]
+        if not ids:
             return
         import xgrammar as xgr
         t0 = time.perf_counter()
-        bitmask = xgr.allocate_token_bitmask(len(seqs), self.vocab_size)  # all bits 1
-        for i in rows:
-            self.matcher(seqs[i]).fill_next_token_bitmask(bitmask, i)
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
-                                        vocab_size=self.vocab_size, indices=rows)
+        bitmask = xgr.allocate_token_bitmask(len(ids), self.vocab_size)    # all bits 1
+        for row, req_id in enumerate(ids):
+            try:
+                self.matcher(requests[req_id]).fill_next_token_bitmask(bitmask, row)
+            except ValueError as e:
+                so.grammar_errors[req_id] = f"structured output failed: {e}"
+        so.structured_output_request_ids, so.grammar_bitmask = ids, bitmask
         self.mask_seconds += time.perf_counter() - t0
-        self.num_masked_rows += len(rows)
-
-    def free(self, req_id: str) -> None:
-        self.matchers.pop(req_id, None)
+        self.num_masked_rows += len(ids)

@@ -6,7 +6,7 @@ scheduled, updates its tokens, block table and computed count from each step's
 CachedRequestData, and drops it when its id comes in finished_req_ids. So the runner reads no
 scheduler object: what it knows of a request came in a SchedulerOutput message
 (core/scheduler_output.py). It has the fields the sampler, the logits processors, the
-rejection sampler and guided decoding read of a request.
+rejection sampler and the logits processors read of a request.
 
 StepInputs holds the step's integer inputs in persistent host buffers (vLLM V1's
 CpuGpuBuffer): each is filled in place and, on CUDA, copied from pinned memory into a device
@@ -36,14 +36,14 @@ class CachedRequestState:
     block_table: list[int]
     num_computed_tokens: int
     lora_int_id: int = 0
-    grammar: object | None = None
     spec_token_ids: list[int] = field(default_factory=list)   # this step's drafts
+    grammar_bitmask: object | None = None  # this step's allowed tokens (structured output)
 
     @classmethod
     def from_new(cls, new: NewRequestData) -> CachedRequestState:
         return cls(new.req_id, list(new.token_ids),
                    new.num_prompt_tokens, new.sampling_params, list(new.block_ids),
-                   new.num_computed_tokens, new.lora_int_id, new.grammar)
+                   new.num_computed_tokens, new.lora_int_id)
 
     @property
     def prompt_token_ids(self) -> list[int]:

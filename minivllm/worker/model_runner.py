@@ -6,7 +6,8 @@
     0. state          its own state of each request (worker/input_batch.py) brought up to date
                       from the scheduler's messages, finished ones forgotten: it reads no
                       scheduler object
-    1. block copies   swap out, swap in, copy-on-write (the scheduler decided them)
+    1. block copies   copy-on-write (the scheduler decided them; V0's swaps are the Worker's:
+                      worker/swap_pool.py)
     2. prepare        flatten the scheduled requests into the four tensors every paged engine
                       builds:
                         input_ids     (T,)   the new tokens of every request, concatenated
@@ -85,7 +86,7 @@ class ModelRunner:
                  sampler: Sampler | None = None, pp=None):
         """Build the model and load its weights (this rank's shard of its stage's layers when
         split); the Worker then configures it and gives it a pool. sampler: the engine's (it
-        knows the EOS tokens and the structured-output manager); a runner that never samples
+        knows the EOS tokens); a runner that never samples
         (a rank but the driver, the draft model) needs none."""
         model_config = vllm_config.model_config
         self.hf_config = model_config.hf_config      # the checkpoint's shape
@@ -115,8 +116,19 @@ class ModelRunner:
         load_weights(model, self.path)
         self.model = model.eval()
         self.sampler = sampler if sampler is not None else Sampler(device)
-        self.quantization, self.lora_manager = (None, True), None   # (format, lm head)
-        self.kv_cache = self.cpu_kv_cache = self.decode_scratch = self.cuda_graphs = None
+        self.quantization = None, True       # the weights' format: (quantization, lm head too)
+        # The state, all of it, made here; what one configuration owns is set again by
+        # configure (the attention backend, LoRA's slots, the requests, the inputs' buffers,
+        # the layout), initialize_kv_cache (the pools) and compile_or_warm_up_model (graphs).
+        self.vllm_config: VllmConfig | None = None
+        self.attention_backend = self.lora_manager = self.decode_scratch = None
+        self.requests: dict[str, CachedRequestState] = {}    # request id -> the runner's state
+        self.inputs = StepInputs(device)                     # the step's input buffers
+        self.kv_layout, self.kv_cache_dtype = "paged", "auto"
+        self.block_size = self.block_bytes = self.num_blocks = 0
+        self.kv_cache: torch.Tensor | None = None            # the pool
+        self.drafter = None                # speculative decoding's, set with the pool (Worker)
+        self.compiled, self.cuda_graphs = False, None
 
     def set_weight_format(self, model_config: ModelConfig) -> None:
         """Quantize the weights as asked, or go back to float (reading the checkpoint again
@@ -139,11 +151,10 @@ class ModelRunner:
         max_model_len = vllm_config.model_config.max_model_len
         cache_config = vllm_config.cache_config
         self.sampler.reset()                 # no sample's generator outlives its pool
-        self.requests: dict[str, CachedRequestState] = {}    # request id -> the runner's state
-        self.inputs = StepInputs(self.device)                # the step's input buffers
-        self.drafter = None        # speculative decoding's, set with the pool (Worker)
-        self.cuda_graphs = None
-        self.kv_cache = self.cpu_kv_cache = self.decode_scratch = None   # old buffers go first
+        self.requests = {}
+        self.inputs = StepInputs(self.device)
+        self.drafter = self.cuda_graphs = None
+        self.kv_cache = self.decode_scratch = None   # old buffers go first
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.attention_backend = resolve_attention_backend(
@@ -169,7 +180,7 @@ class ModelRunner:
                             * self.block_size)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate the KV pool of num_blocks blocks, and the swap pool in host memory."""
+        """Allocate the KV pool of num_blocks blocks."""
         self.num_blocks = num_blocks
         self.kv_cache = allocate_kv_cache(self.kv_config, num_blocks, self.block_size,
                                           self.dtype, self.device, self.kv_cache_dtype)
@@ -177,15 +188,6 @@ class ModelRunner:
         logger.info("KV pool: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
                     num_blocks, self.block_size, num_blocks * self.block_size,
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**20, self.kv_layout)
-        # The swap pool: same layout, in host memory (pinned, so copies can be asynchronous).
-        self.num_cpu_blocks = 0
-        if self.vllm_config.scheduler_config.preemption_mode == "swap":
-            self.num_cpu_blocks = self.vllm_config.cache_config.swap_space // self.block_bytes
-            self.cpu_kv_cache = allocate_kv_cache(self.kv_config, self.num_cpu_blocks,
-                                                  self.block_size, self.dtype, torch.device("cpu"),
-                                                  self.kv_cache_dtype)
-            if self.device.type == "cuda":
-                self.cpu_kv_cache = self.cpu_kv_cache.pin_memory()
 
     @torch.inference_mode()    # as every forward (traced with autograd, attention has none)
     def compile_or_warm_up_model(self) -> None:
@@ -235,22 +237,11 @@ class ModelRunner:
     # --8<-- [end:prepare]
 
     @torch.inference_mode()
-    def copy_blocks(self, pairs: list[tuple[int, int]], src: str = "kv_cache",
-                    dst: str = "kv_cache") -> None:
-        """Block dst becomes a copy of block src, in every layer: copy-on-write within the
-        device pool, or a swap between the device pool and the host pool ("cpu_kv_cache").
-        The pools are named, not passed: under tensor parallelism each rank has its own."""
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Block b becomes a copy of block a, for each (a, b), in every layer: copy-on-write."""
         if pairs:
             src_blocks, dst_blocks = map(list, zip(*pairs))
-            dst_cache = getattr(self, dst)
-            dst_cache[:, :, dst_blocks] = getattr(self, src)[:, :, src_blocks].to(
-                dst_cache.device)
-
-    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
-        self.copy_blocks(pairs, "kv_cache", "cpu_kv_cache")
-
-    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
-        self.copy_blocks(pairs, "cpu_kv_cache", "kv_cache")
+            self.kv_cache[:, :, dst_blocks] = self.kv_cache[:, :, src_blocks]
 
     # --8<-- [start:execute_model]
     @torch.inference_mode()
@@ -261,8 +252,6 @@ class ModelRunner:
         the others in the forward's collectives; only rank 0 samples and drafts."""
         so = scheduler_output
         self._update_states(so)
-        self.swap_out(so.blocks_to_swap_out)                  # before their blocks are reused
-        self.swap_in(so.blocks_to_swap_in)
         self.copy_blocks(so.blocks_to_copy)
         if not so.req_ids:
             return ModelRunnerOutput()
@@ -279,7 +268,8 @@ class ModelRunner:
 
     def _update_states(self, so: SchedulerOutput) -> None:
         """Finished requests forgotten (their sampling state and the drafter's too); new ones
-        whole; held ones: their new tokens, block tables, computed counts and drafts."""
+        whole; held ones: their new tokens, block tables, computed counts, drafts and grammar
+        bitmask rows."""
         for req_id in so.finished_req_ids:
             if self.requests.pop(req_id, None) is not None:
                 self.sampler.free(req_id)
@@ -298,6 +288,9 @@ class ModelRunner:
         for req_id in so.req_ids:
             state = self.requests[req_id]
             state.spec_token_ids = so.scheduled_spec_decode_tokens.get(req_id, [])
+            state.grammar_bitmask = None
+        for row, req_id in enumerate(so.structured_output_request_ids):
+            self.requests[req_id].grammar_bitmask = so.grammar_bitmask[row]
     # --8<-- [end:execute_model]
 
     @torch.inference_mode()

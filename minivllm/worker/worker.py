@@ -49,6 +49,7 @@ class Worker:
         self.sampler = sampler
         self.model_runner: ModelRunner | None = None
         self.kv_connector = None             # the KV connector's worker side, if any
+        self.swap_pool = None                # V0's swap preemption's host pool, if any
 
     def load_model(self) -> None:
         self.model_runner = ModelRunner(self.vllm_config, self.device, tp=self.tp,
@@ -64,6 +65,10 @@ class Worker:
         if num_blocks is None:
             num_blocks = self.determine_num_blocks()
         runner.initialize_kv_cache(num_blocks)
+        self.swap_pool = None
+        if vllm_config.scheduler_config.preemption_mode == "swap":     # V0's (core/v0/)
+            from minivllm.worker.swap_pool import SwapPool
+            self.swap_pool = SwapPool(runner, vllm_config.cache_config.swap_space)
         if vllm_config.kv_transfer_config is not None and self.kv_connector is None:
             from minivllm.distributed.kv_transfer.kv_connector import KVConnectorWorker
             self.kv_connector = KVConnectorWorker(vllm_config, runner)
@@ -127,7 +132,10 @@ class Worker:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         runner = self.model_runner
-        kv_meta = scheduler_output.kv_connector_metadata
+        so = scheduler_output
+        if self.swap_pool is not None:       # V0's swaps, before the blocks are reused
+            self.swap_pool.swap(so.blocks_to_swap_out, so.blocks_to_swap_in, runner.kv_cache)
+        kv_meta = so.kv_connector_metadata
         if kv_meta is not None:              # vLLM: the runner's KVConnectorModelRunnerMixin
             self.kv_connector.start_load_kv(kv_meta, runner.kv_cache, runner.sampler)
         output = runner.execute_model(scheduler_output)

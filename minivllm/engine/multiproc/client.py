@@ -51,7 +51,7 @@ import zmq
 
 from minivllm.config import VllmConfig
 from minivllm.engine.core import EngineCoreInfo, EngineCoreRequest
-from minivllm.engine.core_client import EngineDeadError
+from minivllm.engine.core_client import EngineCoreClient, EngineDeadError
 from minivllm.engine.stats import EngineStats, StepRecord
 from minivllm.outputs import EngineCoreOutputs
 from minivllm.structured_output.transfer import GrammarsSent
@@ -184,7 +184,7 @@ def _wait_hello(output_socket: zmq.Socket, address: str, timeout: float) -> int:
     return pid
 
 
-class SyncMPClient:
+class SyncMPClient(EngineCoreClient):
     def __init__(self, vllm_config: VllmConfig, ready_timeout: float = READY_TIMEOUT_S,
                  outputs: queue.Queue | None = None, env: dict[str, str] | None = None,
                  address: str | None = None):

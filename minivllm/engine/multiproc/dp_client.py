@@ -38,7 +38,7 @@ import torch
 
 from minivllm.config import VllmConfig
 from minivllm.engine.core import EngineCoreRequest
-from minivllm.engine.core_client import EngineDeadError
+from minivllm.engine.core_client import EngineCoreClient, EngineDeadError
 from minivllm.engine.multiproc.client import READY_TIMEOUT_S, SyncMPClient
 from minivllm.engine.stats import EngineStats
 from minivllm.outputs import EngineCoreOutputs
@@ -66,7 +66,7 @@ def load_score(stats: EngineStats, num_unseen: int) -> int:
     return 4 * (stats.num_waiting + num_unseen) + stats.num_running
 
 
-class DPLBClient:
+class DPLBClient(EngineCoreClient):
     def __init__(self, vllm_config: VllmConfig, ready_timeout: float = READY_TIMEOUT_S,
                  balance: str = "score"):
         parallel = vllm_config.parallel_config
