@@ -596,10 +596,117 @@ def _(exercise_hits, hits_answer, mo):
 
 
 @app.cell
-def _(check_hits_answer, conv_cached, conv_computed_cached, conv_computed_uncached,
-      conv_outputs_identical, conv_work_ratio, docs_hit_tokens, docs_outputs_identical,
-      docs_predicted_hits, docs_prefix_skip, exercise_by_hand, exercise_hits, hits_for,
-      kv_block_equal, kv_diff, shifted_hits, turn_hit_rate):
+def _(mo):
+    tier_answer = mo.ui.number(start=0, stop=10_000, value=0,
+                               label="prompt tokens the second pass computes, with the tier")
+    mo.md(f"""
+    ## A second tier: when the prefixes outgrow the GPU pool
+
+    A GPU pool holds a few hundred thousand tokens; host memory, ten or a hundred times
+    more. With `kv_offloading_size` (GiB of host memory, vLLM's setting and unit) every full
+    block a step computes is also stored in a **CPU tier**, under the same name the prefix
+    cache gives it, and it stays there after the GPU pool evicts it (least recently used
+    first when the tier is full). At admission a prompt's blocks are looked up in the GPU
+    pool first, then in the tier: the tier's hits are copied into the blocks just allocated
+    and count as computed.
+
+    The experiment: six manuals of about 95 tokens each, one per request, on a GPU pool of
+    16 blocks (256 tokens, about two manuals), then the same six again. With the cache
+    alone, the second pass finds nothing: a cyclic pass through more prefixes than the pool
+    holds is the worst case of LRU, each manual evicted just before it is asked for again.
+
+    **Predict first**: with the tier on (room for all of them), how many prompt tokens does
+    the second pass compute, all six requests together? The engine runs both passes and
+    counts.
+
+    {tier_answer}
+    """)
+    return (tier_answer,)
+
+
+@app.cell
+def _(BLOCK_SIZE, SamplingParams, docs_prefix, llm):
+    manuals = [llm.tokenizer.encode(f"Manual {_i}:") + docs_prefix[:90] for _i in range(6)]
+    _pool_before = llm.engine.vllm_config.cache_config.num_kv_blocks
+
+    def two_passes(tier_gib):
+        """The six manuals, then the six again, one request at a time; -> the second pass's
+        prompt tokens computed, its hits from each tier, its TTFT (ms) and its answers."""
+        _engine = llm.reconfigure(num_kv_blocks=16, enable_prefix_caching=True,
+                                  kv_offloading_size=tier_gib, max_num_seqs=1).engine
+        _one = SamplingParams(temperature=0, max_tokens=4)
+        llm.generate(manuals, _one, use_tqdm=False)
+        _gpu0 = _engine.stats().prefix_cache_hit_tokens
+        _tier = _engine.scheduler.kv_connector
+        _cpu0 = _tier.manager.num_loaded_blocks if _tier else 0
+        with _engine.trace() as _steps:
+            _outs = llm.generate(manuals, _one, use_tqdm=False)
+        _gpu = _engine.stats().prefix_cache_hit_tokens - _gpu0
+        _cpu = ((_tier.manager.num_loaded_blocks - _cpu0) * BLOCK_SIZE) if _tier else 0
+        return {"computed": sum(_x.num_tokens for _s in _steps for _x in _s.scheduled
+                                if _x.is_prefill),
+                "prompt": sum(len(_m) for _m in manuals), "gpu_hits": _gpu, "cpu_hits": _cpu,
+                "cached": [_o.num_cached_tokens for _o in _outs],
+                "ttft_ms": [1000 * _o.metrics.ttft for _o in _outs],
+                "answers": [_o.outputs[0].token_ids for _o in _outs]}
+    second_pass = {"off": two_passes(None), "on": two_passes(0.05)}   # 0.05 GiB: ~70 blocks
+    llm.reconfigure(num_kv_blocks=_pool_before, kv_offloading_size=None, max_num_seqs=64)
+    # By hand: each manual's full blocks before its last token, from one tier or the other.
+    tier_by_hand = sum(len(_m) - BLOCK_SIZE * ((len(_m) - 1) // BLOCK_SIZE) for _m in manuals)
+    for _k, _r in second_pass.items():
+        print(f"second pass, tier {_k}: {_r['computed']} of {_r['prompt']} prompt tokens "
+              f"computed; {_r['gpu_hits']} from the GPU pool, {_r['cpu_hits']} from the CPU "
+              f"tier; TTFT mean {sum(_r['ttft_ms']) / len(_r['ttft_ms']):.0f} ms")
+    return manuals, second_pass, tier_by_hand
+
+
+@app.cell
+def _(BLOCK_SIZE, manuals, mo, plt, second_pass, tier_answer, tier_by_hand):
+    def check_tier_answer(value):
+        truth = second_pass["on"]["computed"]
+        if value == truth:
+            return (f"Correct: {truth} tokens. Every full block of every manual came back from "
+                    "one tier or the other; what is left is each manual's last block, partly "
+                    f"full, which holds the token whose logits are needed ({len(manuals[0])} "
+                    f"tokens a manual: {len(manuals[0]) % BLOCK_SIZE or BLOCK_SIZE} of them).")
+        if value == 0:
+            return "Enter a number. (Nothing at all computed? The last token never is cached.)"
+        if value == second_pass["off"]["computed"]:
+            return ("That is the second pass without the tier: every manual computed again. "
+                    "With it, the blocks the GPU pool dropped are in host memory.")
+        return (f"{value} is not it: per manual, count the tokens after its last full block "
+                f"of {BLOCK_SIZE}, and add them up.")
+    _fig, _ax = plt.subplots(figsize=(7, 2.6))
+    for _y, _k in enumerate(("off", "on")):
+        _r, _left = second_pass[_k], 0
+        for _part, _color in (("gpu_hits", "tab:green"), ("cpu_hits", "tab:purple"),
+                              ("computed", "tab:orange")):
+            _ax.barh(_y, _r[_part], left=_left, color=_color,
+                     label=_part.replace("_", " ") if _y else None)
+            _left += _r[_part]
+    _ax.set_yticks([0, 1], ["tier off", "tier on"])
+    _ax.set_xlabel("prompt tokens of the second pass")
+    _ax.legend(fontsize=8, loc="lower right")
+    _fig.tight_layout()
+    _msg = check_tier_answer(tier_answer.value)
+    mo.vstack([_fig, mo.callout(mo.md(f"Your prediction: **{tier_answer.value:g}**. {_msg}"),
+                                kind="success" if _msg.startswith("Correct") else "neutral"),
+               mo.md(f"""
+    The same answers both ways ({second_pass["off"]["answers"] == second_pass["on"]["answers"]}):
+    a loaded block holds the bits its request computed. The tier's price is the copies: each
+    full block went to host memory once, and came back once per reuse; on a GPU they cross
+    PCIe, beside the forward pass, and a load of 16 tokens' K/V is far cheaper than their
+    prefill once prompts are long. The counts are exact: by hand, {tier_by_hand} tokens.
+    """)])
+    return (check_tier_answer,)
+
+
+@app.cell
+def _(check_hits_answer, check_tier_answer, conv_cached, conv_computed_cached,
+      conv_computed_uncached, conv_outputs_identical, conv_work_ratio, docs_hit_tokens,
+      docs_outputs_identical, docs_predicted_hits, docs_prefix_skip, exercise_by_hand,
+      exercise_hits, hits_for, kv_block_equal, kv_diff, second_pass, shifted_hits,
+      tier_by_hand, turn_hit_rate):
     def test_shared_prefix_kv_is_bit_identical():
         assert kv_block_equal[:4] == [True] * 4          # the 4 shared blocks, all layers
         assert not any(kv_block_equal[4:])
@@ -634,6 +741,15 @@ def _(check_hits_answer, conv_cached, conv_computed_cached, conv_computed_uncach
         assert conv_computed_cached < conv_computed_uncached / 2
         assert conv_work_ratio > 3
 
+    def test_the_cpu_tier_serves_what_the_gpu_pool_dropped():
+        _off, _on = second_pass["off"], second_pass["on"]
+        assert _off["cpu_hits"] == 0 and _off["computed"] > _off["prompt"] * 0.9   # LRU thrash
+        assert _on["cpu_hits"] > 0 and _on["computed"] == tier_by_hand < _off["computed"]
+        assert _on["answers"] == _off["answers"]
+        assert sum(_on["cached"]) == _on["gpu_hits"] + _on["cpu_hits"]
+        assert check_tier_answer(tier_by_hand).startswith("Correct")
+        assert not check_tier_answer(_off["computed"]).startswith("Correct")
+
     def test_exercise_checker():
         assert check_hits_answer(192).startswith("Correct")
         assert "round down" in check_hits_answer(203).lower()
@@ -653,7 +769,11 @@ def _(mo):
     each block a step fills. A freed block keeps its hash in the pool's `free_block_queue`, oldest
     at the head, until `get_new_blocks` hands it out again: the free list is the LRU, as here.
     minivllm also checks a hit's tokens and parent, not only its hash, and puts unnamed blocks at
-    the front of its free list, so that named ones are the last reused.
+    the front of its free list, so that named ones are the last reused. The second tier is a KV
+    connector, `OffloadingConnector` (`vllm/distributed/kv_transfer/kv_connector/v1/
+    offloading_connector.py`, over `vllm/v1/kv_offload/`): `get_num_new_matched_tokens` counts
+    the tier's hits after the GPU's, and the copies run on a CUDA stream while the request waits
+    in `WAITING_FOR_REMOTE_KVS`; minivllm's copies run before the step's forward.
     """), kind="info")
     return (v1_box,)
 
@@ -666,6 +786,7 @@ def _(
     conv_work_ratio,
     docs_prefix_skip,
     mo,
+    second_pass,
     turn_hit_rate,
     v1_box,
 ):
@@ -675,6 +796,8 @@ def _(
         "conversation_work_ratio": conv_work_ratio,
         "conversation_ttft_ratio": conv_ttft_ratio,
         "docs_prefix_skipped": docs_prefix_skip,
+        "second_pass_computed_tier_off_on": (second_pass["off"]["computed"],
+                                             second_pass["on"]["computed"]),
     }
     print("findings:", findings)
     mo.vstack([mo.md(f"""
@@ -687,6 +810,10 @@ def _(
       (TTFT {conv_ttft_ratio:.1f}x lower on this machine), same answers.
     * Behind one system prompt, **{docs_prefix_skip:.0%}** of the later requests'
       system-prompt tokens were never computed; every hit count matched the prediction.
+    * Six manuals through a pool that holds two, twice: the second pass computed
+      {second_pass["off"]["computed"]} prompt tokens with the GPU cache alone and
+      **{second_pass["on"]["computed"]}** with a CPU tier under it
+      ({second_pass["on"]["cpu_hits"]} tokens loaded from host memory).
 
     ## Where the code lives
 
@@ -698,7 +825,11 @@ def _(
     * `minivllm/core/scheduler.py`: `_run` calls `cache_computed_blocks` as it schedules a sequence;
       `EngineCore.stats()` (`minivllm/engine/core.py`) reports `prefix_cache_queried_tokens` and
       `prefix_cache_hit_tokens`.
-    * `minivllm/config/cache.py`: `enable_prefix_caching` (on by default, as in vLLM).
+    * `minivllm/config/cache.py`: `enable_prefix_caching` (on by default, as in vLLM) and
+      `kv_offloading_size` (the CPU tier, off by default, as in vLLM).
+    * `minivllm/kv_offload/`: the CPU tier: `CPUOffloadingManager` (hash -> host block, LRU)
+      and the KV connector's two sides (`connector.py`), which look the tier up after the GPU
+      pool at admission and store each full block a step computes.
     * `minivllm bench prefix`: the same two workloads at a larger size, with and without
       caching, side by side.
 

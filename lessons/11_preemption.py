@@ -28,9 +28,10 @@ def _(mo):
     # 11 · Preemption: when the KV pool runs out
 
     After this lesson you can say what an engine does when a running request needs one more
-    KV block and none is free, compare its two answers (recompute the evicted request's KV
-    later, or swap its blocks out to host memory and back) in work and bytes, predict which
-    request is evicted and when, and explain why tail latency climbs steeply once the block
+    KV block and none is free, compare its answers (recompute the evicted request's KV
+    later; swap its blocks out to host memory and back, V0's way; or load them back from a
+    CPU tier that already holds them, V1's way with KV offloading) in work and bytes, predict
+    which request is evicted and when, and how much of it is computed again, and explain why tail latency climbs steeply once the block
     pool is smaller than the working set of the requests it serves. You will shrink the
     pool of the real engine step by step until preemption starts.
 
@@ -56,12 +57,13 @@ def _(LLM, kv_bytes_per_token, mo, torch):
     _shape = llm.engine.model_config.hf_config
     block_bytes = kv_bytes_per_token(_shape, llm.engine.dtype) * BLOCK_SIZE
     llm.reconfigure(swap_space=SWAP_BLOCKS * block_bytes)
+    TIER_GIB = SWAP_BLOCKS * block_bytes / 2**30     # the CPU tier gets the same host memory
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
           f"({str(llm.engine.dtype).removeprefix('torch.')}) · **KV block:** {BLOCK_SIZE} "
           f"tokens = {block_bytes:,} bytes · **swap space:** {SWAP_BLOCKS} blocks  \n"
           f"`{llm.engine!r}`")
-    return BLOCK_SIZE, block_bytes, device, llm
+    return BLOCK_SIZE, TIER_GIB, block_bytes, device, llm
 
 
 @app.cell
@@ -89,13 +91,17 @@ def _(mo):
 
     vLLM's current engine (V1) preempts by recompute only; swap was an option of its
     earlier engine (V0), and the series still describes both. minivllm keeps swap
-    (`preemption_mode="swap"`) so that the two can be measured side by side.
+    (`preemption_mode="swap"`, in V0's scheduler, `minivllm/core/v0/`) so that the two can
+    be measured side by side. V1's answer to swap is a third one, measured below: with KV
+    offloading on (`kv_offloading_size`, GiB of host memory), every full block a step
+    computes is also stored in a CPU tier, so a request preempted by recompute finds its
+    blocks there when it comes back and loads them instead of computing them again.
     """)
     return
 
 
 @app.cell
-def _(BLOCK_SIZE, Request, SamplingParams, cdiv, collections, llm, np, serve, torch):
+def _(BLOCK_SIZE, Request, SamplingParams, TIER_GIB, cdiv, collections, llm, np, serve, torch):
     # The request set: NUM_REQUESTS requests arrive together. EOS is ignored, so every run
     # generates the same number of tokens and can be compared token for token. Enough of
     # them that a tail percentile is not just the slowest request, short enough to sweep
@@ -125,8 +131,12 @@ def _(BLOCK_SIZE, Request, SamplingParams, cdiv, collections, llm, np, serve, to
 
     def run_set(reqs, mode, num_blocks):
         """Serve `reqs` [(prompt ids, max_tokens)], all arriving now, with preemption_mode
-        `mode` and a pool of num_blocks, and read the step trace."""
-        llm.reconfigure(preemption_mode=mode, num_kv_blocks=num_blocks)
+        `mode` ("offload": recompute, with the CPU tier on) and a pool of num_blocks, and
+        read the step trace."""
+        llm.reconfigure(preemption_mode="recompute" if mode == "offload" else mode,
+                        num_kv_blocks=num_blocks,
+                        kv_offloading_size=TIER_GIB if mode == "offload" else None)
+        _tier = llm.engine.scheduler.kv_connector      # the CPU tier's side in the core
         res = serve(llm, [Request(p, SamplingParams(temperature=0, max_tokens=o,
                                                     ignore_eos=True)) for p, o in reqs])
         e2e = np.array([o.metrics.e2e_latency for o in res.outputs])
@@ -146,6 +156,9 @@ def _(BLOCK_SIZE, Request, SamplingParams, cdiv, collections, llm, np, serve, to
             "preemptions": res.steps[-1].stats.num_preemptions,   # since reconfigure
             "peak_blocks": max(s.stats.num_blocks_used for s in res.steps),
             "swapped_out_blocks": blocks_swapped_out(res.steps),
+            "loaded_blocks": _tier.manager.num_loaded_blocks if _tier else 0,
+            "stored_blocks": _tier.manager.num_stored_blocks if _tier else 0,
+            "trace": res.steps,
             "recomputed_tokens": scheduled - useful, "useful_tokens": useful,
             "tokens": [o.outputs[0].token_ids for o in res.outputs],
             "e2e_s": e2e, "ttft_s": ttft,
@@ -402,28 +415,31 @@ def _(check_cliff_guess, cliff_guess, mo):
 
 @app.cell
 def _(POOLS, block_bytes, mo, run):
-    # Recompute against swap on the smallest pool (the slider above compares them on any).
-    compared = {(_m, _p): run(_m, _p) for _p in POOLS[:1] for _m in ("recompute", "swap")}
+    # Recompute against swap and offload on the smallest pool (the slider above compares
+    # recompute and swap on any).
+    compared = {(_m, _p): run(_m, _p) for _p in POOLS[:1]
+                for _m in ("recompute", "swap", "offload")}
     _rc0, _sw0 = compared[("recompute", POOLS[0])], compared[("swap", POOLS[0])]
-    _steps_note = ("Both policies took the same number of steps on each pool: a recomputed "
-                   "request's second prefill rides in a step that runs anyway, next to the "
-                   "others' decodes."
-                   if all(compared[("recompute", _p)]["num_steps"]
-                          == compared[("swap", _p)]["num_steps"] for _p in POOLS[:1])
+    _of0 = compared[("offload", POOLS[0])]
+    _steps_note = ("The three took the same number of steps: a recomputed request's second "
+                   "prefill rides in a step that runs anyway, next to the others' decodes."
+                   if len({_r["num_steps"] for _r in compared.values()}) == 1
                    else "The step counts differ a little: a recomputed request's second "
                    "prefill can hold up admissions that a swapped one would not.")
     _rows = []
     for (_m, _p), _r in compared.items():
-        _moved = 2 * _r["swapped_out_blocks"] * block_bytes
+        _blocks = _r["swapped_out_blocks"] or _r["loaded_blocks"]
+        _moved = (2 * _r["swapped_out_blocks"] + _r["stored_blocks"]
+                  + _r["loaded_blocks"]) * block_bytes
         _rows.append(f"| {_p} | {_m} | {_r['num_steps']} | {_r['preemptions']} | "
-                     f"{_r['recomputed_tokens']} | {_r['swapped_out_blocks']} | "
+                     f"{_r['recomputed_tokens']} | {_blocks} | "
                      f"{_moved / 2**20:.1f} MiB | {_r['wall_s']:.1f} s | {_r['p99_s']:.2f} s |")
         print(f"pool {_p:3d} {_m:9s}: {_r['num_steps']:3d} steps, {_r['preemptions']:2d} "
               f"preemptions, {_r['recomputed_tokens']:4d} tokens recomputed, "
-              f"{_r['swapped_out_blocks']:3d} blocks swapped out ({_moved / 2**20:.1f} MiB "
-              f"moved out and back), wall {_r['wall_s']:.1f} s, p99 {_r['p99_s']:.2f} s")
+              f"{_blocks:3d} blocks swapped out or loaded back ({_moved / 2**20:.1f} MiB "
+              f"moved to and from host memory), wall {_r['wall_s']:.1f} s, p99 {_r['p99_s']:.2f} s")
     mo.md(f"""
-    | pool | policy | steps | preemptions | tokens computed twice | blocks swapped out | bytes moved (out + in) | wall | E2E p99 (s) |
+    | pool | policy | steps | preemptions | tokens computed twice | blocks swapped out, or loaded back | bytes moved (out + in) | wall | E2E p99 (s) |
     |---|---|---|---|---|---|---|---|---|
     {chr(10).join(_rows)}
 
@@ -438,6 +454,15 @@ def _(POOLS, block_bytes, mo, run):
     which one wins then depends on the workload: long contexts make recompute expensive,
     short ones make it cheap. (That GPU trade-off is reasoned, not measured: no GPU run of
     this lesson is recorded yet in docs/benchmarks.md.)
+
+    Offload (V1's recompute with a CPU tier) sits between them. It copies more than swap:
+    every full block goes to the tier as it is computed ({_of0['stored_blocks']} blocks
+    stored), preempted or not, because nobody knows in advance which request will be
+    evicted; on a GPU those stores run beside the forward pass. When a preempted request
+    comes back it loads its full blocks ({_of0['loaded_blocks']} loaded here) and computes
+    again only the tokens of its last, partial block: {_of0['recomputed_tokens']} tokens
+    computed twice against recompute's {_rc0['recomputed_tokens']}. And the tier is a
+    cache: what it holds also serves any later request with the same prefix (lesson 05).
     """)
     return (compared,)
 
@@ -463,7 +488,8 @@ def _(mo):
 def _(llm, run_set):
     _ids = llm.tokenizer.encode("Two requests share a pool that is one block too small for "
                                 "both of them to grow. " * 4)
-    _run = run_set([(_ids[:24], 12), (_ids[30:54], 12)], "recompute", 5)
+    exercise_requests = [(_ids[:24], 12), (_ids[30:54], 12)]       # A, then B
+    _run = run_set(exercise_requests, "recompute", 5)
     _first = next(_i for _i, _s in enumerate(_run["steps"], 1) if _s["preempted"])
     exercise_truth = (_first, "AB"[int(_run["steps"][_first - 1]["preempted"][0])])
 
@@ -494,7 +520,7 @@ def _(llm, run_set):
             notes.append("Not A: A asks first and takes the last free block. When B then "
                          "needs one, the engine evicts the newest running request.")
         return "  \n".join(notes)
-    return check_preemption, exercise_truth
+    return check_preemption, exercise_requests, exercise_truth
 
 
 @app.cell
@@ -505,8 +531,63 @@ def _(answer_step, answer_victim, check_preemption, mo):
 
 
 @app.cell
+def _(mo):
+    mo.md(r"""
+    ## Exercise: what does B compute when it comes back?
+
+    The same two requests on the same pool of 5 blocks, once more with the CPU tier on
+    (`kv_offloading_size`): every full block B computes is stored in host memory as it goes.
+    B is evicted as before. When it is admitted again, how many tokens does its first step
+    back compute, with recompute alone, and with the tier? The checker reads the engine's
+    step records of B's return.
+    """)
+    back_recompute = mo.ui.number(start=0, stop=100, value=0, label="recompute alone, tokens")
+    back_offload = mo.ui.number(start=0, stop=100, value=0, label="with the CPU tier, tokens")
+    mo.hstack([back_recompute, back_offload], justify="start")
+    return back_offload, back_recompute
+
+
+@app.cell
+def _(exercise_requests, run_set):
+    def tokens_back(mode):
+        """The tokens B ("req-1") computes in its first step after its preemption."""
+        _steps = run_set(exercise_requests, mode, 5)["trace"]
+        _out = next(_i for _i, _s in enumerate(_steps) if "req-1" in _s.preempted)
+        return next(_x.num_tokens for _s in _steps[_out + 1:] for _x in _s.scheduled
+                    if _x.request_id == "req-1")
+    back_truth = {_m: tokens_back(_m) for _m in ("recompute", "offload")}
+
+    def check_back(recompute, offload):
+        notes = []
+        if recompute == back_truth["recompute"]:
+            notes.append(f"Recompute alone: {recompute:g} tokens, correct: its prompt and every "
+                         "token it had sampled lost their K/V, and come back as one prefill.")
+        else:
+            notes.append(f"Recompute alone: not {recompute:g}. Count what B holds when it is "
+                         "evicted: its prompt and the tokens it has sampled, none with K/V.")
+        if offload == back_truth["offload"]:
+            notes.append(f"With the tier: {offload:g}, correct: its full blocks load from host "
+                         "memory, and only the tokens after the last full block are computed.")
+        else:
+            notes.append(f"With the tier: not {offload:g}. The tier holds B's full blocks of 16 "
+                         "tokens; which of B's tokens are in no full block? (The newest token "
+                         "has no K/V yet in any case.)")
+        return "  \n".join(notes)
+    return back_truth, check_back
+
+
+@app.cell
+def _(back_offload, back_recompute, check_back, mo):
+    _msg = check_back(back_recompute.value, back_offload.value)
+    mo.callout(mo.md(_msg), kind="success" if _msg.count("correct") == 2 else "neutral")
+    return
+
+
+@app.cell
 def _(
     POOLS,
+    back_truth,
+    check_back,
     check_cliff_guess,
     check_preemption,
     compared,
@@ -545,6 +626,17 @@ def _(
                 assert _rc["recomputed_tokens"] > 0
                 assert _sw["swapped_out_blocks"] > 0 and _sw["recomputed_tokens"] == 0
 
+    def test_the_cpu_tier_loads_back_what_recompute_computes_again():
+        _rc, _of = compared[("recompute", POOLS[0])], compared[("offload", POOLS[0])]
+        assert _rc["preemptions"] > 0 and _of["preemptions"] > 0
+        assert _of["loaded_blocks"] > 0
+        assert _of["recomputed_tokens"] < _rc["recomputed_tokens"]
+
+    def test_the_tokens_back_exercise():
+        assert back_truth == {"recompute": 33, "offload": 1}
+        assert check_back(33, 1).count("correct") == 2
+        assert check_back(32, 17).count("correct") == 0
+
     def test_exercise_truth_and_checker():
         assert exercise_truth == (10, "B")
         assert check_preemption(10, "B").count("correct") == 2
@@ -571,8 +663,15 @@ def _(mo):
     `Scheduler._preempt_request`: its blocks are freed, `num_computed_tokens` goes back to 0, its
     status becomes `RequestStatus.PREEMPTED`, and it goes to the front of the waiting queue. There
     is no swap space and no swapped queue; with prefix caching on, the freed blocks keep their
-    hashes, so the recompute may find part of its own prefix still cached. minivllm keeps V0's swap
-    beside recompute to show the trade-off: bytes over the host link against tokens computed twice.
+    hashes, so the recompute may find part of its own prefix still cached. With
+    `--kv-offloading-size` the engine gets the `OffloadingConnector`
+    (`vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py`, over
+    `vllm/v1/kv_offload/`): its scheduler side stores computed blocks in a CPU tier and, when a
+    request (a preempted one too) is admitted, counts the tier's hits as tokens to load; its
+    worker side copies on a CUDA stream while the request waits in `WAITING_FOR_REMOTE_KVS`.
+    minivllm's tier (`minivllm/kv_offload/`) has the same two sides and copies synchronously,
+    before the forward. minivllm keeps V0's swap beside both to show the trade-off: bytes over
+    the host link against tokens computed twice.
     """), kind="info")
     return (v1_box,)
 
@@ -594,7 +693,9 @@ def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sw
         "steps_by_pool": {str(_p): _r["num_steps"] for _p, _r in sweep.items()},
         "smallest_pool_swap_blocks_out": _sw["swapped_out_blocks"],
         "smallest_pool_swap_bytes_moved": 2 * _sw["swapped_out_blocks"] * block_bytes,
-        "smallest_pool_steps": {"recompute": _rc["num_steps"], "swap": _sw["num_steps"]},
+        "smallest_pool_steps": {_m: _r["num_steps"] for (_m, _), _r in compared.items()},
+        "smallest_pool_offload": {_k: compared[("offload", POOLS[0])][_k] for _k in (
+            "recomputed_tokens", "loaded_blocks", "stored_blocks")},
     }
     print("findings:", findings)
     mo.vstack([mo.md(f"""
@@ -615,7 +716,12 @@ def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sw
     * Swap, on the same smallest pool, recomputed nothing and moved
       **{_sw['swapped_out_blocks']}** blocks out and back
       ({2 * _sw['swapped_out_blocks'] * block_bytes / 2**20:.1f} MiB).
-    * Every pool size and both policies produced exactly the same tokens: preemption
+    * Offload (V1: recompute, with a CPU tier of the same host memory) computed
+      **{compared[("offload", POOLS[0])]['recomputed_tokens']}** tokens twice there instead of
+      {_small['recomputed_tokens']}, loading {compared[("offload", POOLS[0])]['loaded_blocks']}
+      blocks back, after storing {compared[("offload", POOLS[0])]['stored_blocks']} as they
+      were computed.
+    * Every pool size and all three policies produced exactly the same tokens: preemption
       changes when a request's work is done, never what it computes.
 
     Preemption takes memory back and pays for it in steps. A server that hosts many fine-tunes
@@ -634,7 +740,12 @@ def _(POOLS, block_bytes, compared, knee, mo, peak_demand, saturation_blocks, sw
     * `minivllm/core/block_manager.py`: `can_append_slots`, `free`.
     * `minivllm/worker/swap_pool.py`: `SwapPool`, the host pool V0's swap needs, and the
       block copies between it and the device pool (the Worker makes it for swap only).
-    * `minivllm/config/`: `num_kv_blocks` and `swap_space` (cache.py), `preemption_mode` (scheduler.py).
+    * `minivllm/kv_offload/`: the CPU tier, a KV connector: `CPUOffloadingManager` (hash ->
+      host block, LRU), `OffloadingConnectorScheduler.update_state_after_alloc` (the tier's
+      hits become loads and count as computed) and `.build_connector_meta` (the step's
+      stores), `OffloadingConnectorWorker` (the copies, around the forward).
+    * `minivllm/config/`: `num_kv_blocks`, `swap_space` and `kv_offloading_size` (cache.py),
+      `preemption_mode` (scheduler.py).
     """), v1_box])
     return (findings,)
 

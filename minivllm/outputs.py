@@ -67,6 +67,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     inter_token_latencies: list[float] = field(default_factory=list)   # once finished
     error: str | None = None      # why the engine failed this request (finish_reason "abort")
+    num_cached_tokens: int | None = None   # prompt tokens found cached (either KV tier)
 
 
 # One drawn token: (token id, its logprobs entry {token_id: logprob}, or None if not asked for).
@@ -106,6 +107,7 @@ class EngineCoreOutput:
     first_scheduled_time: float | None = None   # when the core first scheduled the request
     num_draft_tokens: int = 0                   # speculative decoding, so far: drafts verified
     num_accepted_tokens: int = 0                # ... and accepted
+    num_cached_tokens: int = 0                  # prompt tokens it found cached, GPU or CPU tier
 
 
 @dataclass(slots=True)

@@ -34,9 +34,10 @@ CORE = ("engine", "core", "executor", "worker", "attention", "sample", "models")
 # (LLM.generate with logprobs), read after the core. V0's mechanisms (issue 62: samples and
 # beams forked in the core, swap preemption, static batching) sit beside V1's scheduler in
 # core/v0/, a subclass of it, counted apart like an add-on: the core keeps only V1's path.
+# KV offloading (issue 63) is a KV connector, both sides, in kv_offload/ as vLLM's kv_offload/.
 ADD_ONS = ("spec_decode", "lora", "quantization", "structured_output", "distributed",
            "distributed/kv_transfer", "engine/disagg", "engine/multiproc", "simulator",
-           "beam_search", "core/v0")
+           "beam_search", "core/v0", "kv_offload")
 SUBPACKAGES = {("distributed", "kv_transfer"), ("engine", "disagg"),   # counted apart
                ("engine", "multiproc"), ("core", "v0")}
 # A file counted with another package than its folder's. An add-on's file in a core package:

@@ -64,6 +64,20 @@ def test_beam_report(capsys):
     assert "identical: True" in out, out
 
 
+def test_offload_report(capsys):
+    """The CPU tier off and on: the chats' later turns and the preempted requests compute
+    fewer prompt tokens with it, found in the CPU tier, and the outputs are identical."""
+    main(["offload", "--conversations", "3", "--turns", "2", "--system-tokens", "64",
+          "--requests", "3", "--max-tokens", "4", "--num-kv-blocks", "12",
+          "--kv-offloading-size", "0.05"])
+    out = capsys.readouterr().out
+    rows = {(name, tier): [int(x) for x in nums.split()] for name, tier, nums in re.findall(
+        r"^(multi-turn|preemption)\s+(off|on)\s+(\d+\s+\d+\s+\d+\s+\d+)", out, re.MULTILINE)}
+    off, on = rows["multi-turn", "off"], rows["multi-turn", "on"]
+    assert on[0] == off[0] and on[1] < off[1] and on[3] > 0 == off[3], out
+    assert out.count("identical outputs: True") == 2, out
+
+
 def test_lora_report(capsys):
     """Multi-LoRA: base, mixed and one-at-a-time rows for each N, and the memory line."""
     main(["lora", "--num-adapters", "1", "2", "--num-requests", "2", "--max-tokens", "2",
@@ -128,7 +142,8 @@ def test_cpu_report(capsys):
 
 # Every name the docs, README and lessons use: a rename or a lost entry fails here.
 NAMES = ["serve", "throughput", "decode", "prefix", "load", "spec", "tp", "compile", "guided",
-         "quant", "lora", "ablation", "disagg", "cpu", "gpu", "kernels", "beam", "parallel"]
+         "quant", "lora", "ablation", "disagg", "cpu", "gpu", "kernels", "beam", "parallel",
+         "offload"]
 
 
 def test_every_benchmark_is_in_the_registry():

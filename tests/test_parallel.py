@@ -17,7 +17,7 @@ from minivllm.models.llama import projection_layers
 from minivllm.distributed.layers import RowParallelLinear, parallelize, weight_bytes
 from minivllm.distributed.parallel_state import check_tensor_parallel, kv_head_range
 
-from conftest import PROMPTS, engine_config
+from conftest import PROMPTS, engine_config, reconfigured
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 SMALL = dict(max_model_len=256, num_kv_blocks=64)     # a 64-block pool, not 1 GiB per rank
@@ -144,6 +144,20 @@ def test_each_rank_holds_its_share(tiny_llama_tp2):
     steps = 3                                  # one prefill, two decodes
     assert runner.tp.num_all_reduce - before[0] == steps * (2 * 2 + 1)
     assert runner.tp.num_all_gather - before[1] == steps
+
+
+def test_tp2_with_the_cpu_tier_matches_tp1(tiny_llama_tp2):
+    """KV offloading under tensor parallelism: each rank keeps its KV heads' share of every
+    block in a host pool of its own, at the same block ids. A 6-block pool preempts; the
+    preempted requests load blocks back, and the tokens are tp=1's."""
+    path, tp2 = tiny_llama_tp2
+    starved = dict(max_model_len=256, num_kv_blocks=6, kv_offloading_size=0.001)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    expected = token_ids(LLM(str(path), **starved), PROMPTS, params)
+    with reconfigured(tp2, **starved):
+        assert token_ids(tp2, PROMPTS, params) == expected
+        assert tp2.engine.scheduler.num_preemptions > 0
+        assert tp2.engine.scheduler.kv_connector.manager.num_loaded_blocks > 0
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])

@@ -357,7 +357,10 @@ def test_requests_run_to_the_end_under_preemption_and_leave_no_block_behind(mode
         assert steps < 100, s.running
     assert s.num_preemptions > 0
     assert s.block_manager.num_free_blocks == 8 and not any(s.block_manager.ref_counts)
-    assert s.cpu_block_manager.num_free_blocks == 4
+    if mode == "swap":                    # recompute has no host pool
+        assert s.cpu_block_manager.num_free_blocks == 4
+    else:
+        assert s.cpu_block_manager is None
 
 
 @pytest.mark.parametrize("prompt_len, copies, new_blocks", [(6, 2, 2), (8, 2, 3)])

@@ -21,7 +21,8 @@ import minivllm.platforms  # noqa: F401, I001  (first: Triton's interpreter swit
 import kernels.bench as kernels_bench
 from minivllm.benchmarks import ablation, beam, cpu, disagg, gpu, guided, latency, load, lora
 from minivllm.benchmarks import compile as compile_bench     # (not the builtin `compile`)
-from minivllm.benchmarks import parallel, prefix_caching, quant, serve, spec, throughput, tp
+from minivllm.benchmarks import offload, parallel, prefix_caching, quant, serve, spec
+from minivllm.benchmarks import throughput, tp
 
 # The flags more than one benchmark takes, each defined once.
 SHARED_ARGS = {
@@ -41,6 +42,8 @@ BENCHMARKS = {
                ("model", "dtype")),
     "prefix": (prefix_caching, "prefix caching on vs off: shared system prompt, growing "
                                "conversation", ("model", "dtype")),
+    "offload": (offload, "the CPU offloading tier off vs on: multi-turn chats that outgrow the "
+                         "GPU pool, preemption under a small pool", ("model", "dtype")),
     "load": (load, "load time of the default model, first and cached", ()),
     "spec": (spec, "speculative decoding (n-gram) on vs off: repetitive and free-form text, "
                    "batch 1 and 8", ("model", "dtype")),

@@ -163,6 +163,23 @@ def conversation_requests(tokenizer, num_turns: int, prefix_tokens: int = 512,
     return turns
 
 
+def multi_turn_requests(tokenizer, num_conversations: int, num_turns: int,
+                        system_tokens: int = 256, max_tokens: int = 16) -> list[Request]:
+    """Several chats at once, each with a system prompt of its own: every turn resends its
+    chat's whole history (earlier messages and answers) plus the next message, so a turn's
+    prefix was computed by the turn before, unless the cache dropped it meanwhile. Requests
+    are conversation-major: turn t of chat c is request c * num_turns + t."""
+    requests = []
+    for c in range(num_conversations):
+        system = tool_catalog_prompt(tokenizer, f"Assistant{c}", system_tokens)
+        for t in range(num_turns):
+            msg = tokenizer.encode(f"\nUser {c}: question {t + 1}: what about item "
+                                   f"{100 * c + t} in aisle {t + 3}?\nAssistant:")
+            requests.append(Request(system + msg if t == 0 else msg, _greedy(max_tokens),
+                                    follows=len(requests) - 1 if t else None))
+    return requests
+
+
 def mixed_requests(tokenizer, num_requests: int, seed: int = 0, system_tokens: int = 160,
                    long_prompt=(320, 420)) -> list[Request]:
     """A server's mix, in a seeded order (the capstone's workload): half the requests behind

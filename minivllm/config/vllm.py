@@ -75,6 +75,13 @@ INCOMPATIBLE = (
      "kv_layout='paged': rejected draft tokens give their lookahead blocks back"),
     ("kv_layout='contiguous'", "kv_transfer_config",
      "kv_transfer_config needs kv_layout='paged': KV moves in blocks"),
+    ("kv_layout='contiguous'", "kv_offloading_size",
+     "kv_offloading_size needs kv_layout='paged': the CPU tier keeps KV blocks by hash"),
+    ("preemption_mode='swap'", "kv_offloading_size", "kv_offloading_size with "
+     "preemption_mode='swap' is not supported: the CPU tier is V1's successor to V0's swap "
+     "(a preempted request loads its offloaded blocks back); use preemption_mode='recompute'"),
+    ("kv_transfer_config", "kv_offloading_size", "kv_offloading_size with kv_transfer_config "
+     "is not supported by minivllm: one KV connector at a time (no MultiConnector)"),
     (PER_REQUEST, "speculative_config",
      "guided_decoding, penalties and min_tokens are not supported with speculative decoding "
      "(drafts are verified against the unprocessed distribution); use an engine without "
@@ -92,7 +99,8 @@ def check_compatibility(config: VllmConfig) -> None:
           "speculative_config": config.speculative_config is not None,
           "kv_transfer_config": config.kv_transfer_config is not None,
           "kv_layout='contiguous'": config.cache_config.kv_layout == "contiguous",
-          "preemption_mode='swap'": config.scheduler_config.preemption_mode == "swap"}
+          "preemption_mode='swap'": config.scheduler_config.preemption_mode == "swap",
+          "kv_offloading_size": config.cache_config.kv_offloading_size is not None}
     for a, b, message in INCOMPATIBLE:
         if on.get(a) and on[b]:                 # PER_REQUEST is not an engine setting: skipped
             raise ValueError(message)

@@ -85,8 +85,9 @@ class BlockManager:
                 shared.append(i)
         return shared
 
-    def _block_hash(self, request: Request, i: int) -> int:
-        """Hash of request's full block i (computed once per request, chained)."""
+    def block_hash(self, request: Request, i: int) -> int:
+        """Hash of request's full block i (computed once per request, chained): the prefix
+        cache's name of the block, and the CPU tier's (minivllm/kv_offload/)."""
         bs = self.block_size
         while len(request.block_hashes) <= i:
             j = len(request.block_hashes)
@@ -106,7 +107,7 @@ class BlockManager:
         for i in range((len(request) - 1) // bs):
             tokens = tuple(request.token_ids[i * bs:(i + 1) * bs])
             key = BlockKey(parent, tokens, request.extra_keys)
-            block = self.prefix_cache.lookup(self._block_hash(request, i), key)
+            block = self.prefix_cache.lookup(self.block_hash(request, i), key)
             if block is None:
                 break
             hits.append(block)
@@ -159,11 +160,11 @@ class BlockManager:
             # computed the same prefix in one step, only one copy of it is named.
             parent = None
             if i:
-                previous = self._block_hash(request, i - 1)
+                previous = self.block_hash(request, i - 1)
                 parent = self.prefix_cache.block_of_hash.get(previous, request.block_table[i - 1])
             tokens = tuple(request.token_ids[i * bs:(i + 1) * bs])
             key = BlockKey(parent, tokens, request.extra_keys)
-            self.prefix_cache.insert(block, self._block_hash(request, i), key)
+            self.prefix_cache.insert(block, self.block_hash(request, i), key)
         request.num_cached_blocks = num_full
 
     def can_append_slots(self, request: Request, num_lookahead_slots: int = 0) -> bool:

@@ -167,7 +167,11 @@ class Scheduler:
             if not bm.can_allocate(request) or not self._lora_fits(request):
                 break
             self.waiting.popleft()
-            bm.allocate(request)
+            bm.allocate(request)                 # its prefix-cache hits count as computed
+            if self.kv_connector is not None:    # and what another tier holds (KV offloading)
+                self.kv_connector.update_state_after_alloc(request)
+            if request.num_cached_tokens < 0:    # vLLM's count: the first admission's hits
+                request.num_cached_tokens = request.num_computed_tokens
             request.status = RequestStatus.RUNNING
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = time.perf_counter()
@@ -326,8 +330,11 @@ class Scheduler:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (BlockManager.reset_prefix_cache): False while requests
-        hold blocks."""
-        return self.block_manager.reset_prefix_cache()
+        hold blocks; the KV connector's tier too, if it has one."""
+        reset = self.block_manager.reset_prefix_cache()
+        if reset and hasattr(self.kv_connector, "reset"):
+            self.kv_connector.reset()
+        return reset
 
     def finish_requests(self, request_ids, status: RequestStatus,
                         errors: dict[str, str] | None = None) -> list[EngineCoreOutput]:

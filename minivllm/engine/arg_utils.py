@@ -53,6 +53,8 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     swap_space: int = 1 << 30
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
     kv_cache_dtype: str = "auto"          # CacheConfig.cache_dtype
     kv_layout: str = "paged"
     tensor_parallel_size: int = 1         # ParallelConfig
@@ -109,7 +111,9 @@ class EngineArgs:
                 kv_cache_memory=self.kv_cache_memory,
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 enable_prefix_caching=self.enable_prefix_caching, swap_space=self.swap_space,
-                cache_dtype=self.kv_cache_dtype, kv_layout=self.kv_layout),
+                cache_dtype=self.kv_cache_dtype, kv_layout=self.kv_layout,
+                kv_offloading_size=self.kv_offloading_size,
+                kv_offloading_backend=self.kv_offloading_backend),
             scheduler_config=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                 max_model_len=model_config.max_model_len,
@@ -191,6 +195,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    default=None, help="uni: one process; mp: a process per rank (default with "
                                       "-tp or -pp > 1); ray: a Ray actor per rank")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
+    g.add_argument("--kv-offloading-size", type=float, default=None,
+                   help="GiB of host memory for the CPU tier of the KV cache (off: unset)")
+    g.add_argument("--kv-offloading-backend", choices=("native",), default="native",
+                   help="the CPU tier's implementation (vLLM's native one)")
     return parser
 
 
@@ -211,5 +219,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 data_parallel_address=args.data_parallel_address,
                 data_parallel_rpc_port=args.data_parallel_rpc_port,
                 nnodes=args.nnodes, master_addr=args.master_addr, master_port=args.master_port,
-                enforce_eager=args.enforce_eager,
+                enforce_eager=args.enforce_eager, kv_offloading_size=args.kv_offloading_size,
+                kv_offloading_backend=args.kv_offloading_backend,
                 distributed_executor_backend=args.distributed_executor_backend)

@@ -148,9 +148,12 @@ class EngineCore:
             from minivllm.distributed.kv_transfer.kv_connector import KVConnectorScheduler
             kv_connector = KVConnectorScheduler(vllm_config.kv_transfer_config.kv_role,
                                                 block_manager.num_cached_tokens)
+        elif cache_config.kv_offloading_size is not None:     # the CPU tier (kv_offload/)
+            from minivllm.kv_offload.connector import OffloadingConnectorScheduler
+            kv_connector = OffloadingConnectorScheduler(executor.num_cpu_blocks, block_manager)
         module, name = vllm_config.scheduler_config.scheduler_cls.rsplit(".", 1)
         host_pool = {}                       # V0's swap pool in host memory, if it has one
-        if executor.num_cpu_blocks:
+        if vllm_config.scheduler_config.preemption_mode == "swap":
             host_pool["cpu_block_manager"] = BlockManager(executor.num_cpu_blocks,
                                                           cache_config.block_size)
         self.scheduler: Scheduler = getattr(importlib.import_module(module), name)(

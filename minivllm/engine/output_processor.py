@@ -58,6 +58,7 @@ class RequestState:
     arrival_time: float
     samples: dict[int, SampleState] = field(default_factory=dict)
     first_scheduled_time: float | None = None
+    num_cached_tokens: int = 0                # its prompt's tokens a KV tier held (vLLM's)
     error: str | None = None
     parent: ParentRequest | None = None       # n > 1: fanned out into the parent's children
 
@@ -171,6 +172,7 @@ class OutputProcessor:
                     start=len(state.prompt_token_ids)))
         state.first_scheduled_time = state.first_scheduled_time or out.first_scheduled_time
         state.error = state.error or out.error
+        state.num_cached_tokens = max(state.num_cached_tokens, out.num_cached_tokens)
         sample.num_draft_tokens = out.num_draft_tokens
         sample.num_accepted_tokens = out.num_accepted_tokens
         sample.logprobs += out.new_logprobs or []
@@ -234,4 +236,4 @@ def request_output(state: RequestState) -> RequestOutput:
         prompt_token_ids=state.prompt_token_ids, outputs=outputs, finished=finished,
         metrics=metrics,       # gaps listed once, at the end: not O(length) every step
         inter_token_latencies=[b - a for a, b in zip(times, times[1:])] if finished else [],
-        error=state.error)
+        error=state.error, num_cached_tokens=state.num_cached_tokens)

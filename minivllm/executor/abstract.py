@@ -44,9 +44,9 @@ class Executor:
 
     @property
     def num_cpu_blocks(self) -> int:
-        """V0's swap pool's blocks (worker/swap_pool.py), 0 without one."""
-        pool = self.driver_worker.swap_pool
-        return pool.num_blocks if pool is not None else 0
+        """The blocks of the driver's pool in host memory: V0's swap pool (worker/swap_pool.py)
+        or the CPU offloading tier (kv_offload/); 0 without one."""
+        return self.driver_worker.num_cpu_blocks
 
     def initialize_cache(self, vllm_config: VllmConfig) -> None:
         """Set vllm_config on every worker's loaded weights: format, state, pool, compilation.

@@ -6,8 +6,8 @@
     0. state          its own state of each request (worker/input_batch.py) brought up to date
                       from the scheduler's messages, finished ones forgotten: it reads no
                       scheduler object
-    1. block copies   copy-on-write (the scheduler decided them; V0's swaps are the Worker's:
-                      worker/swap_pool.py)
+    1. block copies   copy-on-write, as the scheduler decided (the Worker moves blocks to and
+                      from host memory: V0's swap pool, the CPU offloading tier)
     2. prepare        flatten the scheduled requests into the four tensors every paged engine
                       builds:
                         input_ids     (T,)   the new tokens of every request, concatenated
@@ -69,16 +69,27 @@ logger = logging.getLogger("minivllm")
 
 
 def allocate_kv_cache(config: HfConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                      device: torch.device, kv_cache_dtype: str = "auto") -> torch.Tensor:
+                      device: torch.device, kv_cache_dtype: str = "auto",
+                      pin_memory: bool = False) -> torch.Tensor:
     """The KV pool: [layers, 2 (K, V), num_blocks, block_size, kv_heads, head_dim] (vLLM: the
     runner's initialize_kv_cache; the core only counts blocks). Zero-filled, not empty:
     attention masks unused slots, but a masked NaN would still poison the weighted sum of V
     (0 x NaN = NaN). Quantized ("fp8", "int8"): int8 storage, each row head_dim bytes then its
-    fp32 scale's 4 bytes (kernels/write_kv.py), so copy-on-write and swaps move the scales."""
+    fp32 scale's 4 bytes (kernels/write_kv.py), so copy-on-write and swaps move the scales.
+    pin_memory: a pool in host memory that copies to and from CUDA can overlap."""
     row, dtype = ((config.head_dim, dtype) if kv_cache_dtype == "auto"
                   else (config.head_dim + 4, torch.int8))
     return torch.zeros(config.num_hidden_layers, 2, num_blocks, block_size,
-                       config.num_key_value_heads, row, dtype=dtype, device=device)
+                       config.num_key_value_heads, row, dtype=dtype, device=device,
+                       pin_memory=pin_memory)
+
+
+def copy_blocks(pairs: list[tuple[int, int]], src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst's block b becomes a copy of src's block a, for each (a, b), in every layer: within
+    the device pool (copy-on-write), or between it and a pool in host memory."""
+    if pairs:
+        src_blocks, dst_blocks = map(list, zip(*pairs))
+        dst[:, :, dst_blocks] = src[:, :, src_blocks].to(dst.device)
 
 
 class ModelRunner:
@@ -118,8 +129,7 @@ class ModelRunner:
         self.sampler = sampler if sampler is not None else Sampler(device)
         self.quantization = None, True       # the weights' format: (quantization, lm head too)
         # The state, all of it, made here; what one configuration owns is set again by
-        # configure (the attention backend, LoRA's slots, the requests, the inputs' buffers,
-        # the layout), initialize_kv_cache (the pools) and compile_or_warm_up_model (graphs).
+        # configure, initialize_kv_cache (the pool) and compile_or_warm_up_model (graphs).
         self.vllm_config: VllmConfig | None = None
         self.attention_backend = self.lora_manager = self.decode_scratch = None
         self.requests: dict[str, CachedRequestState] = {}    # request id -> the runner's state
@@ -236,12 +246,12 @@ class ModelRunner:
         return put("input_ids", input_ids), put("positions", positions), md
     # --8<-- [end:prepare]
 
-    @torch.inference_mode()
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Block b becomes a copy of block a, for each (a, b), in every layer: copy-on-write."""
-        if pairs:
-            src_blocks, dst_blocks = map(list, zip(*pairs))
-            self.kv_cache[:, :, dst_blocks] = self.kv_cache[:, :, src_blocks]
+    def allocate_host_kv_cache(self, num_blocks: int) -> torch.Tensor:
+        """A pool of num_blocks blocks of the device pool's layout in host memory (pinned on
+        CUDA): V0's swap pool, the CPU offloading tier."""
+        return allocate_kv_cache(self.kv_config, num_blocks, self.block_size, self.dtype,
+                                 torch.device("cpu"), self.kv_cache_dtype,
+                                 pin_memory=self.device.type == "cuda")
 
     # --8<-- [start:execute_model]
     @torch.inference_mode()
@@ -252,7 +262,7 @@ class ModelRunner:
         the others in the forward's collectives; only rank 0 samples and drafts."""
         so = scheduler_output
         self._update_states(so)
-        self.copy_blocks(so.blocks_to_copy)
+        copy_blocks(so.blocks_to_copy, self.kv_cache, self.kv_cache)
         if not so.req_ids:
             return ModelRunnerOutput()
         states = [self.requests[req_id] for req_id in so.req_ids]

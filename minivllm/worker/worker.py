@@ -31,7 +31,7 @@ from minivllm.config import VllmConfig
 from minivllm.core.scheduler_output import SchedulerOutput
 from minivllm.outputs import ModelRunnerOutput
 from minivllm.spec_decode.decoder import make_drafter
-from minivllm.worker.model_runner import ModelRunner, allocate_kv_cache
+from minivllm.worker.model_runner import ModelRunner, allocate_kv_cache, copy_blocks
 
 logger = logging.getLogger("minivllm")
 
@@ -68,14 +68,35 @@ class Worker:
         self.swap_pool = None
         if vllm_config.scheduler_config.preemption_mode == "swap":     # V0's (core/v0/)
             from minivllm.worker.swap_pool import SwapPool
-            self.swap_pool = SwapPool(runner, vllm_config.cache_config.swap_space)
+            self.swap_pool = SwapPool(runner, self.num_host_blocks(
+                vllm_config.cache_config.swap_space))
         if vllm_config.kv_transfer_config is not None and self.kv_connector is None:
             from minivllm.distributed.kv_transfer.kv_connector import KVConnectorWorker
             self.kv_connector = KVConnectorWorker(vllm_config, runner)
+        elif vllm_config.kv_transfer_config is None:     # the CPU tier, or no connector
+            self.kv_connector = None
+            if vllm_config.cache_config.kv_offloading_size is not None:
+                from minivllm.kv_offload.connector import OffloadingConnectorWorker
+                size = int(vllm_config.cache_config.kv_offloading_size * 2**30)
+                self.kv_connector = OffloadingConnectorWorker(
+                    runner, self.num_host_blocks(size), copy_blocks)
         # Speculative decoding's drafter, on the rank that samples (a draft model runs in a
         # Worker of its own: the class is passed, spec_decode/ imports nothing of worker/).
         runner.drafter = make_drafter(vllm_config, runner, Worker) if runner.is_driver else None
         return num_blocks
+
+    def num_host_blocks(self, num_bytes: int) -> int:
+        """How many of the runner's blocks num_bytes of host memory hold; split across
+        processes, the smallest count of any rank (the scheduler names the same blocks on
+        all of them)."""
+        num_blocks = num_bytes // self.model_runner.block_bytes
+        group = self.pp or self.tp
+        return group.all_reduce_min(num_blocks) if group is not None else num_blocks
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        """Blocks of this worker's pool in host memory: V0's swap pool, or the CPU tier's."""
+        return getattr(self.swap_pool or self.kv_connector, "num_blocks", 0)
 
     def determine_num_blocks(self) -> int:
         """How many blocks this device's pool holds (the rules in the module docstring);

@@ -96,7 +96,12 @@ class KVConnectorScheduler:
     def update_state_after_alloc(self, seq) -> None:
         """Consumer: seq, a transferred request, just got its blocks; its prompt's K/V goes
         into those the prefix cache did not hold. ValueError if the prefix cache lost tokens
-        the producer did not send (evicted since HAVE): the producer prefills it again."""
+        the producer did not send (evicted since HAVE): the producer prefills it again. The
+        scheduler asks this of every request it admits: one that was not transferred, or was
+        and comes back after a preemption (it has its first token by then, and is computed
+        again like any other), has nothing to load."""
+        if "cached" not in (seq.kv_transfer_params or {}) or seq.num_output_tokens:
+            return
         cached = seq.kv_transfer_params["cached"]
         start = seq.num_computed_tokens
         if start < cached:
