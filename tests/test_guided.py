@@ -192,6 +192,31 @@ def test_the_workers_bitmask_matches_xgrammars_own_apply():
     assert 0 < int(got.isinf().sum()) < 2 * vocab
 
 
+def test_a_request_whose_tokens_break_its_grammar_fails_alone(smol_llm):
+    """The core's matcher catches up with a request's tokens before it fills the request's
+    row of the step's bitmask. Tokens its grammar refuses (after the grammar has ended, under
+    ignore_eos, say) fail that request with the step, its row left open; the core and the
+    other rows go on."""
+    from minivllm.core.request import Request
+    from minivllm.core.scheduler_output import SchedulerOutput
+    manager = smol_llm.engine.core.structured_output        # the core's: matchers, bitmasks
+    choice = GuidedDecodingParams(choice=["yes", "no"])
+    requests = {}
+    for req_id, answer in (("bad", " maybe"), ("good", "")):
+        request = Request(req_id, [1, 2, 3], SamplingParams(guided_decoding=choice))
+        request.grammar = smol_llm.engine.structured_output.compile(choice)
+        request.token_ids += smol_llm.tokenizer.encode(answer)
+        requests[req_id] = request
+    so = SchedulerOutput(req_ids=["bad", "good"], sampling=[True, True])
+    manager.grammar_bitmask(so, requests)
+    assert so.structured_output_request_ids == ["bad", "good"]
+    assert list(so.grammar_errors) == ["bad"] and "breaks the choice" in so.grammar_errors["bad"]
+    assert bool((so.grammar_bitmask[0] == -1).all())                # open: every token allowed
+    allowed = int(((so.grammar_bitmask[1][:, None] >> torch.arange(32)) & 1).sum())
+    assert 0 < allowed < 10                                         # "yes" or "no" only
+    assert requests["good"].matcher is not None                     # kept on the Request
+
+
 def test_penalties_and_min_tokens_on_a_tiny_model(tiny_checkpoint):
     """Greedy with penalties equals argmax of the directly penalized logits of transformers'
     model, step by step; min_tokens holds a stop token back until it has enough tokens."""

@@ -7,8 +7,9 @@ each served with the tier off and on, on the same small GPU pool:
     multi-turn   --conversations chats of --turns turns at once, each behind a system prompt
                  of its own: their histories together are several times the GPU pool, so a
                  chat's next turn finds its prefix evicted from the GPU, and in the tier
-    preemption   --requests long requests on a pool that holds a few of them: recompute
-                 preemption computes a preempted request again, the tier loads it back
+    preemption   --requests requests admitted while their prompts fit, on a pool too small
+                 for their answers: recompute preemption computes a preempted request
+                 again, the tier loads its full blocks back
 
     uv run minivllm bench offload
     uv run minivllm bench offload --num-kv-blocks 48 --kv-offloading-size 1
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> None:
                                                tool_catalog_prompt)
     llm = LLM(args.model, dtype=args.dtype, max_model_len=2048, num_kv_blocks=args.num_kv_blocks)
     tok = llm.tokenizer
-    long_requests = [Request(tool_catalog_prompt(tok, f"Agent{i}", 3 * args.system_tokens // 2),
+    long_requests = [Request(tool_catalog_prompt(tok, f"Agent{i}", args.system_tokens // 2),
                              _greedy(4 * args.max_tokens)) for i in range(args.requests)]
     workloads = {"multi-turn": multi_turn_requests(tok, args.conversations, args.turns,
                                                    args.system_tokens, args.max_tokens),
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"{llm!r}\nGPU pool: {args.num_kv_blocks} blocks of {bs} tokens; CPU tier: "
           f"{args.kv_offloading_size} GiB. multi-turn: {args.conversations} chats x "
           f"{args.turns} turns behind {args.system_tokens}-token system prompts; preemption: "
-          f"{args.requests} requests of ~{3 * args.system_tokens // 2} prompt tokens, "
+          f"{args.requests} requests of ~{args.system_tokens // 2} prompt tokens, "
           f"{4 * args.max_tokens} out. Greedy, EOS ignored.")
     print(f"{'workload':<11} {'tier':>4} {'prompt':>7} {'computed':>8} {'GPU hit':>7} "
           f"{'CPU hit':>7} {'TTFT p50':>9} {'p90':>7} {'steps p50':>9} {'p90':>4} "
