@@ -77,7 +77,7 @@ class Request:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
-        self.num_cached_tokens = -1      # tokens found cached at its first admission (-1: not yet)
+        self.num_cached_tokens = 0       # tokens found cached (either tier) when first admitted
         self.block_table: list[int] = []
         self.spec_token_ids: list[int] = []
         # Prefix caching: hashes of full blocks (they depend on tokens only), how many leading
@@ -152,7 +152,7 @@ class Request:
                                 self.status.value if self.status.finished else None,
                                 self.error, m.first_scheduled_time,
                                 m.num_draft_tokens, m.num_accepted_tokens,
-                                max(self.num_cached_tokens, 0))
+                                self.num_cached_tokens)
 
     def samples_after(self, num_new_tokens: int) -> bool:
         """Do num_new_tokens computed now (its drafts included) reach this request's end, so

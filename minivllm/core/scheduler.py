@@ -170,11 +170,10 @@ class Scheduler:
             bm.allocate(request)                 # its prefix-cache hits count as computed
             if self.kv_connector is not None:    # and what another tier holds (KV offloading)
                 self.kv_connector.update_state_after_alloc(request)
-            if request.num_cached_tokens < 0:    # vLLM's count: the first admission's hits
-                request.num_cached_tokens = request.num_computed_tokens
             request.status = RequestStatus.RUNNING
             if request.metrics.first_scheduled_time is None:
                 request.metrics.first_scheduled_time = time.perf_counter()
+                request.num_cached_tokens = request.num_computed_tokens   # vLLM's count
             self.running.append(request)
             budget = self._run(request, out, budget)
         return budget

@@ -59,8 +59,8 @@ class OffloadingConnectorScheduler:
         bm = self.block_manager
         first = request.num_computed_tokens // bm.block_size
         blocks = range(first, (len(request) - 1) // bm.block_size)
-        hits = self.manager.lookup([bm.block_hash(request, i) for i in blocks],
-                                   [self._key(request, i) for i in blocks])
+        hits = self.manager.lookup((bm.block_hash(request, i), self._key(request, i))
+                                   for i in blocks)        # hashed only up to the first miss
         self.loads += zip(hits, request.block_table[first:first + len(hits)])
         request.num_computed_tokens += len(hits) * bm.block_size
 

@@ -10,6 +10,7 @@ collision is a miss, never a wrong block.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 
 class CPUOffloadingManager:
@@ -26,11 +27,11 @@ class CPUOffloadingManager:
     def num_used_blocks(self) -> int:
         return len(self.table)
 
-    def lookup(self, hashes: list[int], keys: list[tuple]) -> list[int]:
-        """The host blocks of the leading blocks the tier holds (stops at the first miss);
-        each hit becomes the most recently used."""
+    def lookup(self, blocks: Iterable[tuple[int, tuple]]) -> list[int]:
+        """The host blocks of the leading (hash, key) blocks the tier holds (stops at the
+        first miss); each hit becomes the most recently used."""
         hits = []
-        for block_hash, key in zip(hashes, keys):
+        for block_hash, key in blocks:
             entry = self.table.get(block_hash)
             if entry is None or entry[1] != key:
                 break
