@@ -269,7 +269,7 @@ def _(mo):
     token 0 to the end of its block, the condition the heatmap showed:
 
     ```
-    name(block 0) = hash(None,            tokens 0..15,      extra keys)
+    name(block 0) = hash(NONE_HASH,       tokens 0..15,      extra keys)
     name(block i) = hash(name(block i-1), tokens of block i, extra keys)
     ```
 
@@ -636,13 +636,12 @@ def _(BLOCK_SIZE, SamplingParams, docs_prefix, llm):
                                   kv_offloading_size=tier_gib, max_num_seqs=1).engine
         _one = SamplingParams(temperature=0, max_tokens=4)
         llm.generate(manuals, _one, use_tqdm=False)
-        _gpu0 = _engine.stats().prefix_cache_hit_tokens
-        _tier = _engine.scheduler.kv_connector
-        _cpu0 = _tier.manager.num_loaded_blocks if _tier else 0
+        _before = _engine.stats()
         with _engine.trace() as _steps:
             _outs = llm.generate(manuals, _one, use_tqdm=False)
-        _gpu = _engine.stats().prefix_cache_hit_tokens - _gpu0
-        _cpu = ((_tier.manager.num_loaded_blocks - _cpu0) * BLOCK_SIZE) if _tier else 0
+        _after = _engine.stats()
+        _gpu = _after.prefix_cache_hit_tokens - _before.prefix_cache_hit_tokens
+        _cpu = _after.external_prefix_cache_hit_tokens - _before.external_prefix_cache_hit_tokens
         return {"computed": sum(_x.num_tokens for _s in _steps for _x in _s.scheduled
                                 if _x.is_prefill),
                 "prompt": sum(len(_m) for _m in manuals), "gpu_hits": _gpu, "cpu_hits": _cpu,

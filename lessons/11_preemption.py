@@ -56,8 +56,8 @@ def _(LLM, kv_bytes_per_token, mo, torch):
               enable_prefix_caching=False)
     _shape = llm.engine.model_config.hf_config
     block_bytes = kv_bytes_per_token(_shape, llm.engine.dtype) * BLOCK_SIZE
-    llm.reconfigure(swap_space=SWAP_BLOCKS * block_bytes)
-    TIER_GIB = SWAP_BLOCKS * block_bytes / 2**30     # the CPU tier gets the same host memory
+    TIER_GIB = SWAP_BLOCKS * block_bytes / 2**30     # the swap pool and the CPU tier alike
+    llm.reconfigure(swap_space=TIER_GIB)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
           f"({str(llm.engine.dtype).removeprefix('torch.')}) · **KV block:** {BLOCK_SIZE} "
@@ -136,7 +136,6 @@ def _(BLOCK_SIZE, Request, SamplingParams, TIER_GIB, cdiv, collections, llm, np,
         llm.reconfigure(preemption_mode="recompute" if mode == "offload" else mode,
                         num_kv_blocks=num_blocks,
                         kv_offloading_size=TIER_GIB if mode == "offload" else None)
-        _tier = llm.engine.scheduler.kv_connector      # the CPU tier's side in the core
         res = serve(llm, [Request(p, SamplingParams(temperature=0, max_tokens=o,
                                                     ignore_eos=True)) for p, o in reqs])
         e2e = np.array([o.metrics.e2e_latency for o in res.outputs])
@@ -156,8 +155,8 @@ def _(BLOCK_SIZE, Request, SamplingParams, TIER_GIB, cdiv, collections, llm, np,
             "preemptions": res.steps[-1].stats.num_preemptions,   # since reconfigure
             "peak_blocks": max(s.stats.num_blocks_used for s in res.steps),
             "swapped_out_blocks": blocks_swapped_out(res.steps),
-            "loaded_blocks": _tier.manager.num_loaded_blocks if _tier else 0,
-            "stored_blocks": _tier.manager.num_stored_blocks if _tier else 0,
+            "loaded_blocks": res.steps[-1].stats.kv_offload_loaded_blocks,  # since reconfigure
+            "stored_blocks": res.steps[-1].stats.kv_offload_stored_blocks,
             "trace": res.steps,
             "recomputed_tokens": scheduled - useful, "useful_tokens": useful,
             "tokens": [o.outputs[0].token_ids for o in res.outputs],

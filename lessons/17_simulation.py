@@ -13,18 +13,18 @@ def _():
     import numpy as np
     import torch
 
-    from minivllm import LLM
+    from minivllm import LLM, SamplingParams
     from minivllm.simulator.cli import (fitted_terms, real_latencies, run_both, same_schedule,
                                         step_errors)
     from minivllm.simulator import SLO, PROFILES, StepTimer, model_config, simulate
     from minivllm.simulator import simulate_disaggregated, synthetic_requests
     from minivllm.simulator.calibrate import calibrate, step_features
     from minivllm.simulator.cost_model import PCIE_GEN5_BANDWIDTH
-    from minivllm.workloads import lognormal_requests, poisson_arrivals
-    return (LLM, PCIE_GEN5_BANDWIDTH, PROFILES, SLO, StepTimer, calibrate, dataclasses,
-            fitted_terms, lognormal_requests, mo, model_config, np, plt, poisson_arrivals,
-            real_latencies, run_both, same_schedule, simulate, simulate_disaggregated,
-            step_errors, step_features, synthetic_requests, torch)
+    from minivllm.workloads import Request, lognormal_requests, poisson_arrivals
+    return (LLM, PCIE_GEN5_BANDWIDTH, PROFILES, Request, SLO, SamplingParams, StepTimer,
+            calibrate, dataclasses, fitted_terms, lognormal_requests, mo, model_config, np,
+            plt, poisson_arrivals, real_latencies, run_both, same_schedule, simulate,
+            simulate_disaggregated, step_errors, step_features, synthetic_requests, torch)
 
 
 @app.cell
@@ -374,6 +374,63 @@ def _(cache_ttft, chunk_rows, computed, mo, tp_rows):
     {1000 * cache_ttft['off']:.0f} ms (simulated).
     """)
     return
+
+
+@app.cell
+def _(PROFILES, Request, SamplingParams, dataclasses, simulate):
+    # A CPU tier under the prefix cache (lesson 05, minivllm/kv_offload/): eight 2,048-token
+    # documents asked about twice, one at a time, on one H100 whose KV pool holds two of
+    # them (300 blocks of 16 tokens). The second pass finds each document in host memory, not
+    # in the GPU pool: it loads 127 blocks (2 MiB each for Llama-3-8B) over PCIe instead of
+    # computing 2,032 tokens. The worker copies in the step (loads before the forward, stores
+    # of the blocks it computes after), so the copies' bytes cost the step their seconds.
+    _docs = [[1000 * d + i for i in range(2048)] for d in range(8)]
+    _tier_requests = [Request(doc, SamplingParams(max_tokens=4, ignore_eos=True))
+                      for doc in _docs * 2]
+
+    def _with_tier(host_gbs):
+        """The documents on one simulated H100, the tier off (None) or over a host link of
+        host_gbs GB/s each way."""
+        _prof = dataclasses.replace(PROFILES["H100"], host_bandwidth=(host_gbs or 64) * 1e9)
+        return simulate(_tier_requests, model="Llama-3-8B", profile=_prof, num_kv_blocks=300,
+                        max_num_seqs=1, kv_offloading_size=None if host_gbs is None else 4)
+
+    tier_runs = {gbs: _with_tier(gbs) for gbs in (None, 64, 32, 16, 8)}
+    tier_computed = {g: sum(s.num_prefill_tokens for s in r.steps) for g, r in tier_runs.items()}
+    return tier_computed, tier_runs
+
+
+@app.cell
+def _(mo, tier_computed, tier_runs):
+    _off = tier_runs[None].elapsed
+    _rows = "\n    ".join(
+        f"| {'off' if g is None else f'{g} GB/s'} | {tier_computed[g]:,} | "
+        f"{r.steps[-1].stats.kv_offload_load_bytes / 2**30:.2f} GiB | {1000 * r.elapsed:.0f} ms "
+        f"| {r.elapsed / _off:.2f} |" for g, r in tier_runs.items())
+    tier_pays = [g for g, r in tier_runs.items() if g and r.elapsed < _off]
+    mo.md(f"""
+    ### A CPU tier: where does offloading pay?
+
+    Eight 2,048-token documents, each asked about twice, one request at a time, on one
+    simulated H100 (Llama-3-8B) whose KV pool holds two of them; the CPU tier holds all
+    eight. PCIe Gen5 x16 moves 64 GB/s each way; a shared or older link, less.
+
+    | CPU tier, host link | prompt tokens computed | loaded from the tier | total | vs off |
+    |---|---|---|---|---|
+    {_rows}
+
+    The tier halves the prompt tokens computed at any link speed; whether that saves time
+    is bandwidth against FLOPs. A token of Llama-3-8B's KV is 128 KiB: at 64 GB/s it
+    loads in 2 µs, where computing it costs about 2 x 8 B parameters of FLOPs, ~27 µs at
+    60% of 989 TFLOP/s. But every block computed is also *stored* (here in the step, as the
+    worker does; vLLM overlaps stores on a copy stream), so the first pass pays too. The tier
+    wins here at {", ".join(f"{g} GB/s" for g in tier_pays) or "no link speed tried"}
+    (simulated, H100 data-sheet).
+
+    *Try it:* a model with fewer KV heads per parameter (Qwen3-8B has 8 KV heads over 36
+    layers; Llama-3-70B 8 over 80 with 9x the FLOPs per token) moves the break-even. Which way?
+    """)
+    return (tier_pays,)
 
 
 @app.cell
@@ -810,7 +867,7 @@ def _(best_rate, cache_ttft, chunk_rows, computed, decode_rode, engine_tokens, f
 def _(CHUNKED, CONCLUSIONS, DEPLOY, HOLDS, PROFILES, RATES, SPLIT, StepTimer, chunk_rows,
       computed, decode_rode, disagg_text, engine_tokens, itl_p99, knee_rate, knee_text,
       link_ttft, model_config, on_sheet, perturbed, schedule_identical, sensitivity, slower,
-      stated, sweep_runs, tp_rows, validation_ok, variants):
+      stated, sweep_runs, tier_computed, tier_pays, tp_rows, validation_ok, variants):
     def test_the_simulated_schedule_is_the_engines():
         assert schedule_identical and validation_ok
 
@@ -831,6 +888,12 @@ def _(CHUNKED, CONCLUSIONS, DEPLOY, HOLDS, PROFILES, RATES, SPLIT, StepTimer, ch
 
     def test_prefix_caching_computes_the_system_prompt_once():
         assert computed["on"] < computed["off"] / 2
+
+    def test_the_cpu_tier_computes_each_document_once():
+        # Counted, whatever the link: pass 2 computes each document's last block only.
+        assert tier_computed[None] == 16 * 2048
+        assert all(tier_computed[g] == 8 * 2048 + 8 * 16 for g in tier_computed if g)
+        assert 64 in tier_pays and 8 not in tier_pays     # 4.3 GB over 8 GB/s: 0.5 s
 
     def test_splitting_keeps_prefill_out_of_every_decode_step():
         # Counted from the engines' own steps, whatever the cost model says a step costs:

@@ -15,16 +15,12 @@ prompts.
 
 from __future__ import annotations
 
-import dataclasses
-
 from tqdm.auto import tqdm
 
-from minivllm.beam_search import (BeamSearch, BeamSearchOutput, BeamSearchParams, beam_search,
-                                  beam_from_output)
-from minivllm.config.scheduler import V0_SCHEDULER
-from minivllm.engine.core import EngineCoreRequest
+from minivllm.beam_search import BeamSearchOutput, BeamSearchParams, beam_search
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.processor import encode_prompt
+from minivllm.engine.v0_beam_search import beam_search_in_core
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -133,53 +129,8 @@ class LLM:
             ids.append(encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str)
                        else list(prompt))
         if method == "fork":
-            return self._beam_search_in_core(ids, params, lora_request)
+            return beam_search_in_core(self, ids, params, lora_request)
         return beam_search(self, ids, params, use_tqdm=use_tqdm, lora_request=lora_request)
-
-    def _beam_search_in_core(self, prompts: list[list[int]], params: BeamSearchParams,
-                             lora_request=None) -> list[BeamSearchOutput]:
-        """V0's design: each prompt goes to the engine core as one request whose beams fork
-        there (core/v0/beam_group.py; the engine runs V0's scheduler for the call); the core
-        reports the finished beams, as "0_{id}", "1_{id}", ..., best first."""
-        config = self.engine.vllm_config
-        if (config.speculative_config is not None
-                or config.parallel_config.pipeline_parallel_size > 1):
-            raise ValueError("beam search in the core does not run with speculative decoding "
-                             "or pipeline parallelism: use method='v1'")
-        was = config.scheduler_config.scheduler_cls
-        if was != V0_SCHEDULER:
-            self.reconfigure(scheduler_cls=V0_SCHEDULER)
-        try:
-            engine = self.engine
-            search = BeamSearch(prompts, params, engine.eos_token_ids,   # checks the prompts
-                                engine.model_config.max_model_len)
-            beam_params = dataclasses.replace(search.step_params, max_tokens=params.max_tokens)
-            if lora_request is not None:
-                engine.engine_core.add_lora(lora_request)
-            request_ids = []
-            for prompt in prompts:
-                request_ids.append(f"beams-{self._counter}")
-                self._counter += 1
-                engine.engine_core.add_request(EngineCoreRequest(
-                    request_ids[-1], prompt, beam_params, lora_request, beam_search=params))
-            hypotheses = {f"{i}_{request_id}": request_id for request_id in request_ids
-                          for i in range(params.beam_width)}
-            finished = {request_id: [] for request_id in request_ids}
-            while engine.engine_core.has_unfinished_requests():
-                for out in engine.engine_core.get_output().outputs:
-                    if out.error is not None:     # the others go too, and the error says why
-                        engine.engine_core.abort_requests(request_ids)
-                        raise RuntimeError(f"beam search of {out.request_id} failed: "
-                                           f"{out.error}")
-                    if out.request_id in hypotheses:
-                        finished[hypotheses[out.request_id]].append(out)
-        finally:
-            if was != V0_SCHEDULER:
-                self.reconfigure(scheduler_cls=was)
-        for instance, prompt, request_id in zip(search.searches, prompts, request_ids):
-            instance.finished = [beam_from_output(prompt, out, params.length_penalty)
-                                 for out in finished[request_id]]
-        return search.outputs(self.tokenizer)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (LLMEngine.reset_prefix_cache), e.g. between two runs of

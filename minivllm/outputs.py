@@ -124,6 +124,17 @@ class EngineStats:
     num_preemptions: int       # since the engine was configured
     prefix_cache_queried_tokens: int = 0   # prompt tokens looked up at admission
     prefix_cache_hit_tokens: int = 0       # of those, found in the cache (not computed)
+    # The CPU tier (kv_offload/), since the start: the prompt tokens looked up there (past the
+    # GPU pool's hits) and found; its blocks in use and in all; blocks and bytes (one
+    # device's) copied into it and back (vLLM: external_prefix_cache_*, kv_offload_*).
+    external_prefix_cache_queried_tokens: int = 0
+    external_prefix_cache_hit_tokens: int = 0
+    kv_offload_num_blocks_used: int = 0
+    kv_offload_num_blocks_total: int = 0
+    kv_offload_stored_blocks: int = 0
+    kv_offload_loaded_blocks: int = 0
+    kv_offload_store_bytes: int = 0
+    kv_offload_load_bytes: int = 0
     # Speculative decoding, since the engine was configured (vLLM's spec_decode counters).
     spec_decode_num_drafts: int = 0            # verifications: sequences that proposed, x steps
     spec_decode_num_draft_tokens: int = 0      # draft tokens verified
@@ -157,6 +168,17 @@ class EngineStats:
         return self.prefix_cache_hit_tokens / q if q else 0.0
 
     @property
+    def kv_cache_usage(self) -> float:
+        """Share of the KV pool's blocks in use (vLLM's SchedulerStats.kv_cache_usage)."""
+        return self.num_blocks_used / self.num_blocks_total if self.num_blocks_total else 0.0
+
+    @property
+    def kv_offload_usage(self) -> float:
+        """Share of the CPU tier's blocks in use (0 without a tier)."""
+        used, total = self.kv_offload_num_blocks_used, self.kv_offload_num_blocks_total
+        return used / total if total else 0.0
+
+    @property
     def kv_utilization(self) -> float:
         """Share of reserved KV memory that holds real tokens."""
         return self.tokens_cached / self.slots_reserved if self.slots_reserved else 0.0
@@ -171,3 +193,7 @@ class EngineCoreOutputs:
     # The core's EngineStats after the step, when it runs in its own process (vLLM's
     # SchedulerStats ride along the same way): the front end's stats() without a round trip.
     scheduler_stats: object | None = None
+    # Its prefix cache's events since the last outputs (kv_events_config on; core/kv_events.py)
+    # and, behind a data-parallel front end, which replica sent them (vLLM's engine_index).
+    kv_events: list = field(default_factory=list)
+    engine_index: int = 0

@@ -78,6 +78,22 @@ def test_offload_report(capsys):
     assert out.count("identical outputs: True") == 2, out
 
 
+def test_routing_report(capsys):
+    """Two replicas, three chats of three turns: prefix-aware routing keeps every later turn
+    on its chat's replica and computes fewer prompt tokens than round-robin, which moves
+    them; the outputs are the same under every policy."""
+    main(["routing", "--conversations", "3", "--turns", "3", "--system-tokens", "64",
+          "--max-tokens", "4", "--num-kv-blocks", "64"])
+    out = capsys.readouterr().out
+    rows = {policy: (int(prompt), int(computed), stayed) for policy, prompt, computed, stayed
+            in re.findall(r"^(round_robin|score|prefix)\s+(\d+)\s+(\d+)\s.*\s(\d+)%$",
+                          out, re.MULTILINE)}
+    assert rows["prefix"][2] == "100" and rows["round_robin"][2] != "100", out
+    assert rows["prefix"][0] == rows["round_robin"][0], out                 # same prompts
+    assert rows["prefix"][1] < rows["round_robin"][1], out
+    assert "identical outputs under every policy: True" in out, out
+
+
 def test_lora_report(capsys):
     """Multi-LoRA: base, mixed and one-at-a-time rows for each N, and the memory line."""
     main(["lora", "--num-adapters", "1", "2", "--num-requests", "2", "--max-tokens", "2",
@@ -143,7 +159,7 @@ def test_cpu_report(capsys):
 # Every name the docs, README and lessons use: a rename or a lost entry fails here.
 NAMES = ["serve", "throughput", "decode", "prefix", "load", "spec", "tp", "compile", "guided",
          "quant", "lora", "ablation", "disagg", "cpu", "gpu", "kernels", "beam", "parallel",
-         "offload"]
+         "offload", "routing"]
 
 
 def test_every_benchmark_is_in_the_registry():

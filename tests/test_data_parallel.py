@@ -123,6 +123,52 @@ def test_abort_and_stop_strings_reach_the_right_replica(tiny_dp2):
     assert sum_stats(stats).num_blocks_total == 2 * 64
 
 
+def test_prefix_routing_keeps_a_conversation_on_its_replica(tiny_dp2):
+    """Three conversations of three turns, each turn's prompt the whole history (the last
+    prompt, its answer, the next message); a round's turns are sent together, in an order
+    that rotates every round. The load score places a round by arrival order alone, so
+    conversations change replica and compute their history again; prefix-aware routing,
+    reading the replicas' KV events, sends every later turn where its history is cached.
+    The tokens are one engine's either way."""
+    dp2, one = tiny_dp2
+    client = dp2.engine.engine_core
+    tokenizer = dp2.tokenizer
+
+    def converse(balance: str) -> tuple[dict, list, int]:
+        dp2.reconfigure(kv_events_config={"enable_kv_cache_events": True},
+                        data_parallel_balance=balance)
+        history = [tokenizer.encode(f"Conversation {c}: " + " ".join(
+            f"point{c}x{j}" for j in range(12))) for c in range(3)]
+        replicas: dict[int, list[int]] = {c: [] for c in range(3)}
+        cached = []
+        for turn in range(3):
+            order = [(turn + k) % 3 for k in range(3)]
+            prompts = [history[c] for c in order]
+            outs = dp2.generate(prompts, GREEDY, use_tqdm=False)
+            assert token_ids(one, prompts) == [[o.token_ids for o in out.outputs]
+                                               for out in outs]
+            for c, choice, out in zip(order, list(client.router.choices)[-3:], outs):
+                replicas[c].append(choice.rank)
+                cached.append(choice.expected_cached_tokens if turn else None)
+                history[c] = history[c] + list(out.outputs[0].token_ids) + tokenizer.encode(
+                    f" Next {turn}, please.")
+        hits = sum_stats(client.replica_stats(fresh=True)).prefix_cache_hit_tokens
+        return replicas, cached, hits
+
+    try:
+        by_score, _, hits_score = converse("score")
+        by_prefix, cached, hits_prefix = converse("prefix")
+    finally:
+        dp2.reconfigure(kv_events_config=None, data_parallel_balance="score")
+    assert any(len(set(r)) > 1 for r in by_score.values())       # moved, and recomputed
+    assert all(len(set(r)) == 1 for r in by_prefix.values())      # stayed with its history
+    assert {r[0] for r in by_prefix.values()} == {0, 1}           # both replicas used
+    assert all(n >= 16 for n in cached[3:])                       # the index knew it
+    assert hits_prefix > hits_score
+    print(f"replicas per conversation: score {by_score}, prefix {by_prefix}; prefix-cache hit "
+          f"tokens {hits_score} -> {hits_prefix}")
+
+
 def test_served_over_http_with_metrics_per_replica(tiny_dp2):
     """Last in the module (the server's engine thread drives the engine from here on): the
     OpenAI server over the two replicas answers as one engine does, and /metrics has each

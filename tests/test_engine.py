@@ -99,20 +99,20 @@ def test_streaming_steps_and_fcfs(smol):
 
 def test_swap_preemption_gives_the_same_tokens(smol, reference):
     llm = smol(max_model_len=512, num_kv_blocks=10, block_size=16, preemption_mode="swap",
-               swap_space=64 * 16 * 46080)
+               swap_space=64 * 16 * 46080 / 2**30)
     ids, steps = generate_traced(llm, PROMPTS)
     assert ids == reference
     sched = llm.engine.scheduler
     assert sched.num_preemptions > 0 and sched.num_swapped_out_blocks > 0
     assert sum(p for _, _, p in steps) == sched.num_preemptions
     assert_pool_full(llm)
-    cpu = llm.engine.cpu_block_manager
+    cpu = llm.engine.scheduler.cpu_block_manager          # V0's swap pool (core/v0/)
     assert cpu.num_free_blocks == cpu.num_blocks
 
 
 def test_swap_out_and_in_restore_kv_bit_exactly(smol):
     llm = smol(max_model_len=256, num_kv_blocks=32, block_size=16, preemption_mode="swap",
-               swap_space=32 * 16 * 46080)
+               swap_space=32 * 16 * 46080 / 2**30)
     engine = llm.engine
     engine.add_request("s", "Swapping keeps the cache in host memory.", SamplingParams(
         temperature=0, max_tokens=30, ignore_eos=True))

@@ -29,7 +29,7 @@ class MessagesOnly:
 
     def __init__(self, executor):
         self.executor = executor
-        self.num_blocks, self.num_cpu_blocks = executor.num_blocks, executor.num_cpu_blocks
+        self.kv_cache_config = executor.kv_cache_config
         self.num_new_reqs = 0
 
     def execute_model(self, scheduler_output):

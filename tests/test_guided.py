@@ -94,7 +94,7 @@ def test_preemption_keeps_the_constraint(smol, mode):
     """A pool too small for 6 samples: sequences are preempted mid-JSON and resume with their
     matcher where they left it."""
     llm = smol(max_num_seqs=6, max_model_len=256, block_size=8, num_kv_blocks=12,
-               preemption_mode=mode, swap_space=1 << 26, enable_prefix_caching=False)
+               preemption_mode=mode, swap_space=1 / 16, enable_prefix_caching=False)
     params = SamplingParams(n=6, temperature=1.0, max_tokens=24, seed=3, guided_decoding=(
         GuidedDecodingParams(json=PERSON, disable_any_whitespace=True)))
     with llm.engine.trace() as steps:

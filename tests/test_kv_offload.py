@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from conftest import engine_config
 from minivllm import SamplingParams
 from minivllm.core.block_manager import BlockManager
+from minivllm.core.kv_cache import KVCacheConfig
 from minivllm.core.request import Request
 from minivllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from minivllm.kv_offload.connector import OffloadingConnectorScheduler
@@ -84,15 +85,32 @@ def test_a_prefix_the_gpu_pool_evicted_comes_back_from_the_cpu_tier(smol):
     def second_pass(**tier):
         llm = smol(max_model_len=512, num_kv_blocks=24, block_size=16, max_num_seqs=2, **tier)
         llm.generate(first + other, greedy, use_tqdm=False)
+        before = llm.engine.stats()
         outs = llm.generate(first, greedy, use_tqdm=False)
-        return [o.outputs[0].token_ids for o in outs], [o.num_cached_tokens for o in outs]
+        return ([o.outputs[0].token_ids for o in outs], [o.num_cached_tokens for o in outs],
+                before, llm)
 
-    ids_off, cached_off = second_pass()
-    ids_on, cached_on = second_pass(kv_offloading_size=0.05)    # ~70 blocks: all eight
+    ids_off, cached_off, _, _ = second_pass()
+    ids_on, cached_on, before, llm = second_pass(kv_offloading_size=0.05)   # ~70 blocks
     assert ids_on == ids_off
     assert sum(cached_on) > sum(cached_off)
     assert all(n % 16 == 0 for n in cached_on)     # whole blocks, from either tier
     print(f"cached prompt tokens on the second pass: {cached_off} without, {cached_on} with")
+    # The counts (EngineStats, /metrics): the requests' cached tokens are both tiers' hits.
+    after = llm.engine.stats()
+    hits = lambda s: s.prefix_cache_hit_tokens + s.external_prefix_cache_hit_tokens  # noqa
+    assert hits(after) - hits(before) == sum(cached_on)
+    assert after.external_prefix_cache_hit_tokens > before.external_prefix_cache_hit_tokens
+    block_bytes = llm.engine.runner.block_bytes
+    assert after.kv_offload_load_bytes == after.kv_offload_loaded_blocks * block_bytes > 0
+    assert after.kv_offload_store_bytes == after.kv_offload_stored_blocks * block_bytes > 0
+    assert 0 < after.kv_offload_usage <= 1
+    from minivllm.entrypoints.openai.api_server import EngineCollector
+    engine = type("Front", (), {"stats": lambda _: after, "replica_stats": lambda _: [after]})
+    metrics = {m.name: m.samples[0].value for m in EngineCollector(engine()).collect()}
+    assert metrics["minivllm:external_prefix_cache_hits"] == after.external_prefix_cache_hit_tokens
+    assert metrics["minivllm:kv_offload_load_bytes"] == after.kv_offload_load_bytes
+    assert metrics["minivllm:kv_offload_usage_perc"] == after.kv_offload_usage
 
 
 def test_reset_prefix_cache_empties_both_tiers(smol):
@@ -106,8 +124,10 @@ def test_reset_prefix_cache_empties_both_tiers(smol):
 
 
 @pytest.mark.parametrize("settings_, message", [
-    (dict(kv_offloading_size=0), "more than 0"),
-    (dict(kv_offloading_size=1, kv_offloading_backend="lmcache"), "left out"),
+    (dict(kv_offloading_size=0), "positive number of GiB"),
+    (dict(swap_space=-1), "positive number of GiB"),
+    (dict(kv_offloading_size=1, kv_offloading_backend="lmcache"), "must be 'native'"),
+    (dict(pipeline_parallel_size=2, preemption_mode="swap"), "needs one pipeline stage"),
     (dict(kv_offloading_size=1, preemption_mode="swap"), "successor to V0's swap"),
     (dict(kv_offloading_size=1, kv_layout="contiguous"), "needs kv_layout='paged'"),
     (dict(kv_offloading_size=1, kv_transfer_config={"kv_role": "kv_producer"}),
@@ -139,7 +159,7 @@ class TwoTierMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.bm = BlockManager(NUM_GPU, BS, enable_prefix_caching=True)
-        self.connector = OffloadingConnectorScheduler(NUM_CPU, self.bm)
+        self.connector = OffloadingConnectorScheduler(KVCacheConfig(NUM_GPU, NUM_CPU), self.bm)
         self.gpu = [None] * NUM_GPU
         self.cpu = [None] * NUM_CPU
         self.live: list[Request] = []

@@ -155,7 +155,7 @@ def uncached(smol_llm):
 
 @pytest.mark.parametrize("engine_kwargs", [
     {}, {"max_num_batched_tokens": 16}, {"num_kv_blocks": 14},
-    {"num_kv_blocks": 14, "preemption_mode": "swap", "swap_space": 64 * 16 * 46080}])
+    {"num_kv_blocks": 14, "preemption_mode": "swap", "swap_space": 64 * 16 * 46080 / 2**30}])
 def test_same_tokens_with_and_without_caching(smol, uncached, engine_kwargs):
     llm = smol(max_model_len=512, **engine_kwargs)
     prompts = [SYSTEM + q for q in QUESTIONS]

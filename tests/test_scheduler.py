@@ -18,6 +18,7 @@ import pytest
 
 from minivllm import LoRARequest
 from minivllm.config.scheduler import V0_SCHEDULER
+from minivllm.core.kv_cache import KVCacheConfig
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
 from minivllm.core.request import Request, RequestStatus
 from minivllm.engine.core import EngineCore, EngineCoreRequest
@@ -38,8 +39,7 @@ class FakeExecutor:
     accepted drafts (`accepted[request_id]`, default all)."""
 
     def __init__(self, num_blocks: int, num_cpu_blocks: int):
-        self.num_blocks = num_blocks
-        self.num_cpu_blocks = num_cpu_blocks
+        self.kv_cache_config = KVCacheConfig(num_blocks, num_cpu_blocks)
         self.accepted: dict[str, int] = {}
         self.tokens: dict[str, list[int]] = {}       # request id -> its tokens, as told
 

@@ -19,7 +19,9 @@ import torch
 
 from minivllm.benchmarks.roofline import StepCost
 from minivllm.simulator.cli import capacity
+from minivllm.benchmarks.workloads import Request
 from minivllm.entrypoints.cli import main
+from minivllm.sampling_params import SamplingParams
 from minivllm.simulator import (PROFILES, SLO, StepTimer, get_profile, model_config, simulate,
                                 simulate_disaggregated, synthetic_requests)
 from minivllm.simulator.cost_model import fit_profile
@@ -179,6 +181,59 @@ def test_prefix_caching_and_chunked_prefill_change_the_schedule():
     whole = simulate(long, model="Llama-3-8B", profile="H100", enable_chunked_prefill=False,
                      max_num_batched_tokens=8192)
     assert max(s.num_prefill_tokens for s in whole.steps) > 512
+
+
+def test_the_cpu_tier_saves_prefill_and_its_copies_cost_their_bytes():
+    """Eight 2,048-token documents asked about twice, one request at a time, on an H100 whose
+    GPU pool holds two of them: with a CPU tier, the second pass loads every document's blocks
+    instead of computing them, and each step pays its copies' bytes over the host link. A
+    link 64x slower lengthens the run by exactly those bytes' extra seconds (all arrive at
+    once, so the schedule is the same), and at 1 GB/s a load costs more than the prefill it
+    saves: where offloading pays is bandwidth against FLOPs."""
+    docs = [[1000 * d + i for i in range(2048)] for d in range(8)]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    reqs = [Request(doc, params) for doc in docs * 2]
+    h100 = get_profile("H100")
+    run = lambda size, profile=h100: simulate(  # noqa: E731
+        reqs, model="Llama-3-8B", profile=profile, num_kv_blocks=300, max_num_seqs=1,
+        kv_offloading_size=size)
+    off, on = run(None), run(4)
+    slow = run(4, dataclasses.replace(h100, host_bandwidth=1e9))
+    computed = lambda r: sum(s.num_prefill_tokens for s in r.steps)  # noqa: E731
+    assert computed(off) == 16 * 2048                   # the pool kept no document for pass 2
+    assert computed(on) == 8 * 2048 + 8 * 16            # pass 2: each last block's tokens only
+    stats = on.steps[-1].stats
+    assert stats.external_prefix_cache_hit_tokens == 8 * (2048 - 16)
+    assert stats.kv_offload_loaded_blocks == 8 * 127 and stats.kv_offload_stored_blocks == 8 * 128
+    moved = (stats.kv_offload_load_bytes + stats.kv_offload_store_bytes)
+    assert slow.elapsed - on.elapsed == pytest.approx(moved * (1 / 1e9 - 1 / 64e9), rel=1e-6)
+    assert on.elapsed < off.elapsed < slow.elapsed
+    assert [s.num_output_tokens for s in (off, on, slow)] == [16 * 4] * 3
+
+
+def test_prefix_aware_routing_across_simulated_replicas():
+    """Two simulated H100 replicas behind the front end's own router (minivllm/routing.py),
+    fed by the simulated cores' KV events: eight 1,024-token documents arrive in pairs, then
+    each is asked about again in another pairing. The load score places the second pass by
+    arrival order; prefix-aware routing sends each question to the replica that holds its
+    document, and computes only the last block of each."""
+    docs = [[1000 * d + i for i in range(1024)] for d in range(8)]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    second = [1, 0, 3, 2, 5, 4, 7, 6]              # each pair swapped: arrival order differs
+    reqs = [Request(docs[d], params, arrival_time=0.5 * (i // 2)) for i, d in enumerate(range(8))]
+    reqs += [Request(docs[d], params, arrival_time=10 + 0.5 * (i // 2))
+             for i, d in enumerate(second)]
+    run = lambda balance: simulate(  # noqa: E731
+        reqs, model="Llama-3-8B", profile="H100", data_parallel_size=2,
+        kv_events_config={"enable_kv_cache_events": True}, data_parallel_balance=balance)
+    score, prefix = run("score"), run("prefix")
+    computed = lambda r: sum(s.num_prefill_tokens for s in r.steps)  # noqa: E731
+    replica = lambda r, i: r.choices[i].rank  # noqa: E731
+    assert all(replica(prefix, 8 + i) == replica(prefix, d) for i, d in enumerate(second))
+    assert any(replica(score, 8 + i) != replica(score, d) for i, d in enumerate(second))
+    assert computed(prefix) == 8 * 1024 + 8 * 16           # pass 2: each last block only
+    assert computed(score) > computed(prefix)
+    assert [c.expected_cached_tokens for c in prefix.choices[8:]] == [1008] * 8
 
 
 def test_disaggregated_prefill_and_decode_engines():

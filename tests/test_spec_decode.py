@@ -331,7 +331,7 @@ def test_preemption_on_a_tiny_pool(tiny, tiny_checkpoint, mode, proposer):
     holding drafts and lookahead blocks (and, with a draft model, twins in its pool); the
     output is the plain one and every block of both pools comes back."""
     settings = {"num_kv_blocks": 16, "block_size": 4, "preemption_mode": mode,
-                "swap_space": 1 << 22, "max_model_len": 64}
+                "swap_space": 1 / 256, "max_model_len": 64}
     requests = tiny_requests(6, 20)
     plain = serve(tiny(**settings), requests)
     spec = (ngram(3) if proposer == "ngram" else

@@ -21,7 +21,8 @@ import minivllm.platforms  # noqa: F401, I001  (first: Triton's interpreter swit
 import kernels.bench as kernels_bench
 from minivllm.benchmarks import ablation, beam, cpu, disagg, gpu, guided, latency, load, lora
 from minivllm.benchmarks import compile as compile_bench     # (not the builtin `compile`)
-from minivllm.benchmarks import offload, parallel, prefix_caching, quant, serve, spec
+from minivllm.benchmarks import (offload, parallel, prefix_caching, quant, routing, serve,
+                                 spec)
 from minivllm.benchmarks import throughput, tp
 
 # The flags more than one benchmark takes, each defined once.
@@ -51,6 +52,9 @@ BENCHMARKS = {
     "parallel": (parallel, "pipeline parallelism: one process vs pp stages, 1 and pp batches "
                            "in flight; data parallelism: round-robin vs V1's score",
                  ("model",)),
+    "routing": (routing, "data parallelism's routing: round-robin vs V1's load score vs "
+                         "prefix-aware (the replicas' KV events) on multi-turn chats",
+                ("model",)),
     "compile": (compile_bench, "decode step: op time vs Python, eager vs torch.compile",
                 ("model",)),
     "guided": (guided, "guided decoding: grammar compile time, bitmask cost per step at batch 1 "

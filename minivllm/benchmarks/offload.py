@@ -62,16 +62,17 @@ def run(args: argparse.Namespace) -> None:
           f"{'CPU hit':>7} {'TTFT p50':>9} {'p90':>7} {'steps p50':>9} {'p90':>4} "
           f"{'out tok/s':>9} {'preempt':>7}")
     for name, requests in workloads.items():
-        tokens = {}
+        tokens, moved = {}, {}
         for size in (None, args.kv_offloading_size):
             llm.reconfigure(num_kv_blocks=args.num_kv_blocks, kv_offloading_size=size)
             served = serve(llm, requests)
             prompt = sum(len(o.prompt_token_ids) for o in served.outputs)
             computed = sum(s.num_tokens for step in served.steps for s in step.scheduled
                            if s.is_prefill)
-            connector = llm.engine.scheduler.kv_connector
-            cpu_hits = connector.manager.num_loaded_blocks * bs if connector else 0
-            gpu_hits = served.steps[-1].stats.prefix_cache_hit_tokens
+            stats = served.steps[-1].stats        # counted since the reconfigure
+            gpu_hits = stats.prefix_cache_hit_tokens
+            cpu_hits = stats.external_prefix_cache_hit_tokens
+            moved[size] = (stats.kv_offload_store_bytes, stats.kv_offload_load_bytes)
             ttft = [1000 * t for t in served.ttfts]
             steps = served.ttft_steps
             tokens[size] = [o.outputs[0].token_ids for o in served.outputs]
@@ -80,4 +81,6 @@ def run(args: argparse.Namespace) -> None:
                   f"{quantile(ttft, .9):>5.0f}ms {quantile(steps, .5):>9.0f} "
                   f"{quantile(steps, .9):>4.0f} {served.output_throughput:>9.1f} "
                   f"{llm.engine.scheduler.num_preemptions:>7}")
-        print(f"{'':<11} identical outputs: {tokens[None] == tokens[args.kv_offloading_size]}")
+        stored, loaded = moved[args.kv_offloading_size]
+        print(f"{'':<11} identical outputs: {tokens[None] == tokens[args.kv_offloading_size]}; "
+              f"the tier stored {stored / 2**20:.1f} MiB, loaded {loaded / 2**20:.1f} MiB")

@@ -301,16 +301,20 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
 
     A request joins when its arrival step and arrival time have come (and, with `follows`,
     when the request it continues has finished). An engine with nothing to do jumps to the
-    next arrival step, and waits for the next arrival time.
+    next arrival step, and waits for the next arrival time. Steps are the core's; with the
+    core in its own process (data parallelism: several), the front end's calls to step().
     """
     engine = getattr(llm, "engine", llm)
+    calls = 0                                # the front end's steps
+    num_steps = ((lambda: calls) if getattr(engine, "multiprocess_mode", False)  # noqa: E731
+                 else (lambda: engine.num_steps))
     done: dict[int, RequestOutput] = {}
     finish_step: dict[int, int] = {}
     arrival_step = [0] * len(requests)
     arrival_time = [0.0] * len(requests)
     token_steps: list[list[int]] = [[] for _ in requests]
     pending = list(range(len(requests)))
-    start_step = engine.num_steps
+    start_step = num_steps()
     t0 = time.perf_counter()
 
     def ready(i: int, now: float, step: int) -> bool:
@@ -321,7 +325,7 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
     with engine.trace() as steps:
         while pending or engine.has_unfinished_requests():
             now = time.perf_counter() - t0
-            step = engine.num_steps - start_step
+            step = num_steps() - start_step
             if not engine.has_unfinished_requests() and not any(ready(i, now, step)
                                                                 for i in pending):
                 nxt = min((requests[i] for i in pending if requests[i].follows is None
@@ -336,12 +340,14 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
                     prompt = prev.prompt_token_ids + prev.outputs[0].token_ids + list(prompt)
                 arrival_time[i] = (t0 + r.arrival_time if r.arrival_time and r.follows is None
                                    else time.perf_counter())     # due then, or added now
-                arrival_step[i] = engine.num_steps - start_step
+                arrival_step[i] = num_steps() - start_step
                 engine.add_request(f"{tag}{i}", prompt, r.params)
                 pending.remove(i)
-            for out in engine.step():
+            outs = engine.step()
+            calls += 1
+            for out in outs:
                 i = int(out.request_id.removeprefix(tag))
-                k = engine.num_steps - start_step
+                k = num_steps() - start_step
                 new_tokens = len(out.outputs[0].token_ids) - len(token_steps[i])
                 token_steps[i] += [k] * new_tokens
                 if out.finished:

@@ -10,6 +10,7 @@
       speculative_config             speculative decoding (None: off)
       compilation_config             torch.compile's level
       kv_transfer_config             prefill/decode disaggregation (None: off)
+      kv_events_config               the prefix cache's events, for routing (None: off)
 
 Users never build these by hand: LLM(**kwargs) and `minivllm serve` take flat settings with
 vLLM's names, which EngineArgs (engine/arg_utils.py) turns into a VllmConfig. Left out of
@@ -18,6 +19,7 @@ vLLM's: its ~200 settings but those a lesson turns. Importing this package impor
 
 from minivllm.config.cache import CacheConfig
 from minivllm.config.compilation import CompilationConfig
+from minivllm.config.kv_events import KVEventsConfig
 from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.lora import LoRAConfig
 from minivllm.config.model import (INT4_GROUP_SIZES, QUANTIZATION_METHODS, HfConfig, ModelConfig,
@@ -30,6 +32,6 @@ from minivllm.config.vllm import (CUDA_GRAPHS, INCOMPATIBLE, PER_REQUEST, VllmCo
 
 __all__ = ["CUDA_GRAPHS", "INCOMPATIBLE", "INT4_GROUP_SIZES", "PER_REQUEST",
            "QUANTIZATION_METHODS", "CacheConfig", "CompilationConfig", "HfConfig",
-           "KVTransferConfig", "LoRAConfig", "ModelConfig", "ParallelConfig", "SchedulerConfig",
-           "SpeculativeConfig", "VllmConfig", "check_compatibility", "incompatibility",
-           "resolve_device", "resolve_dtype"]
+           "KVEventsConfig", "KVTransferConfig", "LoRAConfig", "ModelConfig", "ParallelConfig",
+           "SchedulerConfig", "SpeculativeConfig", "VllmConfig", "check_compatibility",
+           "incompatibility", "resolve_device", "resolve_dtype"]

@@ -22,7 +22,7 @@ class CacheConfig:
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9   # share of the GPU the engine may fill (CUDA)
     enable_prefix_caching: bool = True    # reuse the K/V blocks of shared prompt prefixes
-    swap_space: int = 1 << 30             # bytes of host memory for V0's swapped KV blocks
+    swap_space: float = 1.0               # GiB of host memory for V0's swapped KV blocks
     # KV offloading (minivllm/kv_offload/): GiB of host memory where computed blocks stay, by
     # their prefix-cache hash, after the GPU pool drops them (None: off). vLLM's names.
     kv_offloading_size: float | None = None
@@ -34,15 +34,12 @@ class CacheConfig:
 
     def __post_init__(self):
         check_positive_ints(self, "block_size", "num_kv_blocks", "kv_cache_memory",
-                            "swap_space", optional=("num_kv_blocks", "kv_cache_memory"))
+                            optional=("num_kv_blocks", "kv_cache_memory"))
         check_bools(self, "enable_prefix_caching")
         check_choice(self, "kv_layout", KV_LAYOUTS)
-        if self.kv_offloading_backend != "native":
-            raise ValueError(f"kv_offloading_backend must be 'native' (vLLM's 'lmcache' is left "
-                             f"out of minivllm), got {self.kv_offloading_backend!r}")
-        if not (self.kv_offloading_size is None or self.kv_offloading_size > 0):
-            raise ValueError(f"kv_offloading_size is GiB of host memory, more than 0 (None: no "
-                             f"CPU tier), got {self.kv_offloading_size!r}")
+        check_choice(self, "kv_offloading_backend", ("native",))
+        check_positive_ints(self, "swap_space", "kv_offloading_size",
+                            optional=("kv_offloading_size",), unit="number of GiB")
         check_choice(self, "cache_dtype", CACHE_DTYPES, setting="kv_cache_dtype")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minivllm.config.utils import check_positive_ints
+from minivllm.config.utils import check_choice, check_positive_ints
 
 EXECUTOR_BACKENDS = (None, "uni", "mp", "ray")
+DP_BALANCES = ("score", "round_robin", "prefix")     # minivllm/routing.py
 
 
 @dataclass(slots=True)
@@ -19,6 +20,7 @@ class ParallelConfig:
     # Data parallelism (engine/multiproc/dp_client.py): this many replicas of the whole engine
     # (each tp x pp ranks), each an engine core in its own process, behind one front end.
     data_parallel_size: int = 1
+    data_parallel_balance: str = "score"     # which replica a request goes to (DP_BALANCES)
     # Replicas across hosts (vLLM's flags): this host runs data_parallel_size_local of them
     # (None: all); the others are headless cores on other hosts (`minivllm serve --headless`),
     # which connect to data_parallel_address, replica r at data_parallel_rpc_port + 2r (and +1).
@@ -40,6 +42,7 @@ class ParallelConfig:
         check_positive_ints(self, "tensor_parallel_size", "pipeline_parallel_size",
                             "data_parallel_size", "data_parallel_rpc_port")
         check_positive_ints(self, "nnodes", "master_port")
+        check_choice(self, "data_parallel_balance", DP_BALANCES)
         if self.world_size % self.nnodes or self.node_rank != 0:
             raise ValueError(f"nnodes={self.nnodes} must divide tp x pp = {self.world_size}, "
                              f"and the engine runs on node 0 (the others: serve --headless "

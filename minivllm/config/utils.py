@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 
-def check_positive_ints(config, *names: str, optional: tuple[str, ...] = ()) -> None:
-    """Each named field is an int >= 1 (or None, where it is in `optional`)."""
+def check_positive_ints(config, *names: str, optional: tuple[str, ...] = (),
+                        unit: str | None = None) -> None:
+    """Each named field is an int >= 1 (or None, where it is in `optional`); with a `unit`
+    (sizes in GiB), any number > 0."""
     for name in names:
         value = getattr(config, name)
         if value is None and name in optional:
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if type(value) not in ((int, float) if unit else (int,)) or value <= 0:
+            raise ValueError(f"{name} must be a positive {unit or 'integer'}, got {value!r}")
 
 
 def check_bools(config, *names: str) -> None:
@@ -23,8 +25,9 @@ def check_choice(config, name: str, choices: tuple, setting: str | None = None) 
     """The field is one of `choices` (the first is its default); `setting`: the name a user
     gives it, where that differs (LLM's kv_cache_dtype is CacheConfig's cache_dtype)."""
     if getattr(config, name) not in choices:
-        raise ValueError(f"{setting or name} must be {', '.join(map(repr, choices[:-1]))} or "
-                         f"{choices[-1]!r}, got {getattr(config, name)!r}")
+        *others, last = map(repr, choices)
+        raise ValueError(f"{setting or name} must be {', '.join(others) + ' or ' * bool(others)}"
+                         f"{last}, got {getattr(config, name)!r}")
 
 
 def check_keys(cls, name: str, d: dict, required: str, hint: str) -> dict:

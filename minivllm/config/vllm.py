@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from minivllm.config.cache import CacheConfig
 from minivllm.config.compilation import CompilationConfig
+from minivllm.config.kv_events import KVEventsConfig
 from minivllm.config.kv_transfer import KVTransferConfig
 from minivllm.config.lora import LoRAConfig
 from minivllm.config.model import ModelConfig
@@ -33,6 +34,7 @@ class VllmConfig:
     speculative_config: SpeculativeConfig | None = None   # None: no speculative decoding
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     kv_transfer_config: KVTransferConfig | None = None    # None: no disaggregation
+    kv_events_config: KVEventsConfig | None = None        # None: no KV cache events
 
     def __post_init__(self):
         if self.scheduler_config.max_model_len != self.model_config.max_model_len:
@@ -69,6 +71,7 @@ INCOMPATIBLE = (
     (CUDA_GRAPHS, "enable_lora", "enable_lora with CUDA graphs is not supported by minivllm: "
      "a decode graph replays the base path it was captured with, so the adapters would be "
      "ignored after the first token; pass enforce_eager=True with enable_lora on CUDA"),
+    (PP, "preemption_mode='swap'", "preemption_mode='swap' (V0's) needs one pipeline stage"),
     ("kv_layout='contiguous'", "preemption_mode='swap'",
      "preemption_mode='swap' needs kv_layout='paged': it moves KV blocks"),
     ("kv_layout='contiguous'", "speculative_config", "speculative_config needs "

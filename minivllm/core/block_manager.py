@@ -45,13 +45,15 @@ def cdiv(a: int, b: int) -> int:
 
 # --8<-- [start:block_manager]
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 enable_kv_cache_events: bool = False):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
         # An ordered set: taken from the front, LRU order when prefix caching is on.
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.prefix_cache = PrefixCache() if enable_prefix_caching else None
+        self.prefix_cache = (PrefixCache(enable_kv_cache_events) if enable_prefix_caching
+                             else None)
         self.num_copy_on_write = 0          # how many blocks were copied, for the lessons
 
     @property

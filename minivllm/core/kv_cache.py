@@ -25,6 +25,8 @@ models, and the NHD/HND layout choice per attention backend.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from minivllm.config import HfConfig
 from minivllm.core.request import Request
 
@@ -56,6 +58,17 @@ def kv_bytes_per_token(config: HfConfig, dtype, kv_cache_dtype: str = "auto") ->
     row = config.head_dim * dtype.itemsize if kv_cache_dtype == "auto" else config.head_dim + 4
     return 2 * config.num_hidden_layers * config.num_key_value_heads * row
 # --8<-- [end:bytes_per_token]
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheConfig:
+    """The pools the executor allocated, what the scheduler manages (vLLM twin:
+    vllm/v1/kv_cache_interface.py, KVCacheConfig): blocks on the device, blocks in host memory
+    (the CPU tier's, or V0's swap pool), and one block's bytes on one device."""
+
+    num_blocks: int
+    num_cpu_blocks: int = 0
+    block_bytes: int = 0
 
 
 class ContiguousAllocator:

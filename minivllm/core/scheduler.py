@@ -42,8 +42,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
-from minivllm.config import LoRAConfig, SchedulerConfig
+from minivllm.config import VllmConfig
+from minivllm.core.block_manager import BlockManager
+from minivllm.core.kv_cache import ContiguousAllocator, KVCacheConfig
 from minivllm.core.scheduler_output import (CachedRequestData, NewRequestData,  # noqa: F401
                                              ScheduledRequest, SchedulerOutput)
 from minivllm.core.request import Request, RequestStatus, check_stop
@@ -52,15 +55,25 @@ from minivllm.outputs import Draw, EngineCoreOutput, EngineStats, ModelRunnerOut
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, block_manager,
-                 eos_token_ids: set[int] = frozenset(), kv_connector=None,
-                 lora_config: LoRAConfig | None = None):
-        """eos_token_ids: the model's end-of-sequence tokens (stop unless ignore_eos).
-        kv_connector: the KV connector's scheduler side (disaggregation), or None.
-        lora_config: its max_loras is how many adapters one step may mix (None: no LoRA)."""
-        self.scheduler_config = scheduler_config
-        self.lora_config = lora_config
-        self.block_manager = block_manager
+    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
+                 eos_token_ids: set[int] = frozenset(),
+                 make_kv_connector: Callable[[object], object] | None = None):
+        """kv_cache_config: the KV pools the executor allocated. eos_token_ids: the model's
+        end-of-sequence tokens (stop unless ignore_eos). make_kv_connector(block_manager):
+        the KV connector's scheduler side, if any (engine/core.py picks it: disaggregation's
+        or the CPU tier's; core/ imports neither)."""
+        self.scheduler_config = vllm_config.scheduler_config
+        self.lora_config = vllm_config.lora_config      # max_loras: adapters one step mixes
+        cache_config = vllm_config.cache_config
+        if cache_config.kv_layout == "paged":
+            events = vllm_config.kv_events_config                 # for a router (kv_events.py)
+            self.block_manager = BlockManager(
+                kv_cache_config.num_blocks, cache_config.block_size,
+                cache_config.enable_prefix_caching, bool(events and events.enable_kv_cache_events))
+        else:                                # one slab per request (lesson 01's baseline)
+            self.block_manager = ContiguousAllocator(kv_cache_config.num_blocks,
+                                                     vllm_config.model_config.max_model_len)
+        self.kv_connector = make_kv_connector(self.block_manager) if make_kv_connector else None
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -70,7 +83,6 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()  # since the last schedule: the runner forgets
         self.num_preemptions = 0
         self.spec_decoding_stats = SpecDecodingStats()
-        self.kv_connector = kv_connector
 
     def add(self, request: Request) -> None:
         if request.sampling_params.n > 1 or request.beam_search is not None:
@@ -325,7 +337,8 @@ class Scheduler:
             spec_decode_num_draft_tokens=spec.num_draft_tokens,
             spec_decode_num_accepted_tokens=spec.num_accepted_tokens,
             spec_decode_num_accepted_tokens_per_pos=tuple(spec.num_accepted_tokens_per_pos),
-            spec_decode_num_judged_tokens_per_pos=tuple(spec.num_judged_tokens_per_pos))
+            spec_decode_num_judged_tokens_per_pos=tuple(spec.num_judged_tokens_per_pos),
+            **(self.kv_connector.stats() if hasattr(self.kv_connector, "stats") else {}))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (BlockManager.reset_prefix_cache): False while requests

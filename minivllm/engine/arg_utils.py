@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass
 
-from minivllm.config import (CacheConfig, CompilationConfig, HfConfig, KVTransferConfig,
-                             LoRAConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                             SpeculativeConfig, VllmConfig, resolve_device, resolve_dtype)
+from minivllm.config import (CacheConfig, CompilationConfig, HfConfig, KVEventsConfig,
+                             KVTransferConfig, LoRAConfig, ModelConfig, ParallelConfig,
+                             SchedulerConfig, SpeculativeConfig, VllmConfig, resolve_device,
+                             resolve_dtype)
 from minivllm.config.utils import check_bools
+from minivllm.config.parallel import DP_BALANCES
 from minivllm.config.scheduler import V1_SCHEDULER
 
 # Fixed when the weights load: reconfigure takes every other field.
@@ -52,7 +55,7 @@ class EngineArgs:
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
-    swap_space: int = 1 << 30
+    swap_space: float = 1.0               # GiB
     kv_offloading_size: float | None = None
     kv_offloading_backend: str = "native"
     kv_cache_dtype: str = "auto"          # CacheConfig.cache_dtype
@@ -60,6 +63,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1         # ParallelConfig
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
+    data_parallel_balance: str = "score"
     data_parallel_size_local: int | None = None
     data_parallel_address: str = "127.0.0.1"
     data_parallel_rpc_port: int = 29550
@@ -74,6 +78,7 @@ class EngineArgs:
     max_cpu_loras: int | None = None
     speculative_config: dict | SpeculativeConfig | None = None    # vLLM's dicts, parsed
     kv_transfer_config: dict | KVTransferConfig | None = None
+    kv_events_config: dict | KVEventsConfig | None = None
     compilation_config: int | dict | CompilationConfig = 0        # a level, or {"level": n}
 
     @classmethod
@@ -124,6 +129,7 @@ class EngineArgs:
                 tensor_parallel_size=self.tensor_parallel_size,
                 pipeline_parallel_size=self.pipeline_parallel_size,
                 data_parallel_size=self.data_parallel_size,
+                data_parallel_balance=self.data_parallel_balance,
                 data_parallel_size_local=self.data_parallel_size_local,
                 data_parallel_address=self.data_parallel_address,
                 data_parallel_rpc_port=self.data_parallel_rpc_port,
@@ -135,7 +141,8 @@ class EngineArgs:
                                       SpeculativeConfig),
             compilation_config=CompilationConfig.from_value(self.compilation_config),
             kv_transfer_config=_parse("kv_transfer_config", self.kv_transfer_config,
-                                      KVTransferConfig))
+                                      KVTransferConfig),
+            kv_events_config=_parse("kv_events_config", self.kv_events_config, KVEventsConfig))
 
 
 def _parse(name: str, value, cls):
@@ -173,6 +180,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                    help="this many replicas of the engine (each -tp x -pp processes) behind "
                         "one front end, requests balanced between them")
+    g.add_argument("--data-parallel-balance", choices=DP_BALANCES, default="score",
+                   help="which replica a request goes to: score (vLLM's 4 x waiting + "
+                        "running), round_robin, or prefix (its cached blocks against load; "
+                        "needs --kv-events-config)")
     g.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None,
                    help="replicas on this host (default: all); with --headless, the ones this "
                         "host runs for a front end elsewhere")
@@ -199,6 +210,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="GiB of host memory for the CPU tier of the KV cache (off: unset)")
     g.add_argument("--kv-offloading-backend", choices=("native",), default="native",
                    help="the CPU tier's implementation (vLLM's native one)")
+    g.add_argument("--kv-events-config", type=json.loads, default=None,
+                   help='the prefix cache\'s events, as JSON: {"enable_kv_cache_events": true}')
     return parser
 
 
@@ -215,6 +228,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 tensor_parallel_size=args.tensor_parallel_size,
                 pipeline_parallel_size=args.pipeline_parallel_size,
                 data_parallel_size=args.data_parallel_size,
+                data_parallel_balance=args.data_parallel_balance,
+                kv_events_config=args.kv_events_config,
                 data_parallel_size_local=args.data_parallel_size_local,
                 data_parallel_address=args.data_parallel_address,
                 data_parallel_rpc_port=args.data_parallel_rpc_port,

@@ -48,6 +48,7 @@ token budget or arrivals split the work, and a decode-only batch of everything w
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import time
@@ -57,8 +58,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from minivllm.config import VllmConfig
-from minivllm.core.block_manager import BlockManager
-from minivllm.core.kv_cache import ContiguousAllocator
 from minivllm.core.scheduler import Scheduler, SchedulerOutput
 from minivllm.core.request import Request, RequestStatus
 from minivllm.engine.stats import EngineStats, StepRecord
@@ -95,11 +94,24 @@ class EngineCoreRequest:
     beam_search: object | None = None       # BeamSearchParams: beams forked in the core (V0)
 
 
+def make_kv_connector(vllm_config: VllmConfig, kv_cache_config, block_manager):
+    """The KV connector's scheduler side, if the config asks for one (vLLM's
+    KVConnectorFactory): disaggregation's, or the CPU tier's (kv_offload/)."""
+    if vllm_config.kv_transfer_config is not None:
+        from minivllm.distributed.kv_transfer.kv_connector import KVConnectorScheduler
+        return KVConnectorScheduler(vllm_config.kv_transfer_config.kv_role,
+                                    block_manager.num_cached_tokens)
+    if vllm_config.cache_config.kv_offloading_size is not None:
+        from minivllm.kv_offload.connector import OffloadingConnectorScheduler
+        return OffloadingConnectorScheduler(kv_cache_config, block_manager)
+    return None
+
+
 class EngineCore:
     def __init__(self, vllm_config: VllmConfig, model_executor, eos_token_ids: set[int],
                  clock: Callable[[], float] = time.perf_counter, exact_stats: bool = True):
         """model_executor: executes a SchedulerOutput and says how big its KV pools are
-        (num_blocks, num_cpu_blocks). clock: the time steps are
+        (kv_cache_config). clock: the time steps are
         recorded in (the simulator's is virtual).
         exact_stats: count the tokens the KV pool holds block by block (shared blocks once);
         False counts them per sequence, cheap enough for a simulation's every step."""
@@ -132,33 +144,14 @@ class EngineCore:
         return core
 
     def init_state(self, vllm_config: VllmConfig) -> None:
-        """A fresh scheduler and block managers for `vllm_config`, over the executor's pools
-        (sized for it already, drafter included: LLMEngine.reconfigure rebuilds them first)."""
+        """A fresh scheduler for `vllm_config`, over the executor's pools (sized for it
+        already, drafter included: LLMEngine.reconfigure rebuilds them first)."""
         self.vllm_config = vllm_config
-        cache_config = vllm_config.cache_config
-        executor = self.model_executor
-        if cache_config.kv_layout == "paged":
-            block_manager = BlockManager(executor.num_blocks, cache_config.block_size,
-                                         cache_config.enable_prefix_caching)
-        else:
-            block_manager = ContiguousAllocator(executor.num_blocks,
-                                                vllm_config.model_config.max_model_len)
-        kv_connector = None                  # the KV connector's scheduler side
-        if vllm_config.kv_transfer_config is not None:
-            from minivllm.distributed.kv_transfer.kv_connector import KVConnectorScheduler
-            kv_connector = KVConnectorScheduler(vllm_config.kv_transfer_config.kv_role,
-                                                block_manager.num_cached_tokens)
-        elif cache_config.kv_offloading_size is not None:     # the CPU tier (kv_offload/)
-            from minivllm.kv_offload.connector import OffloadingConnectorScheduler
-            kv_connector = OffloadingConnectorScheduler(executor.num_cpu_blocks, block_manager)
         module, name = vllm_config.scheduler_config.scheduler_cls.rsplit(".", 1)
-        host_pool = {}                       # V0's swap pool in host memory, if it has one
-        if vllm_config.scheduler_config.preemption_mode == "swap":
-            host_pool["cpu_block_manager"] = BlockManager(executor.num_cpu_blocks,
-                                                          cache_config.block_size)
+        kv_cache_config = self.model_executor.kv_cache_config
         self.scheduler: Scheduler = getattr(importlib.import_module(module), name)(
-            vllm_config.scheduler_config, block_manager, self.eos_token_ids,
-            kv_connector, vllm_config.lora_config, **host_pool)
+            vllm_config, kv_cache_config, self.eos_token_ids,
+            functools.partial(make_kv_connector, vllm_config, kv_cache_config))
         self.num_steps = 0
         self.last_scheduler_output: SchedulerOutput | None = None
         depth = getattr(self.model_executor, "max_concurrent_batches", 1)
@@ -247,7 +240,7 @@ class EngineCore:
         if len(queue) < queue.maxlen:
             t0 = self.clock()
             scheduler_output = self._schedule()
-            if scheduler_output.scheduled or scheduler_output.blocks_to_swap_out:
+            if scheduler_output.scheduled:
                 pending = self.model_executor.execute_model(scheduler_output, non_block=True)
                 queue.append((pending, scheduler_output, t0))
                 return EngineCoreOutputs(timestamp=self.clock())
@@ -280,6 +273,11 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.reset_prefix_cache()
+
+    def take_kv_events(self) -> list:
+        """The prefix cache's events since the last call (core/kv_events.py; [] when off)."""
+        cache = getattr(self.scheduler.block_manager, "prefix_cache", None)
+        return cache.take_events() if cache is not None else []
 
     def info(self) -> EngineCoreInfo:
         """What the front end knows of the core without reaching into it."""

@@ -122,7 +122,9 @@ class InprocClient(EngineCoreClient):
         self.engine_core.add_request(request)
 
     def get_output(self) -> EngineCoreOutputs:
-        return self.engine_core.step()
+        outputs = self.engine_core.step()
+        outputs.kv_events = self.engine_core.take_kv_events()   # what it cached, if asked
+        return outputs
 
     def abort_requests(self, request_ids, errors: dict[str, str] | None = None
                        ) -> list[EngineCoreOutput]:

@@ -178,10 +178,6 @@ class LLMEngine:
         return self.core.scheduler.block_manager
 
     @property
-    def cpu_block_manager(self):
-        return getattr(self.core.scheduler, "cpu_block_manager", None)
-
-    @property
     def requests(self):
         """The core's unfinished Requests, by id: an n > 1 request's children
         by theirs ("0_id" .. "{n-1}_id")."""

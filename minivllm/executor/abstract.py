@@ -18,6 +18,7 @@ Left out, compared with vLLM: the Ray executor, and non-blocking steps on one pr
 from __future__ import annotations
 
 from minivllm.config import VllmConfig
+from minivllm.core.kv_cache import KVCacheConfig
 
 
 class Executor:
@@ -39,14 +40,12 @@ class Executor:
         return self.driver_worker.pp
 
     @property
-    def num_blocks(self) -> int:
-        return self.driver_worker.model_runner.num_blocks
-
-    @property
-    def num_cpu_blocks(self) -> int:
-        """The blocks of the driver's pool in host memory: V0's swap pool (worker/swap_pool.py)
-        or the CPU offloading tier (kv_offload/); 0 without one."""
-        return self.driver_worker.num_cpu_blocks
+    def kv_cache_config(self) -> KVCacheConfig:
+        """The driver's pools: on the device, and in host memory (V0's swap pool,
+        worker/swap_pool.py, or the CPU offloading tier, kv_offload/; 0 blocks without one)."""
+        worker = self.driver_worker
+        return KVCacheConfig(worker.model_runner.num_blocks, worker.num_cpu_blocks,
+                             worker.model_runner.block_bytes)
 
     def initialize_cache(self, vllm_config: VllmConfig) -> None:
         """Set vllm_config on every worker's loaded weights: format, state, pool, compilation.

@@ -42,10 +42,13 @@ class OffloadingConnectorMetadata:
 
 
 class OffloadingConnectorScheduler:
-    def __init__(self, num_cpu_blocks: int, block_manager: BlockManager):
-        self.manager = CPUOffloadingManager(num_cpu_blocks)
+    def __init__(self, kv_cache_config, block_manager: BlockManager):
+        """kv_cache_config: the executor's pools (core/kv_cache.py); the tier is its host pool."""
+        self.manager = CPUOffloadingManager(kv_cache_config.num_cpu_blocks)
         self.block_manager = block_manager
+        self.block_bytes = kv_cache_config.block_bytes
         self.loads: list[tuple[int, int]] = []    # decided at admission, sent with the step
+        self.num_queried_tokens = self.num_hit_tokens = 0   # prompt tokens past the GPU's hits
 
     def _key(self, request: Request, i: int) -> tuple:
         """What a hash stands for: the parent's hash, the block's tokens, the adapter."""
@@ -63,6 +66,8 @@ class OffloadingConnectorScheduler:
                                    for i in blocks)        # hashed only up to the first miss
         self.loads += zip(hits, request.block_table[first:first + len(hits)])
         request.num_computed_tokens += len(hits) * bm.block_size
+        self.num_queried_tokens += len(blocks) * bm.block_size
+        self.num_hit_tokens += len(hits) * bm.block_size
 
     def build_connector_meta(self, scheduler_output, requests: dict
                              ) -> OffloadingConnectorMetadata | None:
@@ -83,6 +88,20 @@ class OffloadingConnectorScheduler:
         meta = OffloadingConnectorMetadata(self.loads, stores)
         self.loads = []
         return meta
+
+    def stats(self) -> dict[str, int]:
+        """The tier's counters since the start, as EngineStats fields (vLLM's names: the
+        external prefix cache's queries and hits in tokens, kv_offload's bytes each way; the
+        bytes are one device's: each copies its own share of a block over its own link)."""
+        m = self.manager
+        return dict(external_prefix_cache_queried_tokens=self.num_queried_tokens,
+                    external_prefix_cache_hit_tokens=self.num_hit_tokens,
+                    kv_offload_num_blocks_used=m.num_used_blocks,
+                    kv_offload_num_blocks_total=m.num_blocks,
+                    kv_offload_stored_blocks=m.num_stored_blocks,
+                    kv_offload_loaded_blocks=m.num_loaded_blocks,
+                    kv_offload_store_bytes=m.num_stored_blocks * self.block_bytes,
+                    kv_offload_load_bytes=m.num_loaded_blocks * self.block_bytes)
 
     def reset(self) -> None:
         self.manager.reset()

@@ -92,6 +92,9 @@ class HardwareProfile:
     memory_bytes: float            # device memory (the KV pool is what the weights leave)
     link_bandwidth: float = 0.0    # bytes/s per device for all-reduce (NVLink, PCIe)
     link_latency: float = 0.0      # seconds per all-reduce
+    # bytes/s each way between the device and host memory (PCIe: the CPU tier's copies);
+    # 0: one memory (a CPU), where a copy reads and writes it: bandwidth / 2
+    host_bandwidth: float = 0.0
     overhead: float = 0.0          # seconds per step: scheduling, launch, sampling, Python
     per_seq: float = 0.0           # seconds per sequence in the step (metadata, sampling)
     compute_efficiency: float = 1.0    # share of peak_flops reached by the linear layers
@@ -208,6 +211,13 @@ class StepTimer:
         self.num_all_reduces = 2 * self.cost.layers + (stage == 0) if tp > 1 else 0
         self.logits_bytes = mc.vocab_size * cost.elem if last and tp > 1 else 0
         self.ring = 2 * (tp - 1) / tp / p.link_bandwidth if tp > 1 else 0.0
+
+    def copy_time(self, num_blocks: int, block_size: int) -> float:
+        """Seconds to copy num_blocks KV blocks between this device and host memory (each
+        device its own heads' share over its own link): the CPU tier's loads and stores."""
+        p = self.profile
+        return num_blocks * block_size * self.kv_token_bytes / (p.host_bandwidth
+                                                                or p.bandwidth / 2)
 
     def kv_pool_blocks(self, block_size: int, utilization: float = 0.9) -> int:
         """KV blocks that fit beside the weights in `utilization` of one device's memory."""

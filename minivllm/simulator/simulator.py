@@ -18,8 +18,11 @@ workloads with ignore_eos, or draw max_tokens from a length distribution: `synth
 
 Pipeline parallelism is the same core keeping one batch in flight per stage
 (step_with_batch_queue), over an executor whose stages each have a clock; data parallelism is
-several cores behind the front end's own balancer (dp_client.load_score), stepped in time
-order. tests/test_simulator_parallel.py checks both against real pp=2 and dp=2 engines.
+several cores behind the front end's own router (minivllm/routing.py: the same policies, the
+prefix-aware one fed by the cores' KV events), stepped in time order.
+tests/test_simulator_parallel.py checks both against real pp=2 and dp=2 engines. With
+kv_offloading_size the core's own CPU tier (kv_offload/) decides the loads and stores, and a
+step pays their bytes over the profile's host link (HardwareProfile.host_bandwidth).
 
 No vLLM twin. Vidur (MLSys 2024) simulates vLLM by re-implementing its scheduler; this one
 imports it. Prefill/decode disaggregation is prefill and decode cores and a KV link:
@@ -41,13 +44,15 @@ from tqdm import tqdm
 
 from minivllm.benchmarks.workloads import Request, synthetic_requests  # noqa: F401 (API)
 from minivllm.config import HfConfig, VllmConfig
+from minivllm.core.kv_cache import KVCacheConfig
 from minivllm.core.scheduler import SchedulerOutput
 from minivllm.engine.arg_utils import LOAD_TIME_ARGS, EngineArgs
 from minivllm.engine.core import EngineCore, EngineCoreRequest
-from minivllm.engine.multiproc.dp_client import load_score
 from minivllm.engine.processor import validate_request
 from minivllm.engine.stats import StepRecord
+from minivllm.kv_offload.connector import OffloadingConnectorMetadata
 from minivllm.outputs import ModelRunnerOutput
+from minivllm.routing import Router, load_score
 from minivllm.sampling_params import SamplingParams
 from minivllm.simulator.cost_model import StepTimer, get_profile, model_config
 
@@ -65,12 +70,12 @@ class SimulatedExecutor:
     hidden states have crossed from stage s - 1 (tokens x hidden bytes over the link, plus its
     latency); the core's clock reaches a batch's end when the core waits for it."""
 
-    def __init__(self, stages: list[StepTimer], num_blocks: int, num_cpu_blocks: int = 0,
-                 link_bandwidth: float = 0.0, link_latency: float = 0.0):
+    def __init__(self, stages: list[StepTimer], kv_cache_config: KVCacheConfig,
+                 block_size: int, link_bandwidth: float = 0.0, link_latency: float = 0.0):
         self.stages = stages                    # one StepTimer per pipeline stage
         self.max_concurrent_batches = len(self.stages)
-        self.num_blocks = num_blocks            # the pools the engine core's managers get
-        self.num_cpu_blocks = num_cpu_blocks
+        self.kv_cache_config = kv_cache_config  # the pools the engine core's managers get
+        self.block_size = block_size
         self.link_bandwidth, self.link_latency = link_bandwidth, link_latency
         self.clock = 0.0                        # simulated seconds: the core's now
         self.free_at = [0.0] * len(self.stages)     # when each stage finishes its last batch
@@ -87,15 +92,20 @@ class SimulatedExecutor:
                 token = zlib.crc32(s.request_id.encode()) % 1000 + 3   # its own, never EOS
                 out.sampled[s.request_id] = [(token, None)]
         done = self.clock
+        meta = so.kv_connector_metadata          # the CPU tier's copies, before and after
+        moved = len(meta.loads) + len(meta.stores) if isinstance(
+            meta, OffloadingConnectorMetadata) else 0
         if so.scheduled:
             done = self._run_stages([s.num_tokens for s in so.scheduled], contexts,
-                                    len(out.sampled))
+                                    len(out.sampled), moved)
         pending = PendingBatch(self, out, done)
         return pending if non_block else pending.result()
     # --8<-- [end:execute_model]
 
-    def _run_stages(self, new_tokens, contexts, sampled: int) -> float:
-        """When the batch leaves the last stage, each stage starting when it is free."""
+    def _run_stages(self, new_tokens, contexts, sampled: int, moved: int = 0) -> float:
+        """When the batch leaves the last stage, each stage starting when it is free (and
+        copying its share of the `moved` blocks to or from the CPU tier, as the worker does:
+        in the step, synchronously)."""
         t = self.clock
         for s, timer in enumerate(self.stages):
             if s:                                   # hidden states from the stage before
@@ -105,6 +115,7 @@ class SimulatedExecutor:
                 t += (message / self.link_bandwidth if self.link_bandwidth else 0.0)
                 t += self.link_latency
             seconds = timer.time(new_tokens, contexts, sampled)
+            seconds += timer.copy_time(moved, self.block_size) if moved else 0.0
             t = max(t, self.free_at[s]) + seconds
             self.free_at[s] = t
             self.busy[s] += seconds
@@ -149,6 +160,7 @@ class SimResult:
     engine_steps: dict[str, list[StepRecord]] = field(default_factory=dict)  # each engine's
     # each engine's executor: its stages' busy seconds, the hidden states sent between them
     executors: dict[str, SimulatedExecutor] = field(default_factory=dict)
+    choices: list = field(default_factory=list)    # the router's, request by request
 
     def goodput(self, slo: SLO) -> float:
         """Share of the requests that met the SLO (DistServe's goodput, as a share)."""
@@ -165,12 +177,12 @@ def engine_core(timers: list[StepTimer], config: VllmConfig, num_blocks: int,
     per pipeline stage, hidden states crossing link_bandwidth between them), on the
     executor's virtual clock (vLLM twin: EngineCore with no model behind its executor). Its
     stats count cached tokens per sequence, cheap enough to take every simulated step."""
-    timer = timers[0]
-    num_cpu_blocks = 0
-    if config.scheduler_config.preemption_mode == "swap":
-        block_bytes = timer.kv_token_bytes * config.cache_config.block_size
-        num_cpu_blocks = max(1, int(config.cache_config.swap_space // block_bytes))
-    executor = SimulatedExecutor(timers, num_blocks, num_cpu_blocks, link_bandwidth,
+    timer, cache = timers[0], config.cache_config
+    block_bytes = round(timer.kv_token_bytes * cache.block_size)   # one device's, as the worker's
+    host_gib = (cache.swap_space if config.scheduler_config.preemption_mode == "swap"
+                else cache.kv_offloading_size or 0)    # V0's swap pool, or the CPU tier
+    kv_cache_config = KVCacheConfig(num_blocks, int(host_gib * 2**30 // block_bytes), block_bytes)
+    executor = SimulatedExecutor(timers, kv_cache_config, cache.block_size, link_bandwidth,
                                  timer.profile.link_latency)
     return EngineCore(config, executor, eos_token_ids={2}, clock=lambda: executor.clock,
                       exact_stats=False)
@@ -258,7 +270,7 @@ def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
 
     pipeline_parallel_size stages per engine, hidden states crossing pipeline_link_bandwidth
     (default: the profile's link; a slower one between nodes). data_parallel_size replicas,
-    each the whole engine, behind the real front end's balancer (dp_client.load_score, from
+    each the whole engine, behind the real front end's router (routing.Router, from
     each replica's stats after its last step and the requests sent since with no output yet);
     the replicas step in time order, each on its own clock."""
     wall0 = time.perf_counter()
@@ -274,19 +286,23 @@ def simulate(requests: list[Request], model="Llama-3-8B", profile="H100",
                disable=not progress)
     with ExitStack() as stack:
         steps = {name: stack.enter_context(c.trace()) for name, c in cores.items()}
-        _serve(requests, list(cores.values()), tag, times, bar)
+        choices = _serve(requests, list(cores.values()), tag, times, bar)
     bar.close()
-    return times.result(cores, steps, label, wall0)
+    result = times.result(cores, steps, label, wall0)
+    result.choices = list(choices)
+    return result
 
 
 def _serve(requests: list[Request], cores: list[EngineCore], tag: str, times: RequestTimes,
-           bar) -> None:
-    """The next event, until none is left: a request arriving (to the replica the balancer
-    picks; an idle one starts its clock at the arrival) or the earliest busy replica's step."""
+           bar):
+    """The next event, until none is left: a request arriving (to the replica the router
+    picks; an idle one starts its clock at the arrival) or the earliest busy replica's step.
+    Returns the router's choices."""
     clock = lambda c: c.model_executor.clock  # noqa: E731
     pending = deque(sorted(range(len(requests)), key=lambda i: (requests[i].arrival_step,
                                                                 requests[i].arrival_time)))
     snapshot = {id(c): c.stats() for c in cores}       # each replica's, after its last step
+    router = Router(len(cores), cores[0].vllm_config)
     unseen: dict[int, set[str]] = {id(c): set() for c in cores}
     owner: dict[str, int] = {}
     num_steps = 0
@@ -303,11 +319,11 @@ def _serve(requests: list[Request], cores: list[EngineCore], tag: str, times: Re
                                    and requests[pending[0]].arrival_time <= now):
                     i = pending.popleft()
                     rid = f"{tag}{i}"
-                    target = min(cores, key=lambda c: load_score(snapshot[id(c)],
-                                                                 len(unseen[id(c)])))
+                    prompt = prompt_of(requests[i], i)
+                    target = cores[router.choose(rid, prompt, [
+                        load_score(snapshot[id(c)], len(unseen[id(c)])) for c in cores])]
                     target.model_executor.clock = max(clock(target), requests[i].arrival_time)
-                    target.add_request(core_request(target, rid, prompt_of(requests[i], i),
-                                                    requests[i].params))
+                    target.add_request(core_request(target, rid, prompt, requests[i].params))
                     times.arrival[i] = requests[i].arrival_time or clock(target)
                     unseen[id(target)].add(rid)
                     owner[rid] = i
@@ -317,6 +333,8 @@ def _serve(requests: list[Request], cores: list[EngineCore], tag: str, times: Re
             if out.new_token_ids:
                 times.token(owner[out.request_id], clock(core))
             bar.update(out.finish_reason is not None)
+        router.apply(cores.index(core), core.take_kv_events())
         if core.last_record is not None:             # a batch came back (pipeline: or not)
             num_steps += 1
             snapshot[id(core)] = core.last_record.stats
+    return router.choices

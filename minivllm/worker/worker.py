@@ -77,19 +77,18 @@ class Worker:
             self.kv_connector = None
             if vllm_config.cache_config.kv_offloading_size is not None:
                 from minivllm.kv_offload.connector import OffloadingConnectorWorker
-                size = int(vllm_config.cache_config.kv_offloading_size * 2**30)
-                self.kv_connector = OffloadingConnectorWorker(
-                    runner, self.num_host_blocks(size), copy_blocks)
+                self.kv_connector = OffloadingConnectorWorker(runner, self.num_host_blocks(
+                    vllm_config.cache_config.kv_offloading_size), copy_blocks)
         # Speculative decoding's drafter, on the rank that samples (a draft model runs in a
         # Worker of its own: the class is passed, spec_decode/ imports nothing of worker/).
         runner.drafter = make_drafter(vllm_config, runner, Worker) if runner.is_driver else None
         return num_blocks
 
-    def num_host_blocks(self, num_bytes: int) -> int:
-        """How many of the runner's blocks num_bytes of host memory hold; split across
+    def num_host_blocks(self, gib: float) -> int:
+        """How many of the runner's blocks `gib` GiB of host memory hold; split across
         processes, the smallest count of any rank (the scheduler names the same blocks on
         all of them)."""
-        num_blocks = num_bytes // self.model_runner.block_bytes
+        num_blocks = int(gib * 2**30) // self.model_runner.block_bytes
         group = self.pp or self.tp
         return group.all_reduce_min(num_blocks) if group is not None else num_blocks
 

@@ -43,10 +43,13 @@ def fork_blocks(block_manager: BlockManager, parent: Request, child: Request) ->
 
 
 class V0Scheduler(Scheduler):
-    def __init__(self, *args, cpu_block_manager: BlockManager | None = None, **kwargs):
-        """cpu_block_manager: the swap pool in host memory, if swapping is on."""
-        super().__init__(*args, **kwargs)
-        self.cpu_block_manager = cpu_block_manager
+    def __init__(self, vllm_config, kv_cache_config, eos_token_ids: set[int] = frozenset(),
+                 make_kv_connector=None):
+        super().__init__(vllm_config, kv_cache_config, eos_token_ids, make_kv_connector)
+        self.cpu_block_manager = None        # swap preemption's pool in host memory
+        if self.scheduler_config.preemption_mode == "swap":
+            self.cpu_block_manager = BlockManager(kv_cache_config.num_cpu_blocks,
+                                                  self.block_manager.block_size)
         self.swapped: deque[Request] = deque()
         self.groups: dict[str, SequenceGroup] = {}    # the caller's request id -> its group
         self.group_of: dict[str, SequenceGroup] = {}  # a sample's (beam's) id -> its group

@@ -79,6 +79,7 @@ class CoreProcess:
     closed: threading.Event = field(default_factory=threading.Event)
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     thread: threading.Thread | None = None     # the output thread, once started
+    engine_index: int = 0                      # its replica, behind data parallelism
 
     def send(self, kind: str, payload) -> None:
         if self.error is not None:
@@ -134,6 +135,7 @@ def _read_messages(core: CoreProcess, client_ref: weakref.ref) -> None:
         kind, payload = pickle.loads(core.output_socket.recv())
         if kind == "outputs":           # the stats first: whoever sees a request finish
             core.stats = payload.scheduler_stats          # also sees its blocks free
+            payload.engine_index = core.engine_index
             core.outputs.put(payload)
         elif kind in ("stats", "scheduled"):
             core.stats = payload
@@ -187,12 +189,13 @@ def _wait_hello(output_socket: zmq.Socket, address: str, timeout: float) -> int:
 class SyncMPClient(EngineCoreClient):
     def __init__(self, vllm_config: VllmConfig, ready_timeout: float = READY_TIMEOUT_S,
                  outputs: queue.Queue | None = None, env: dict[str, str] | None = None,
-                 address: str | None = None):
+                 address: str | None = None, engine_index: int = 0):
         """Start the core's process and wait until it has built its EngineCore. It gets plain
         arguments (the config, which names the checkpoint), never a torch model. outputs:
         where its outputs go (data parallelism: one queue for every replica); env: more
         environment for its process (a replica's GPUs); address: HOST:PORT, where a headless
-        core on another host connects instead (this side binds PORT and PORT + 1)."""
+        core on another host connects instead (this side binds PORT and PORT + 1);
+        engine_index: its replica's rank, which its outputs carry."""
         self.vllm_config = vllm_config
         self.schedule_callbacks: list[Callable[[], None]] = []
         self._call_ids = itertools.count()
@@ -214,7 +217,8 @@ class SyncMPClient(EngineCoreClient):
             input_socket.bind(f"tcp://{host}:{port}")
             popen = RemoteProcess(_wait_hello(output_socket, address, ready_timeout))
         self.process = CoreProcess(popen, ctx, input_socket, output_socket, ipc_dir,
-                                   outputs if outputs is not None else queue.Queue())
+                                   outputs if outputs is not None else queue.Queue(),
+                                   engine_index=engine_index)
         self._finalizer = weakref.finalize(self, self.process.close)   # and at interpreter exit
         try:
             self.process.send("start", dict(

@@ -67,7 +67,8 @@ logger = logging.getLogger("minivllm")
 # What the front end may call here (SyncMPClient.call_utility): InprocClient's methods, and
 # EngineCoreProc's own for a trace (`with core.trace()` cannot span two processes).
 UTILITY_METHODS = frozenset({"stats", "reconfigure", "add_lora", "list_loras",
-                             "prompt_logits", "start_trace", "stop_trace"})
+                             "reset_prefix_cache", "prompt_logits", "start_trace",
+                             "stop_trace"})
 
 IDLE_POLL_MS = 1000          # with no work, how often the loop checks that the front end lives
 START_TIMEOUT_MS = 60_000    # the front end sends "start" as it launches this process

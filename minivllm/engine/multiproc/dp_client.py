@@ -14,11 +14,13 @@ replica and stays there, so its aborts and stop strings reach that replica; util
 to every replica (reconfigure, adapters) or to the first (prompt logits); stats are
 summed.
 
-Which replica: vLLM V1's rule, the lowest `4 x waiting + running`, from each replica's last
-stats snapshot (it comes with every step's outputs) plus the requests sent to it since whose
-first output has not come back (counted as waiting: the snapshot does not know them yet).
-`balance="round_robin"` sends request i to replica i mod N instead: the baseline it is
-measured against (bench parallel, lesson 18: `client.balance` may change between requests).
+Which replica: minivllm/routing.py's Router, as data_parallel_balance says: vLLM V1's rule
+("score"), the lowest `4 x waiting + running` from each replica's last stats snapshot (it
+comes with every step's outputs) plus the requests sent to it since whose first output has not
+come back (counted as waiting: the snapshot does not know them yet); "round_robin", the
+baseline it is measured against; or "prefix", the cached blocks each replica's KV events
+reported against that load (`client.balance` may change between requests: bench parallel,
+lesson 18).
 
 Left out, compared with vLLM: the coordinator process that publishes the replicas' queue
 lengths and runs the DP "waves" (MoE models keep idle replicas stepping in lockstep; dense
@@ -27,7 +29,6 @@ ones need not), a heartbeat for replicas on other hosts, and the asyncio client.
 
 from __future__ import annotations
 
-import itertools
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,8 +43,7 @@ from minivllm.engine.core_client import EngineCoreClient, EngineDeadError
 from minivllm.engine.multiproc.client import READY_TIMEOUT_S, SyncMPClient
 from minivllm.engine.stats import EngineStats
 from minivllm.outputs import EngineCoreOutputs
-
-BALANCES = ("score", "round_robin")
+from minivllm.routing import Router, load_score
 
 
 def sum_stats(snapshots: list[EngineStats]) -> EngineStats:
@@ -59,20 +59,12 @@ def sum_stats(snapshots: list[EngineStats]) -> EngineStats:
     return EngineStats(**total)
 
 
-def load_score(stats: EngineStats, num_unseen: int) -> int:
-    """vLLM V1's load score of a replica: 4 x waiting + running, from its last stats snapshot,
-    the requests sent to it since whose first output has not come back counted as waiting
-    (the simulator's data parallelism balances by this same function)."""
-    return 4 * (stats.num_waiting + num_unseen) + stats.num_running
-
-
 class DPLBClient(EngineCoreClient):
-    def __init__(self, vllm_config: VllmConfig, ready_timeout: float = READY_TIMEOUT_S,
-                 balance: str = "score"):
+    def __init__(self, vllm_config: VllmConfig, ready_timeout: float = READY_TIMEOUT_S):
         parallel = vllm_config.parallel_config
         n, world = parallel.data_parallel_size, parallel.world_size
         self.vllm_config = vllm_config
-        self.balance = balance
+        self.router = Router(n, vllm_config)      # first: a bad balance fails before starting
         self.outputs: queue.Queue = queue.Queue()        # every replica's, as they come
         cuda = vllm_config.model_config.device.type == "cuda"
 
@@ -83,13 +75,15 @@ class DPLBClient(EngineCoreClient):
             if rank >= local:             # a headless core on another host connects to us
                 port = parallel.data_parallel_rpc_port + 2 * rank
                 return SyncMPClient(vllm_config, ready_timeout, outputs=self.outputs,
-                                    address=f"{parallel.data_parallel_address}:{port}")
+                                    address=f"{parallel.data_parallel_address}:{port}",
+                                    engine_index=rank)
             # Its own GPUs; on a CPU, its share of the cores (n replicas at the default thread
             # count each would oversubscribe them n times over).
             env = ({"CUDA_VISIBLE_DEVICES": ",".join(
                 str(d) for d in range(rank * world, (rank + 1) * world))} if cuda
                 else {"OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // local))})
-            return SyncMPClient(vllm_config, ready_timeout, outputs=self.outputs, env=env)
+            return SyncMPClient(vllm_config, ready_timeout, outputs=self.outputs, env=env,
+                                engine_index=rank)
 
         with ThreadPoolExecutor(n) as pool:                # the replicas load at once
             futures = [pool.submit(start, rank) for rank in range(n)]
@@ -102,7 +96,6 @@ class DPLBClient(EngineCoreClient):
         self.owner: dict[str, int] = {}                   # request id -> its replica
         self.unseen: list[set[str]] = [set() for _ in range(n)]   # sent, no output back yet
         self.num_added = [0] * n                           # requests each replica was given
-        self._round_robin = itertools.cycle(range(n))
 
     @property
     def pid(self) -> int:
@@ -116,13 +109,10 @@ class DPLBClient(EngineCoreClient):
     def score(self, rank: int) -> int:
         return load_score(self.replicas[rank].process.stats, len(self.unseen[rank]))
 
-    def choose(self) -> int:
-        if self.balance == "round_robin":
-            return next(self._round_robin)
-        return min(range(len(self.replicas)), key=self.score)
-
     def add_request(self, request: EngineCoreRequest) -> None:
-        rank = self.choose()
+        rank = self.router.choose(request.request_id, request.prompt_token_ids,
+                                  [self.score(r) for r in range(len(self.replicas))],
+                                  request.lora_request)
         self.owner[request.request_id] = rank
         self.unseen[rank].add(request.request_id)
         self.num_added[rank] += 1
@@ -139,6 +129,7 @@ class DPLBClient(EngineCoreClient):
             raise item
         if item is None:
             return EngineCoreOutputs(timestamp=time.perf_counter())
+        self.router.apply(item.engine_index, item.kv_events)
         for output in item.outputs:
             rank = self.owner.get(output.request_id)
             if rank is not None:
@@ -184,14 +175,12 @@ class DPLBClient(EngineCoreClient):
 
     @property
     def balance(self) -> str:
-        """Where the next request goes: "score" (V1's) or "round_robin"."""
-        return self._balance
+        """Where the next request goes: "score" (V1's), "round_robin" or "prefix"."""
+        return self.router.balance
 
     @balance.setter
     def balance(self, balance: str) -> None:
-        if balance not in BALANCES:
-            raise ValueError(f"balance must be one of {BALANCES}, got {balance!r}")
-        self._balance = balance
+        self.router.balance = balance
 
     def replica_stats(self, fresh: bool = False) -> list[EngineStats]:
         """Each replica's snapshot, in replica order (for /metrics and lesson 18)."""
@@ -200,6 +189,7 @@ class DPLBClient(EngineCoreClient):
     def reconfigure(self, vllm_config: VllmConfig):
         infos = [r.reconfigure(vllm_config) for r in self.replicas]
         self.vllm_config, self.info = vllm_config, infos[0]
+        self.router.configure(vllm_config)       # its balance too, whatever was set since
         return self.info
 
     def add_lora(self, lora_request) -> None:
@@ -210,7 +200,11 @@ class DPLBClient(EngineCoreClient):
         return self.replicas[0].list_loras()
 
     def reset_prefix_cache(self) -> bool:
-        return all([r.reset_prefix_cache() for r in self.replicas])     # every one, not lazily
+        reset = [r.reset_prefix_cache() for r in self.replicas]     # every one, not lazily
+        for rank, done in enumerate(reset):
+            if done:
+                self.router.indexes[rank].hashes.clear()
+        return all(reset)
 
     def prompt_logits(self, token_ids: list[int]):
         return self.replicas[0].prompt_logits(token_ids)

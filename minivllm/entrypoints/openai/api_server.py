@@ -81,31 +81,37 @@ class EngineCollector:
 
     def collect(self):
         s = self.aengine.stats()
-        for name, doc, value in [
-                ("num_requests_running", "Sequences in the running batch.", s.num_running),
-                ("num_requests_waiting", "Sequences waiting to be admitted.", s.num_waiting),
-                ("kv_cache_usage_perc", "Share of KV blocks in use (0-1).",
-                 s.num_blocks_used / s.num_blocks_total if s.num_blocks_total else 0.0),
+        for name, doc, field in [
+                ("num_requests_running", "Sequences in the running batch.", "num_running"),
+                ("num_requests_waiting", "Sequences waiting to be admitted.", "num_waiting"),
+                ("kv_cache_usage_perc", "Share of KV blocks in use (0-1).", "kv_cache_usage"),
+                ("kv_offload_usage_perc", "Share of CPU tier blocks in use.", "kv_offload_usage"),
                 ("prefix_cache_hit_rate", "Prompt tokens found in the prefix cache (0-1).",
-                 s.prefix_cache_hit_rate)]:
-            yield GaugeMetricFamily(f"minivllm:{name}", doc, value=value)
-        for name, doc, value in [
-                ("num_preemptions", "Preemptions since start.", s.num_preemptions),
-                ("prefix_cache_queries", "Prompt tokens looked up.", s.prefix_cache_queried_tokens),
-                ("prefix_cache_hits", "Prompt tokens found.", s.prefix_cache_hit_tokens)]:
-            yield CounterMetricFamily(f"minivllm:{name}", doc, value=value)
+                 "prefix_cache_hit_rate")]:
+            yield GaugeMetricFamily(f"minivllm:{name}", doc, value=getattr(s, field))
+        for name, doc, field in [
+                ("num_preemptions", "Preemptions since start.", "num_preemptions"),
+                ("prefix_cache_queries", "Prompt tokens looked up.", "prefix_cache_queried_tokens"),
+                ("prefix_cache_hits", "Prompt tokens found.", "prefix_cache_hit_tokens"),
+                ("external_prefix_cache_queries", "Prompt tokens looked up in the CPU tier.",
+                 "external_prefix_cache_queried_tokens"),
+                ("external_prefix_cache_hits", "Prompt tokens loaded from the CPU tier.",
+                 "external_prefix_cache_hit_tokens"),
+                ("kv_offload_store_bytes", "Bytes to the CPU tier (one device's).",
+                 "kv_offload_store_bytes"),
+                ("kv_offload_load_bytes", "Bytes from the CPU tier (one device's).",
+                 "kv_offload_load_bytes")]:
+            yield CounterMetricFamily(f"minivllm:{name}", doc, value=getattr(s, field))
         replicas = self.aengine.replica_stats()
         if len(replicas) > 1:        # data parallelism: each replica too, labelled as in vLLM
-            for name, doc, get in [
-                    ("num_requests_running", "Sequences running, per replica.",
-                     lambda r: r.num_running),
-                    ("num_requests_waiting", "Sequences waiting, per replica.",
-                     lambda r: r.num_waiting),
+            for name, doc, field in [
+                    ("num_requests_running", "Sequences running, per replica.", "num_running"),
+                    ("num_requests_waiting", "Sequences waiting, per replica.", "num_waiting"),
                     ("kv_cache_usage_perc", "Share of KV blocks in use, per replica.",
-                     lambda r: r.num_blocks_used / r.num_blocks_total)]:
+                     "kv_cache_usage")]:
                 family = GaugeMetricFamily(f"minivllm:{name}_by_engine", doc, labels=["engine"])
                 for i, r in enumerate(replicas):
-                    family.add_metric([str(i)], get(r))
+                    family.add_metric([str(i)], getattr(r, field))
                 yield family
 
 
