@@ -18,6 +18,7 @@ def _():
 
     from minivllm import LLM, SamplingParams
     from minivllm.benchmarks.roofline import StepCost
+    from minivllm.benchmarks.routing import rotating_chats
     from minivllm.distributed.parallel_state import check_tensor_parallel, kv_head_range
     from minivllm.distributed.pipeline import check_pipeline_parallel, get_pp_indices
     from minivllm.simulator import (MODEL_SHAPES, PROFILES, SLO, StepTimer, model_config,
@@ -25,8 +26,8 @@ def _():
     from minivllm.workloads import Request, poisson_arrivals
     return (LLM, MODEL_SHAPES, PROFILES, Request, SLO, SamplingParams, StepCost, StepTimer,
             check_pipeline_parallel, check_tensor_parallel, dataclasses, get_pp_indices,
-            kv_head_range, mo, model_config, np, plt, poisson_arrivals, simulate,
-            synthetic_requests, time, torch)
+            kv_head_range, mo, model_config, np, plt, poisson_arrivals, rotating_chats,
+            simulate, synthetic_requests, time, torch)
 
 
 @app.cell
@@ -34,22 +35,16 @@ def _(mo):
     mo.md(r"""
     # 18 · Scaling out: pipeline stages and data-parallel replicas
 
-    Lesson 15 cut every layer across processes. This lesson adds the two other ways vLLM
-    spreads a model: **pipeline parallelism** gives each process a run of whole layers and
-    hands the hidden states from one to the next; **data parallelism** runs whole copies of
-    the engine behind one front end. After it you can say what each rank holds and sends
-    under `tp x pp x dp`, why a pipeline sends far fewer bytes than tensor parallelism (61x
-    fewer here) but leaves stages idle (the *bubble*), how keeping several batches in flight
-    fills that bubble, and why a data-parallel front end should not hand out requests
-    round-robin. You
-    will run the default model as two stages, three tensor ranks and two replicas on this
-    machine, and check every run against one process. Then, simulated on data-sheet H100s,
-    you lay a 405B-class model out over two nodes and count the bytes that decide it, and
-    weigh four replicas against one wide engine.
-
-    Lesson 17 simulated TP=8 over NVLink and found the same all-reduces slower over PCIe;
-    NVLink joins the eight GPUs of one node. This lesson goes past that node, and past one copy
-    of the engine.
+    Lesson 15 cut every layer across processes, over NVLink inside one node (lesson 17). This
+    lesson goes past the node and past one copy of the engine: **pipeline parallelism** gives
+    each process a run of whole layers and hands the hidden states on; **data parallelism**
+    runs whole copies of the engine behind one front end. After it you can say what each rank
+    holds and sends under `tp x pp x dp`, why a pipeline sends far fewer bytes than tensor
+    parallelism (61x here) but leaves stages idle (the *bubble*), how batches in flight fill
+    it, and why a data-parallel front end should route neither round-robin nor blind to the
+    replicas' caches. You run the default model as two stages, three tensor ranks and two
+    replicas here, each checked against one process; then, on simulated H100s, lay a 405B
+    model over two nodes and weigh four replicas against one wide engine.
     """)
     return
 
@@ -81,15 +76,12 @@ def _(mo):
     (lesson 15) splits each layer over 8 GPUs, but pays two all-reduces per layer, every
     step: fine over NVLink inside one node, slow across nodes. And a model that fits can
     still have more users than one copy serves. Three knobs, as in vLLM:
+    `tensor_parallel_size` (tp), every layer split across tp ranks;
+    `pipeline_parallel_size` (pp), the layers split into pp **stages** of consecutive layers,
+    each sending its hidden states to the next; `data_parallel_size` (dp), dp **replicas**,
+    each a whole engine with its own KV pool, behind one front end that picks a replica.
 
-    - `tensor_parallel_size` (tp): every layer split across tp ranks;
-    - `pipeline_parallel_size` (pp): the layers split into pp **stages** of consecutive
-      layers; a stage sends its hidden states to the next one;
-    - `data_parallel_size` (dp): dp **replicas**, each a whole engine with its own KV pool,
-      behind one front end that picks a replica per request.
-
-    A deployment uses `tp x pp x dp` GPUs. (The sizes above are published numbers, not
-    measured here.)
+    A deployment uses `tp x pp x dp` GPUs. (Sizes above: published, not measured here.)
     """)
     return
 
@@ -110,13 +102,12 @@ def _(COMMON, GREEDY, LLM, PROMPTS, cfg, get_pp_indices, mo, reference):
     mo.md(f"""
     ## Two stages, live
 
-    `LLM(pipeline_parallel_size=2)` starts a second process. `get_pp_indices` (vLLM's
-    split, `minivllm/distributed/pipeline.py`) gives stage 0 layers
-    {stage_layers[0][0]}-{stage_layers[0][1] - 1} and the embedding, stage 1 layers
-    {stage_layers[1][0]}-{stage_layers[1][1] - 1}, the final norm and the LM head; what a
-    stage does not hold is a `PPMissingLayer` and its weights are never loaded, and each
-    stage's KV pool holds its own layers only. Stage 1 samples: it is the **driver**, in the
-    engine core's process.
+    `LLM(pipeline_parallel_size=2)` starts a second process. `get_pp_indices`
+    (`minivllm/distributed/pipeline.py`) gives stage 0 the embedding and layers
+    {stage_layers[0][0]}-{stage_layers[0][1] - 1}, stage 1 layers
+    {stage_layers[1][0]}-{stage_layers[1][1] - 1}, the final norm and the LM head; a layer a
+    stage lacks is a `PPMissingLayer` (no weights, no KV). Stage 1 samples: it is the
+    **driver**, in the engine core's process.
 
     Each step, stage 0 sends one tensor: (tokens, hidden) = {cfg.hidden_size} floats per
     token. The {pp_tokens_computed} tokens these {len(PROMPTS)} prompts computed sent
@@ -159,13 +150,12 @@ def _(mo):
     mo.md(r"""
     ## The bubble, and the batch queue that fills it
 
-    A pipeline has a cost tensor parallelism has not: while stage 1 works on a batch, stage
-    0 has nothing to do, unless another batch is ready. With one batch at a time each stage
-    is idle a fraction (pp-1)/pp of the time. GPipe's answer is micro-batches: with m of
-    them in flight, the stages are idle only while the pipeline fills and drains, a fraction
-    **(pp-1)/(m+pp-1)**. vLLM V1 does this in the engine core: `step_with_batch_queue` keeps
-    up to pp batches in flight and schedules the next one while the last stage finishes the
-    previous; a request in flight is not scheduled again until its batch is back.
+    While stage 1 works on a batch, stage 0 idles unless another batch is ready: with one
+    batch at a time each stage idles (pp-1)/pp of the time. GPipe's answer is micro-batches:
+    with m in flight, stages idle only while the pipeline fills and drains,
+    **(pp-1)/(m+pp-1)**. vLLM V1's engine core keeps up to pp batches in flight
+    (`step_with_batch_queue`), scheduling the next while the last stage finishes one; a
+    request in flight is not scheduled again until its batch is back.
 
     Below, six prompts of one token each to generate, the token budget one prompt a step, so
     each prompt is its own micro-batch. First `max_num_seqs=1`: one request at a time, so
@@ -305,15 +295,12 @@ def _(mo):
 
     `LLM(data_parallel_size=2)` starts two engine cores, each in its own process with its
     own KV pool, behind one front end (`DPLBClient`, vLLM's `DPLBAsyncMPClient`). A request
-    goes to one replica and stays there, so its stop strings and aborts reach it. Which one?
-    Round-robin is the obvious rule, and it is blind: below, a long request (20 tokens) and a
-    short one (3 tokens) arrive in turn, a new one a few front-end steps after the last one's
-    first token. Round-robin sends every long request to replica 0. vLLM V1's rule sends
-    each request to the replica with the lowest **4 x waiting + running**, from the stats
-    each replica sends back with its outputs, plus the requests sent to it that have not
-    answered yet, counted as waiting. (That guess is why the stream waits for a first token:
-    on a loaded CPU a replica slow to answer looks four times as busy as it is, and the long
-    requests can all land on the other one.)
+    stays on its replica, so its stop strings and aborts reach it. Which one? Round-robin is
+    blind: below, long (20 tokens) and short (3) requests alternate, each a few front-end
+    steps after the last one's first token, and round-robin sends every long one to replica
+    0. vLLM V1 picks the lowest **4 x waiting + running**, from the stats each replica sends
+    with its outputs, the requests sent since and not answered counted as waiting (hence the
+    wait for a first token: on a loaded CPU a slow replica looks four times as busy).
     """)
     return
 
@@ -321,9 +308,8 @@ def _(mo):
 @app.cell
 def _(LLM, SamplingParams, time):
     def skewed_stream(llm, balance: str, n: int = 10, every: int = 3) -> dict:
-        """Long and short requests in turn, the next one `every` front-end steps after the
-        last one's first output; after each step (one replica's outputs), the time and each
-        replica's queue."""
+        """Long and short requests in turn, each `every` front-end steps after the last one's
+        first output; after each step, the time and each replica's queue."""
         client = llm.engine.engine_core
         client.balance = balance
         long = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -350,12 +336,11 @@ def _(LLM, SamplingParams, time):
             record()
         return {"longs": longs, "queue": queue, "times": times, "seconds": times[-1]}
 
-    print("data parallel: starting two engine cores, each in its own process with its own "
-          "copy of the model (seconds) ...", flush=True)
-    dp_llm = LLM(data_parallel_size=2, max_model_len=256, num_kv_blocks=64)
+    print("data parallel: two engine cores, a process each (seconds) ...", flush=True)
+    dp_llm = LLM(data_parallel_size=2, max_model_len=256, num_kv_blocks=64,
+                 kv_events_config={"enable_kv_cache_events": True})   # for the next section
     dp_runs = {b: skewed_stream(dp_llm, b) for b in ("round_robin", "score")}
-    dp_llm.engine.shutdown()
-    return (dp_runs,)
+    return dp_llm, dp_runs
 
 
 @app.cell
@@ -373,14 +358,57 @@ def _(dp_runs, mo, plt):
     _fig.tight_layout()
     mo.vstack([_fig, mo.md(f"""
     Round-robin gave the replicas **{dp_runs['round_robin']['longs']}** long requests: one
-    replica carries all the long work and its queue grows while the other's stays near
-    empty. The score gave **{dp_runs['score']['longs']}**. Both replicas are the same engine;
-    only the front end's choice differs. The counts are the finding; the seconds are shown
-    beside them but say little here, where the two replicas share one CPU's cores (on two
-    GPUs the idle one would simply waste its GPU). The queue lengths come from each
-    replica's stats snapshot, which arrives with its outputs: the front end always sees a
-    step-old picture, as in vLLM.
+    carries all the long work, its queue growing, the other's near empty. The score gave
+    **{dp_runs['score']['longs']}**. The counts are the finding; the seconds say little where
+    both replicas share one CPU. Each replica's stats arrive with its outputs: the front end
+    always sees a step-old picture, as in vLLM.
     """)])
+    return
+
+
+@app.cell
+def _(mo):
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    route_guess = mo.ui.radio({"replica 0": 0, "replica 1": 1}, label="your answer",
+                              value="replica 0" if _headless else None)
+    mo.vstack([mo.md(r"""
+    ### Which replica holds the chat? Routing by prefix
+
+    A chat's next turn resends its history, cached (lesson 05) only where the last turn ran;
+    the score counts queues, not caches. With `kv_events_config={"enable_kv_cache_events":
+    True}` each core sends vLLM's **KV events** (`BlockStored`, `BlockRemoved`) with its
+    outputs, the front end keeps each replica's block hashes (`minivllm/routing.py`), and
+    `data_parallel_balance="prefix"` picks the lowest `load - 8 x (share of the prompt's
+    blocks held)`. Three chats, three turns, each round sent together in a rotating order.
+    *Predict:* under the score, round 2 starts with chat 1 (on replica 1 in round 1), both
+    replicas idle: where does it go?
+    """), route_guess])
+    return (route_guess,)
+
+
+@app.cell
+def _(dp_llm, rotating_chats):
+    routed = {}                 # rotating_chats: minivllm/benchmarks/routing.py; fresh pools
+    for _balance in ("score", "prefix"):
+        routed[_balance] = rotating_chats(dp_llm.reconfigure(data_parallel_balance=_balance))
+    dp_llm.engine.shutdown()
+    return (routed,)
+
+
+@app.cell
+def _(mo, route_guess, routed):
+    _truth = routed["score"]["where"][1][1]
+    _rows = "\n    ".join(f"| {b} | {r['where']} | {r['hits']} |" for b, r in routed.items())
+    mo.md(f"""
+    Replica **{_truth}** (you said {route_guess.value}): both idle, a tie goes to the first,
+    so the chats swap replicas as the order rotates and compute their histories again. Prefix
+    routing kept each chat home; its weight keeps the load even (a replica over two requests
+    busier is not chosen for its cache: `minivllm bench routing`, eight chats).
+
+    | policy | each chat's replica, turn by turn | prompt tokens found cached |
+    |---|---|---|
+    {_rows}
+    """)
     return
 
 
@@ -393,9 +421,9 @@ def _(MODEL_SHAPES, mo):
     mo.vstack([mo.md(r"""
     ## Plan a deployment: what each rank holds and sends
 
-    Pick a model and `tp x pp x dp`. The table uses the engine's own split
-    (`get_pp_indices`) and its own checks (`check_tensor_parallel`,
-    `check_pipeline_parallel`): an impossible split shows the error the engine would raise.
+    Pick a model and `tp x pp x dp`. The table uses the engine's own split (`get_pp_indices`)
+    and checks (`check_tensor_parallel`, `check_pipeline_parallel`): an impossible split
+    shows the error the engine would raise.
     Weights and traffic are bf16, per GPU of 80 GB. Find a setting that does not fit, one
     the engine refuses, and the cheapest one that fits Llama-3-70B with room for KV.
     """), mo.hstack([plan_model, plan_tp, plan_pp, plan_dp])])
@@ -468,20 +496,15 @@ def _(mo):
     mo.md(r"""
     ## A 405B-class model on two nodes of 8 H100 (simulated)
 
-    Llama-3.1-405B's weights are 810 GB in bf16: more than one node of eight 80 GB GPUs
-    holds. With two nodes there are two obvious layouts of its 16 GPUs:
-
-    - **TP8 x PP2**: tensor parallel inside each node, over NVLink (450 GB/s a direction);
-      the two pipeline stages across the node link, one 400 Gb/s InfiniBand NIC per GPU
-      (50 GB/s);
-    - **TP16**: one tensor-parallel group of 16, so every all-reduce crosses the node link.
-
-    No machine here has 16 H100s, so the simulator of lesson 17 serves the same 200 requests
-    (prompts of about 900 tokens, answers of about 180, 4 a second) on both: the engine's own
-    scheduler on a virtual clock, each step timed by the cost model. **Every number in this
-    section and the next is simulated** on NVIDIA's data-sheet peaks, with efficiencies and
-    overheads that are assumptions (`minivllm/simulator/cost_model.py`); the counts of bytes,
-    blocks and requests are not.
+    Llama-3.1-405B's 810 GB of bf16 weights outgrow one node of eight 80 GB GPUs. Two nodes
+    give two obvious layouts of 16 GPUs: **TP8 x PP2**, tensor parallel inside each node over
+    NVLink (450 GB/s a direction), the two stages across the node link (a 400 Gb/s NIC per
+    GPU, 50 GB/s); and **TP16**, one group of 16 whose every all-reduce crosses that link.
+    The simulator of lesson 17 serves the same 200 requests (prompts of ~900 tokens, answers
+    of ~180, 4 a second) on both: the engine's own scheduler on a virtual clock, each step
+    timed by the cost model. **Every number in this section and the next is simulated** on
+    data-sheet peaks with assumed efficiencies (`minivllm/simulator/cost_model.py`); the
+    counts of bytes, blocks and requests are not.
     """)
     return
 
@@ -547,13 +570,13 @@ def _(mo):
     mo.md(r"""
     ## Exercise: predict what crosses the node link
 
-    One decode step of 64 sequences (one new token each) of Llama-3.1-405B, in bf16 (2
-    bytes), hidden size 16384, 126 layers, a vocabulary of 128,256. How many bytes cross the
-    node link in **TP8 x PP2** (all of them, at the one stage boundary), and how many go
-    through **each GPU's** link in **TP16**, whose ring collectives cross the node link: the
-    all-reduces the layers and the vocabulary-split embedding need, and the all-gather of
-    the logits the split LM head computes? The simulator decides: its executor counts what
-    stage 0 sends, and its cost model (`StepTimer`) the collectives it prices for TP16.
+    One decode step of 64 sequences of Llama-3.1-405B in bf16 (2 bytes), hidden size 16384,
+    126 layers, a vocabulary of 128,256. How many bytes cross the node link in **TP8 x PP2**
+    (all of them, at the stage boundary), and how many through **each GPU's** link in
+    **TP16**, whose ring collectives cross it: the all-reduces of the layers and of the
+    vocabulary-split embedding, and the all-gather of the split LM head's logits? The
+    simulator decides: its executor counts what stage 0 sends, its `StepTimer` what TP16's
+    collectives move.
     """)
     return
 
@@ -684,25 +707,22 @@ def _(NODE_LINK, big_runs, big_workload, mo, model_config):
     {_head}
     {_rows}
 
-    (times: the bytes over the link's data-sheet bandwidth, 50 GB/s between nodes, 450 GB/s
-    NVLink, before any latency.) The pipeline sends one hidden state a token across the node
-    link: {big_hidden_bytes:,} bytes. TP16's every all-reduce crosses it, two a layer, 126
-    layers, and the embedding's: **{link_bytes(1, 0)['TP16'] / big_hidden_bytes:.1f}x** the
-    bytes a token before the logits' gather, and each of its {2 * _layers + 1} all-reduces a
-    step waits the link's latency too. TP8 x PP2 keeps those all-reduces inside each node, on
-    a link nine times faster. A decode step
-    costs TP16 {1000 * _decode:.0f} ms of node link, a full prefill step
-    {1000 * _prefill:,.0f} ms: where its TTFT went.
+    (times: the bytes over the data-sheet bandwidth, 50 GB/s between nodes, 450 GB/s NVLink,
+    before latency.) The pipeline sends one hidden state a token across the node link:
+    {big_hidden_bytes:,} bytes. Every TP16 all-reduce crosses it, two a layer and the
+    embedding's: **{link_bytes(1, 0)['TP16'] / big_hidden_bytes:.1f}x** the bytes a token
+    before the logits' gather, each of its {2 * _layers + 1} all-reduces a step waiting the
+    link's latency too; TP8 x PP2 keeps them on NVLink. A decode step costs TP16
+    {1000 * _decode:.0f} ms of node link, a full prefill step {1000 * _prefill:,.0f} ms: where
+    its TTFT went.
 
-    The simulator agrees on the pipeline's share: over the whole run its executor counted
-    **{pp_sim_sent:,} bytes** in {_executor.num_sends:,} sends for the {pp_sim_tokens:,}
-    tokens stage 0 computed ({pp_sim_tokens:,} x {big_hidden_bytes:,} =
-    {pp_sim_tokens * big_hidden_bytes:,}), and those are the workload's prompts plus its
-    answers less one token each ({big_tokens_expected:,}). The TP16 count is a flat ring's,
-    what the simulator prices; NCCL across two nodes would reduce inside each node first and
-    send each message over the node link once each way, 254 collectives a step to the
-    pipeline's one send: still the same verdict. vLLM's advice follows: tensor parallel
-    inside a node, pipeline stages across nodes.
+    Over the whole run the simulator's executor counted **{pp_sim_sent:,} bytes** in
+    {_executor.num_sends:,} sends for the {pp_sim_tokens:,} tokens stage 0 computed
+    (x {big_hidden_bytes:,} = {pp_sim_tokens * big_hidden_bytes:,}): the prompts plus the
+    answers less one token each ({big_tokens_expected:,}). The TP16 count is a flat ring's;
+    NCCL would reduce inside each node first, still 254 collectives a step across the link to
+    the pipeline's one send. vLLM's advice follows: tensor parallel inside a node, pipeline
+    stages across nodes.
     """)
     return big_hidden_bytes, big_tokens_expected, link_bytes, pp_sim_sent, pp_sim_tokens
 
@@ -712,10 +732,9 @@ def _(mo):
     mo.md(r"""
     ## Four replicas or one wide engine? Qwen3-32B on 8 H100s (simulated)
 
-    Qwen3-32B's 65 GB of bf16 weights fit on two H100s with room for KV. Eight GPUs can run
-    it as **TP8**, one engine with every layer cut eight ways, or as **DP4 x TP2**, four
-    engines of two GPUs behind the front end's balancer (the same `load_score` as the real
-    `DPLBClient` above). 300 requests of the same shape arrive at 60 a second.
+    Qwen3-32B's 65 GB of bf16 weights fit on two H100s with room for KV. Eight GPUs run it as
+    **TP8**, one engine cut eight ways, or **DP4 x TP2**, four engines of two GPUs behind the
+    front end's router (the real `DPLBClient`'s). 300 requests arrive at 60 a second.
     """)
     return
 
@@ -795,26 +814,23 @@ def _(SLO, latency_table, mo, model_config, np, plan, plt, sim_workload, simulat
     {_counts}
 
     The counts first. The balancer spread the requests evenly. One TP8 engine keeps the
-    weights once and so has the bigger KV pool: four replicas hold four copies, and their
-    pools add up to {sum(e['kv_blocks'] for e in engines['DP4 x TP2'].values())
-    / engines['TP8']['engine-0']['kv_blocks']:.0%} of it (no run here needed more). Each TP8
-    GPU all-reduces every token of every request, 2 x 7/8 of the message; a TP2 GPU only its
-    engine's quarter, 2 x 1/2 of it:
-    {gpu_all_reduce_bytes['TP8'] / gpu_all_reduce_bytes['DP4 x TP2']:.0f}x fewer bytes.
+    weights once and so has the bigger KV pool: the four replicas' four copies leave pools
+    that add up to {sum(e['kv_blocks'] for e in engines['DP4 x TP2'].values())
+    / engines['TP8']['engine-0']['kv_blocks']:.0%} of it (no run here needed more). A TP8 GPU
+    all-reduces every token, 2 x 7/8 of the message; a TP2 GPU its engine's quarter, 2 x 1/2
+    of it: {gpu_all_reduce_bytes['TP8'] / gpu_all_reduce_bytes['DP4 x TP2']:.0f}x fewer bytes.
 
-    Then the seconds, **simulated on the data-sheet profile, whose efficiencies are
-    assumptions**. TP8 gives each token the lower ITL, {_itl['TP8']:.1f} ms against
-    {_itl['DP4 x TP2']:.1f} (p50): a step reads a quarter of the weights a GPU. But one
-    engine does every step for all 300 requests, and at {DP_RATE} req/s it falls behind:
-    when the last request arrived, {waiting_at_last_arrival['TP8']} requests were waiting in
-    its queue, against {waiting_at_last_arrival['DP4 x TP2']} in all four replicas'. TTFT
-    grows with each arrival (the climbing dots), and
-    {layout_runs['TP8'].goodput(SLO_32B):.0%} of the requests meet the SLO against
-    {layout_runs['DP4 x TP2'].goodput(SLO_32B):.0%}. Output tokens/s (vLLM bench's: tokens
-    over first arrival to last token) can still favour TP8 in a run of 300: it ends with the
-    longest answer, {_longest} tokens, which at each layout's ITL p50 takes
-    {_longest * _itl['TP8'] / 1000:.0f} s and {_longest * _itl['DP4 x TP2'] / 1000:.0f} s.
-    Lesson 17's capacity search finds the rate where each layout stops meeting an SLO.
+    Then the seconds, **simulated on the data-sheet profile (assumed efficiencies)**. TP8
+    gives each token the lower ITL, {_itl['TP8']:.1f} ms against {_itl['DP4 x TP2']:.1f}
+    (p50): a step reads a quarter of the weights a GPU. But one engine steps all 300 requests
+    and at {DP_RATE} req/s falls behind: at the last arrival {waiting_at_last_arrival['TP8']}
+    requests waited in its queue, against {waiting_at_last_arrival['DP4 x TP2']} in all four
+    replicas'. TTFT climbs with each arrival, and {layout_runs['TP8'].goodput(SLO_32B):.0%}
+    meet the SLO against {layout_runs['DP4 x TP2'].goodput(SLO_32B):.0%}. Output tokens/s
+    can still favour TP8 in a run of 300: it ends with the longest answer, {_longest}
+    tokens, {_longest * _itl['TP8'] / 1000:.0f} s against
+    {_longest * _itl['DP4 x TP2'] / 1000:.0f} s at each ITL p50. Lesson 17's capacity search
+    finds the rate where each layout stops meeting an SLO.
     """)])
     return (DP_RATE, SLO_32B, engines, gpu_all_reduce_bytes, layout_runs, layout_workload,
             waiting_at_last_arrival)
@@ -832,16 +848,16 @@ def _(mo):
     - `minivllm/engine/core.py`: `EngineCore.step_with_batch_queue`; the scheduler's
       `in_flight` set in `minivllm/core/scheduler.py`.
     - `minivllm/executor/multiproc_executor.py`: the ranks, `execute_model(non_block=True)`.
-    - `minivllm/engine/multiproc/dp_client.py`: `DPLBClient`, the score and round-robin.
+    - `minivllm/engine/multiproc/dp_client.py`: `DPLBClient`; `minivllm/routing.py`: the
+      policies and the per-replica index of KV events (`core/kv_events.py`).
     - `minivllm/simulator/simulator.py`: `SimulatedExecutor._run_stages` (a clock per stage,
-      the hidden states counted as they cross) and `simulate(data_parallel_size=...)` (the
-      replicas behind `load_score`); `cost_model.py`: `StepTimer`'s all-reduce term.
-    - Several hosts and Ray: README's *Scale out* section (`--nnodes`, `--headless`,
-      `distributed_executor_backend="ray"`) and `scripts/two_hosts.sh`.
+      the hidden states counted) and `simulate(data_parallel_size=...)` (the replicas behind
+      the same `Router`); `cost_model.py`: `StepTimer`'s all-reduce term.
+    - Several hosts and Ray: README's *Scale out* (`--nnodes`, `--headless`, Ray) and
+      `scripts/two_hosts.sh`.
 
-    Next, lesson 19, the capstone: given a fixed memory budget and an SLO in milliseconds on
-    TTFT and ITL, which settings of the whole engine, Part I's knobs and Part II's mechanisms,
-    meet it?
+    Next, lesson 19, the capstone: given a memory budget and an SLO on TTFT and ITL, which
+    settings of the whole engine, Part I's knobs and Part II's mechanisms, meet it?
     """)
     return
 
@@ -858,10 +874,11 @@ def _(mo):
     `ray_distributed_executor.py`, and `vllm/v1/engine/core_client.py`
     (`DPLBAsyncMPClient`, the `waiting * 4 + running` score). vLLM's output rank is the
     last stage's first tensor rank, in a worker process; minivllm's driver is the same rank
-    but lives in the engine core's process, so sampling stays where it was. vLLM also runs a
-    DP coordinator process that publishes the replicas' queue lengths and keeps MoE replicas
-    stepping in lockstep ("waves"); minivllm's front end reads the stats each replica sends
-    with its outputs, and has no waves (dense models only).
+    in the engine core's process. vLLM's DP coordinator process publishes the replicas'
+    queue lengths and keeps MoE replicas in lockstep ("waves"; minivllm: dense models only,
+    stats with the outputs). Its KV events (`vllm/distributed/kv_events.py`) go out on a ZMQ
+    socket to routers outside vLLM (llm-d, the production-stack router): its own DP client
+    balances by load alone.
     """), kind="info")
     return
 
@@ -870,11 +887,11 @@ def _(mo):
 def _(PROMPTS, big_hidden_bytes, big_plans, big_runs, big_tokens_expected, big_workload,
       bubble_runs, check_bytes, check_link_bytes, cfg, dp_runs, engines, exercise_bytes,
       gpu_all_reduce_bytes, layout_runs, layout_workload, link_bytes, link_truth, np, plan,
-      pp_bytes, pp_sim_sent, pp_sim_tokens, pp_tokens, pp_tokens_computed, reference,
+      pp_bytes, pp_sim_sent, pp_sim_tokens, pp_tokens, pp_tokens_computed, reference, routed,
       tp_all_reduces_per_step, tp_bytes, tp_tokens, tp_tokens_computed):
     def test_pipeline_and_tensor_ranks_match_one_process():
-        assert pp_tokens == reference and tp_tokens == reference
-        assert all(len(t) == 4 for t in reference) and len(reference) == len(PROMPTS)
+        assert pp_tokens == reference == tp_tokens and len(reference) == len(PROMPTS)
+        assert all(len(t) == 4 for t in reference)
 
     def test_one_row_per_token_crosses_a_stage():
         assert pp_bytes == pp_tokens_computed * cfg.hidden_size * 4 > 0
@@ -886,9 +903,13 @@ def _(PROMPTS, big_hidden_bytes, big_plans, big_runs, big_tokens_expected, big_w
 
     def test_batches_overlap_only_with_room_in_flight():
         one, two = bubble_runs["one batch in flight"], bubble_runs["two in flight"]
-        assert one["steps"] == two["steps"] == 6
-        assert one["overlaps"] == 0
-        assert two["overlaps"] == 5
+        assert one["steps"] == two["steps"] == 6 and (one["overlaps"], two["overlaps"]) == (0, 5)
+
+    def test_prefix_routing_keeps_each_chat_on_its_replica():
+        assert any(len(set(w)) > 1 for w in routed["score"]["where"].values())
+        assert all(len(set(w)) == 1 for w in routed["prefix"]["where"].values())
+        assert routed["prefix"]["hits"] > routed["score"]["hits"]
+        assert routed["score"]["where"][1][1] == 0          # the exercise's answer
 
     def test_the_score_spreads_the_long_requests():
         assert dp_runs["round_robin"]["longs"] == [5, 0]

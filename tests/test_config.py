@@ -79,3 +79,17 @@ def test_an_engine_from_engine_args_is_the_engine_from_kwargs(tiny_checkpoint):
     assert engine.engine_args == args                       # the checkpoint already a path
     assert engine.vllm_config == args.create_engine_config()
     assert engine.block_manager.num_blocks == 6 and engine.block_manager.block_size == 8
+
+
+def test_every_engine_flag_reaches_the_engine_or_says_why_not():
+    """engine_kwargs names the flags it reads (CLI_FIELDS): a flag added to add_cli_args and
+    forgotten there would be parsed and dropped."""
+    import argparse
+
+    from minivllm.engine.arg_utils import CLI_FIELDS, EngineArgs, add_cli_args
+    parser = add_cli_args(argparse.ArgumentParser())
+    dests = {a.dest for a in parser._actions} - {"help"}
+    read_apart = {"num_gpu_blocks_override", "max_num_batched_tokens"}    # renamed, optional
+    launcher = {"node_rank", "headless", "data_parallel_start_rank"}      # serve --headless's
+    assert dests == set(CLI_FIELDS) | read_apart | launcher
+    assert set(CLI_FIELDS) <= set(EngineArgs.__dataclass_fields__)

@@ -10,6 +10,7 @@ shared by the module."""
 import pytest
 
 from minivllm import LLM, SamplingParams
+from minivllm.benchmarks.routing import rotating_chats
 from minivllm.engine.multiproc.dp_client import sum_stats
 
 from conftest import PROMPTS, engine_config
@@ -124,49 +125,65 @@ def test_abort_and_stop_strings_reach_the_right_replica(tiny_dp2):
 
 
 def test_prefix_routing_keeps_a_conversation_on_its_replica(tiny_dp2):
-    """Three conversations of three turns, each turn's prompt the whole history (the last
-    prompt, its answer, the next message); a round's turns are sent together, in an order
-    that rotates every round. The load score places a round by arrival order alone, so
-    conversations change replica and compute their history again; prefix-aware routing,
-    reading the replicas' KV events, sends every later turn where its history is cached.
-    The tokens are one engine's either way."""
+    """Three chats of three turns, a round's turns sent together in an order that rotates
+    (benchmarks/routing.py's rotating_chats): the load score places a round by arrival order
+    alone, so chats change replica and compute their history again; prefix-aware routing,
+    reading the replicas' KV events, sends every later turn where its history is cached. The
+    tokens are one engine's either way."""
     dp2, one = tiny_dp2
-    client = dp2.engine.engine_core
-    tokenizer = dp2.tokenizer
-
-    def converse(balance: str) -> tuple[dict, list, int]:
-        dp2.reconfigure(kv_events_config={"enable_kv_cache_events": True},
-                        data_parallel_balance=balance)
-        history = [tokenizer.encode(f"Conversation {c}: " + " ".join(
-            f"point{c}x{j}" for j in range(12))) for c in range(3)]
-        replicas: dict[int, list[int]] = {c: [] for c in range(3)}
-        cached = []
-        for turn in range(3):
-            order = [(turn + k) % 3 for k in range(3)]
-            prompts = [history[c] for c in order]
-            outs = dp2.generate(prompts, GREEDY, use_tqdm=False)
-            assert token_ids(one, prompts) == [[o.token_ids for o in out.outputs]
-                                               for out in outs]
-            for c, choice, out in zip(order, list(client.router.choices)[-3:], outs):
-                replicas[c].append(choice.rank)
-                cached.append(choice.expected_cached_tokens if turn else None)
-                history[c] = history[c] + list(out.outputs[0].token_ids) + tokenizer.encode(
-                    f" Next {turn}, please.")
-        hits = sum_stats(client.replica_stats(fresh=True)).prefix_cache_hit_tokens
-        return replicas, cached, hits
-
+    runs = {}
     try:
-        by_score, _, hits_score = converse("score")
-        by_prefix, cached, hits_prefix = converse("prefix")
+        for balance in ("score", "prefix"):
+            dp2.reconfigure(kv_events_config={"enable_kv_cache_events": True},
+                            data_parallel_balance=balance)
+            runs[balance] = rotating_chats(dp2)
     finally:
         dp2.reconfigure(kv_events_config=None, data_parallel_balance="score")
-    assert any(len(set(r)) > 1 for r in by_score.values())       # moved, and recomputed
-    assert all(len(set(r)) == 1 for r in by_prefix.values())      # stayed with its history
-    assert {r[0] for r in by_prefix.values()} == {0, 1}           # both replicas used
-    assert all(n >= 16 for n in cached[3:])                       # the index knew it
-    assert hits_prefix > hits_score
-    print(f"replicas per conversation: score {by_score}, prefix {by_prefix}; prefix-cache hit "
-          f"tokens {hits_score} -> {hits_prefix}")
+    four = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)   # rotating_chats'
+    for run in runs.values():
+        prompts = [prompt for prompt, _ in run["sent"]]
+        assert token_ids(one, prompts, four) == [[tokens] for _, tokens in run["sent"]]
+    score, prefix = runs["score"], runs["prefix"]
+    assert any(len(set(r)) > 1 for r in score["where"].values())   # moved, and recomputed
+    assert all(len(set(r)) == 1 for r in prefix["where"].values())  # stayed with its history
+    assert {r[0] for r in prefix["where"].values()} == {0, 1}       # both replicas used
+    assert all(n >= 16 for n in prefix["expected"])                 # the index knew it
+    assert prefix["hits"] > score["hits"]
+    print(f"replicas per chat: score {score['where']}, prefix {prefix['where']}; prefix-cache "
+          f"hit tokens {score['hits']} -> {prefix['hits']}")
+
+
+def test_the_simulator_routes_as_the_front_end_does(tiny_dp2):
+    """Pairs of prompts sent together, each pair once the last is done, on the two real
+    replicas and on the simulator set up like them (its cores' own KV events, the same
+    Router): every routing decision is the same, under the score and by prefix."""
+    from minivllm.benchmarks.workloads import Request
+    from minivllm.simulator import simulate
+    dp2, _ = tiny_dp2
+    client = dp2.engine.engine_core
+    docs = [list(range(1000 * d, 1000 * d + 40)) for d in range(4)]   # 2 full blocks each
+    pairs = [(0, 1), (1, 0), (2, 0), (3, 2), (1, 3)]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    events = {"enable_kv_cache_events": True}
+    decisions = {}
+    try:
+        for balance in ("score", "prefix"):
+            dp2.reconfigure(kv_events_config=events, data_parallel_balance=balance)
+            real = []
+            for pair in pairs:
+                dp2.generate([docs[d] for d in pair], params, use_tqdm=False)
+                real += [c.rank for c in list(client.router.choices)[-2:]]
+            sim = simulate([Request(docs[d], params, arrival_time=100.0 * k)
+                            for k, pair in enumerate(pairs) for d in pair],
+                           model=dp2.engine.model_config.hf_config, profile="H100",
+                           data_parallel_size=2, kv_events_config=events,
+                           data_parallel_balance=balance, **SMALL)
+            assert [c.rank for c in sim.choices] == real, balance
+            decisions[balance] = real
+    finally:
+        dp2.reconfigure(kv_events_config=None, data_parallel_balance="score")
+    assert decisions["score"] != decisions["prefix"]
+    assert decisions["prefix"][2:4] == [1, 0]            # each document back where it ran
 
 
 def test_served_over_http_with_metrics_per_replica(tiny_dp2):

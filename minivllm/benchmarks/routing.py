@@ -35,6 +35,32 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
 
 
+def rotating_chats(llm, num_chats: int = 3, num_turns: int = 3, max_tokens: int = 4) -> dict:
+    """Chats on a data-parallel LLM, each turn's prompt the chat's whole history (its last
+    prompt, the answer, the next message); a round's turns are sent together in an order that
+    rotates every round, so the load score, which places them by arrival order alone, moves
+    chats between replicas. -> `where`: per chat, its turns' replicas; `expected`: the cached
+    tokens the router expected for each later turn; `sent`: every prompt with its tokens, in
+    the order sent; `hits`: the replicas' prefix-cache hit tokens since the last reconfigure."""
+    from minivllm import SamplingParams
+    client, tok = llm.engine.engine_core, llm.tokenizer
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    history = [tok.encode(f"Chat {c}: " + " ".join(f"note{c}x{j}" for j in range(12)))
+               for c in range(num_chats)]
+    where: dict[int, list[int]] = {c: [] for c in range(num_chats)}
+    expected, sent = [], []
+    for turn in range(num_turns):
+        order = [(turn + k) % num_chats for k in range(num_chats)]
+        outs = llm.generate([history[c] for c in order], greedy, use_tqdm=False)
+        for c, choice, out in zip(order, list(client.router.choices)[-num_chats:], outs):
+            where[c].append(choice.rank)
+            expected += [choice.expected_cached_tokens] if turn else []
+            sent.append((history[c], list(out.outputs[0].token_ids)))
+            history[c] = history[c] + sent[-1][1] + tok.encode(f" And {turn}?")
+    hits = sum(s.prefix_cache_hit_tokens for s in client.replica_stats(fresh=True))
+    return {"where": where, "expected": expected, "sent": sent, "hits": hits}
+
+
 def run(args: argparse.Namespace) -> None:
     from minivllm import LLM
     from minivllm.benchmarks.workloads import multi_turn_requests, serve

@@ -215,25 +215,22 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+# The EngineArgs fields `add_cli_args` sets, each from the flag of its name (node_rank and the
+# headless launcher's flags are `serve --headless`'s own: the engine runs on node 0).
+CLI_FIELDS = ("dtype", "device", "max_model_len", "max_num_seqs", "block_size",
+              "enable_prefix_caching", "gpu_memory_utilization", "tensor_parallel_size",
+              "pipeline_parallel_size", "data_parallel_size", "data_parallel_balance",
+              "data_parallel_size_local", "data_parallel_address", "data_parallel_rpc_port",
+              "nnodes", "master_addr", "master_port", "enforce_eager", "kv_offloading_size",
+              "kv_offloading_backend", "kv_events_config", "distributed_executor_backend")
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """EngineArgs' keyword arguments from the flags `add_cli_args` added (vLLM's
-    EngineArgs.from_cli_args; the one rename: --num-gpu-blocks-override is num_kv_blocks)."""
-    budget = args.max_num_batched_tokens
-    return dict(dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                max_num_seqs=args.max_num_seqs,
-                **({} if budget is None else {"max_num_batched_tokens": budget}),
-                block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
-                gpu_memory_utilization=args.gpu_memory_utilization,
-                num_kv_blocks=args.num_gpu_blocks_override,
-                tensor_parallel_size=args.tensor_parallel_size,
-                pipeline_parallel_size=args.pipeline_parallel_size,
-                data_parallel_size=args.data_parallel_size,
-                data_parallel_balance=args.data_parallel_balance,
-                kv_events_config=args.kv_events_config,
-                data_parallel_size_local=args.data_parallel_size_local,
-                data_parallel_address=args.data_parallel_address,
-                data_parallel_rpc_port=args.data_parallel_rpc_port,
-                nnodes=args.nnodes, master_addr=args.master_addr, master_port=args.master_port,
-                enforce_eager=args.enforce_eager, kv_offloading_size=args.kv_offloading_size,
-                kv_offloading_backend=args.kv_offloading_backend,
-                distributed_executor_backend=args.distributed_executor_backend)
+    EngineArgs.from_cli_args; the one rename: --num-gpu-blocks-override is num_kv_blocks;
+    the token budget only when given: `serve` on a CPU measures one otherwise)."""
+    kwargs = {name: getattr(args, name) for name in CLI_FIELDS}
+    kwargs["num_kv_blocks"] = args.num_gpu_blocks_override
+    if args.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    return kwargs
