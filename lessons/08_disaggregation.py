@@ -366,7 +366,7 @@ def _(mo):
     not sent), and announces the request with its first token. The consumer's receiving
     thread answers how many leading tokens its own prefix cache already holds (whole blocks),
     and only the rest crosses, as one `(layers, 2, tokens, kv_heads, head_dim)` tensor. It
-    lands while the consumer keeps decoding; then `LLMEngine.add_prefilled_request` takes
+    lands while the consumer keeps decoding; then `add_prefilled_request` (disagg_llm.py) takes
     blocks in the consumer's own pool (reusing cached prefix blocks) and puts the request
     among the running ones, its first token already there, and the next step's
     `start_load_kv` writes the K/V into those blocks before the forward reads them. Nothing
@@ -743,7 +743,8 @@ def _(
     * `minivllm/engine/disagg/disagg_llm.py`: `DisaggLLM.step` (hand-off after the first token, outputs
       streamed back, re-prefill when the consumer refuses a request or dies), `launch` and
       `serve_decode` (the consumer's loop).
-    * `minivllm/engine/llm_engine.py`: `LLMEngine.add_prefilled_request`, the consumer's way in.
+    * `add_prefilled_request` there and `EngineCore.add_prefilled_request`
+      (`minivllm/engine/core.py`): the consumer's way in.
     * `minivllm/config/kv_transfer.py`: `KVTransferConfig`, vLLM's `kv_transfer_config`.
     * `minivllm/benchmarks/disagg.py`: `minivllm bench disagg`, the same comparison with more load.
     """)

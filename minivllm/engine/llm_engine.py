@@ -276,29 +276,6 @@ class LLMEngine:
         self.output_processor.add_request(request_id, text, token_ids, params,
                                           request.arrival_time, parent)
 
-    def add_prefilled_request(self, request_id: str, prompt_token_ids: list[int],
-                              params: SamplingParams, first_token: int,
-                              first_logprobs: dict[int, float] | None = None,
-                              kv_transfer_params: dict | None = None) -> bool:
-        """A request whose prompt another engine prefilled (minivllm/distributed/kv_transfer/):
-        the scheduler admits it with its normal checks, the KV connector loads the prompt's
-        K/V that kv_transfer_params describes ({"cached": tokens not sent}), and it runs from
-        its first token on, as if prefilled here. False, with nothing changed, when the pool
-        or the batch has no room for it now."""
-        if self.output_processor.in_use(request_id):
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        validate_request(prompt_token_ids + [first_token], params, self.vllm_config,
-                         self.engine_core.info)
-        request = EngineCoreRequest(request_id, list(prompt_token_ids), params,
-                                    kv_transfer_params=kv_transfer_params)
-        first = self.core.add_prefilled_request(request, (first_token, first_logprobs))
-        if first is None:
-            return False
-        self.output_processor.add_request(request_id, None, prompt_token_ids, params,
-                                          request.arrival_time)
-        self.output_processor.process_outputs(first)        # the first token's text
-        return True
-
     def add_schedule_callback(self, callback: Callable[[], None]) -> None:
         """Call callback() each time a step has been scheduled, before its forward pass (the
         async engine refreshes its running/KV gauges there); with the core in its own

@@ -10,15 +10,14 @@ On two machines, the decode side runs `minivllm disagg --role consumer --kv-ip H
 PORT` and the front `minivllm disagg --role producer --kv-ip HOST --kv-port PORT --prompt ...`
 (HOST: the producer's address, which the consumer must reach; PORT: any free port there), or
 the HTTP front `minivllm serve --kv-transfer-config '{"kv_role": "kv_producer", "kv_ip": HOST,
-"kv_port": PORT}'` (without kv_port, `serve` spawns the consumer here). Both in minivllm/entrypoints/cli.py.
+"kv_port": PORT}'` (without kv_port, `serve` spawns the consumer here): entrypoints/cli.py.
 
 DisaggLLM lives in the producer's process and owns its engine. It adds each request with
 kv_transfer_params={"do_remote_decode": True}: the engine's KV connector sends the prompt's K/V
 once the first token is sampled (minivllm/distributed/kv_transfer/kv_connector.py), and the
 front, seeing that first token and the request in the pipe's `sent`, drops the request here
 and relays what the consumer streams back. It never touches a KV cache. It answers LLMEngine's
-driving
-calls (add_request, step, has_unfinished_requests, abort_request, num_steps, trace), so the
+driving calls (add_request, step, has_unfinished_requests, abort_request, num_steps, trace), so the
 shared driver `workloads.serve(llm, requests)` serves a workload through it unchanged; TTFT is
 the producer's (arrival to first token), inter-token latencies are the consumer's (measured
 where the decode runs). The consumer process streams every step's outputs back.
@@ -45,11 +44,36 @@ import torch.multiprocessing as mp
 
 from minivllm.distributed.kv_transfer.kv_pipe import (ABORT, BYE, ERROR, KV, OUTPUTS, REJECT,
                                                       REPORT, SHUTDOWN, get_kv_pipe)
+from minivllm.engine.core import EngineCoreRequest
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.processor import validate_request
 from minivllm.outputs import RequestMetrics, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 logger = logging.getLogger("minivllm")
+
+
+def add_prefilled_request(engine: LLMEngine, request_id: str, prompt_token_ids: list[int],
+                          params: SamplingParams, first_token: int,
+                          first_logprobs: dict[int, float] | None = None,
+                          kv_transfer_params: dict | None = None) -> bool:
+    """The consumer's way in: a request the producer prefilled, admitted
+    by the scheduler's normal checks (EngineCore.add_prefilled_request); the KV connector loads
+    the K/V kv_transfer_params describes ({"cached": tokens not sent}), and it runs from its
+    first token on. False, with nothing changed, when there is no room for it now."""
+    if engine.output_processor.in_use(request_id):
+        raise ValueError(f"request_id {request_id!r} is already in use")
+    validate_request(prompt_token_ids + [first_token], params, engine.vllm_config,
+                     engine.engine_core.info)
+    request = EngineCoreRequest(request_id, list(prompt_token_ids), params,
+                                kv_transfer_params=kv_transfer_params)
+    first = engine.core.add_prefilled_request(request, (first_token, first_logprobs))
+    if first is None:
+        return False
+    engine.output_processor.add_request(request_id, None, prompt_token_ids, params,
+                                        request.arrival_time)
+    engine.output_processor.process_outputs(first)        # the first token's text
+    return True
 
 
 @dataclass(slots=True)
@@ -76,11 +100,8 @@ class DisaggLLM:
         self.remote: dict[str, Handoff] = {}     # decoding on the consumer
         self.parts: dict[str, list] = {}         # n > 1: each sample's latest output
         self.handing: dict[str, SamplingParams] = {}   # to hand off after their first token
-        self.connected = True
-        self.error = None
-        self.report = None
-        self.num_reprefilled = 0
-        self.num_steps = 0
+        self.connected, self.error, self.report = True, None, None
+        self.num_reprefilled = self.num_steps = 0
         self._last_heard = time.monotonic()
         self._counter = itertools.count()
         # A pair left open at exit: its receiving thread would still wait in gloo while the
@@ -340,8 +361,8 @@ def serve_decode(engine) -> dict:
         while pending:                          # first come, first served, as in `waiting`
             meta = pending[0]
             try:
-                if not engine.add_prefilled_request(
-                        meta["request_id"], meta["prompt_token_ids"], meta["params"],
+                if not add_prefilled_request(
+                        engine, meta["request_id"], meta["prompt_token_ids"], meta["params"],
                         meta["first_token"], meta["first_logprobs"], {"cached": meta["cached"]}):
                     break
             except ValueError as e:             # it can never run here: the producer keeps it
