@@ -235,6 +235,27 @@ def synthetic_requests(num_requests: int, prompt=(6.0, 0.8, 16, 4000), output=(5
             for p, o in zip(prompt_lens, output_lens)]
 
 
+def chat_turns(num_chats: int, num_turns: int, system_tokens: int = 512,
+               turn_tokens: int = 128, max_tokens: int = 64, rate: float = 4.0,
+               think_time: float = 5.0, vocab_size: int = 32000, seed: int = 0
+               ) -> list[Request]:
+    """Multi-turn chats made of token ids, for the simulator (which cannot feed an answer
+    back: each turn's prompt is its chat's system prompt and every user message so far, so
+    turn t's prompt starts with turn t - 1's). Chats start as Poisson arrivals at `rate` a
+    second, each turn `think_time` seconds after the last began, interleaved across chats;
+    seeded. Greedy, EOS ignored."""
+    rng = np.random.default_rng(seed)
+    starts = np.cumsum(rng.exponential(1 / rate, num_chats))
+    requests = []
+    for c in range(num_chats):
+        history = rng.integers(3, vocab_size, system_tokens).tolist()
+        for t in range(num_turns):
+            history = history + rng.integers(3, vocab_size, turn_tokens).tolist()
+            requests.append(Request(history, _greedy(max_tokens),
+                                    arrival_time=float(starts[c] + t * think_time)))
+    return sorted(requests, key=lambda r: r.arrival_time)
+
+
 def poisson_arrivals(requests: list[Request], rate: float, seed: int = 0,
                      unit: str = "seconds") -> list[Request]:
     """Open-loop arrivals: exponential gaps at `rate` requests per second (inf: all at once),
