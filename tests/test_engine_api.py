@@ -11,6 +11,7 @@ from minivllm.engine.output_processor import OutputProcessor
 from minivllm.engine.parallel_sampling import ParentRequest
 from minivllm.outputs import EngineCoreOutput, EngineCoreOutputs
 from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.benchmarks.workloads import multi_turn_requests
 from minivllm.workloads import (Request, conversation_requests, lognormal_requests,
                                 mixed_requests, poisson_arrivals, serve, shared_prefix_requests,
                                 tool_catalog_prompt)
@@ -260,6 +261,20 @@ def test_conversation_turns_extend_the_history_and_hit_the_cache(smol):
     # Turns 2 and 3 find their history's full blocks in the cache.
     assert run.steps[-1].stats.prefix_cache_hit_tokens >= 2 * (64 // 16) * 16
     assert pool_is_full(llm.engine)
+
+
+def test_a_chats_next_turn_comes_after_the_users_think_time(smol):
+    """multi_turn_requests(think_time=...): each later turn joins that many seconds after the
+    answer it follows finished (serve waits with the engine idle), never before."""
+    llm = smol(max_model_len=1024)
+    turns = multi_turn_requests(llm.tokenizer, 2, 2, system_tokens=48, max_tokens=2,
+                                think_time=0.3)
+    run = serve(llm, turns)
+    for i, r in enumerate(turns):
+        if r.follows is not None:
+            finished = run.outputs[r.follows].metrics.finished_time
+            assert run.arrival_time[i] >= finished + 0.3 - 1e-3, (i, run.arrival_time[i])
+            assert run.outputs[i].metrics.first_token_time > run.arrival_time[i]
 
 
 def test_nothing_outside_the_engine_assigns_to_its_attributes():

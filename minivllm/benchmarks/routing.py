@@ -33,6 +33,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--system-tokens", type=int, default=192)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--think-time", type=float, default=0.0,
+                        help="seconds a user waits after an answer before the next turn")
     parser.add_argument("--simulate-replicas", type=int, default=0, metavar="N",
                         help="also: N simulated H100 replicas of Llama-3-8B under each policy, "
                              "on 128 chats of 4 turns (workloads.chat_turns)")
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
               kv_events_config={"enable_kv_cache_events": True})
     client = llm.engine.engine_core
     requests = multi_turn_requests(llm.tokenizer, args.conversations, args.turns,
-                                   args.system_tokens, args.max_tokens)
+                                   args.system_tokens, args.max_tokens, args.think_time)
     print(f"{llm!r}\ndp={args.dp}, {args.num_kv_blocks} blocks a replica; {args.conversations} "
           f"chats x {args.turns} turns behind {args.system_tokens}-token system prompts, "
           f"{args.max_tokens} tokens an answer. Greedy, EOS ignored.")

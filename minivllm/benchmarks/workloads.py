@@ -12,7 +12,7 @@ A Request is a prompt, its SamplingParams, and when it arrives: at an engine ste
 (`arrival_step`, deterministic, for lessons and tests) or at a time (`arrival_time` seconds
 after the start, open loop, for latency measurements). `follows=i` makes a multi-turn chat:
 the request's prompt is appended to request i's prompt and answer, and it arrives only once
-request i has finished.
+request i has finished (and then `arrival_time` seconds later: the user's think time).
 
 The generators are seeded and draw lengths the way real traffic looks: log-normal, most
 requests short and a long tail. Benchmark requests ignore EOS, so each produces exactly its
@@ -62,7 +62,8 @@ class Request:
     params: SamplingParams
     arrival_step: int = 0           # added before this engine step (0: at the start)
     arrival_time: float = 0.0       # ... and not before this many seconds after the start
-    follows: int | None = None      # multi-turn: continue the chat of request `follows`
+    follows: int | None = None      # multi-turn: continue the chat of request `follows`,
+    #                                 arrival_time seconds (the user's think time) after it ends
 
 
 def _greedy(max_tokens: int) -> SamplingParams:
@@ -164,11 +165,13 @@ def conversation_requests(tokenizer, num_turns: int, prefix_tokens: int = 512,
 
 
 def multi_turn_requests(tokenizer, num_conversations: int, num_turns: int,
-                        system_tokens: int = 256, max_tokens: int = 16) -> list[Request]:
+                        system_tokens: int = 256, max_tokens: int = 16,
+                        think_time: float = 0.0) -> list[Request]:
     """Several chats at once, each with a system prompt of its own: every turn resends its
     chat's whole history (earlier messages and answers) plus the next message, so a turn's
-    prefix was computed by the turn before, unless the cache dropped it meanwhile. Requests
-    are conversation-major: turn t of chat c is request c * num_turns + t."""
+    prefix was computed by the turn before, unless the cache dropped it meanwhile; the user
+    sends it think_time seconds after the last answer. Requests are conversation-major: turn
+    t of chat c is request c * num_turns + t."""
     requests = []
     for c in range(num_conversations):
         system = tool_catalog_prompt(tokenizer, f"Assistant{c}", system_tokens)
@@ -176,6 +179,7 @@ def multi_turn_requests(tokenizer, num_conversations: int, num_turns: int,
             msg = tokenizer.encode(f"\nUser {c}: question {t + 1}: what about item "
                                    f"{100 * c + t} in aisle {t + 3}?\nAssistant:")
             requests.append(Request(system + msg if t == 0 else msg, _greedy(max_tokens),
+                                    arrival_time=think_time if t else 0.0,
                                     follows=len(requests) - 1 if t else None))
     return requests
 
@@ -320,16 +324,18 @@ class ServeResult:
 def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
     """Serve `requests` through an LLM or LLMEngine, one step at a time, and record it.
 
-    A request joins when its arrival step and arrival time have come (and, with `follows`,
-    when the request it continues has finished). An engine with nothing to do jumps to the
-    next arrival step, and waits for the next arrival time. Steps are the core's; with the
-    core in its own process (data parallelism: several), the front end's calls to step().
+    A request joins when its arrival step and arrival time have come (with `follows`, its
+    arrival time counts from the end of the request it continues). An engine with nothing to
+    do jumps to the next arrival step, and waits for the next arrival time. Steps are the
+    core's; with the core in its own process (data parallelism: several), the front end's
+    calls to step().
     """
     engine = getattr(llm, "engine", llm)
     calls = 0                                # the front end's steps
     num_steps = ((lambda: calls) if getattr(engine, "multiprocess_mode", False)  # noqa: E731
                  else (lambda: engine.num_steps))
     done: dict[int, RequestOutput] = {}
+    finished_at: dict[int, float] = {}       # seconds after the start
     finish_step: dict[int, int] = {}
     arrival_step = [0] * len(requests)
     arrival_time = [0.0] * len(requests)
@@ -338,10 +344,14 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
     start_step = num_steps()
     t0 = time.perf_counter()
 
+    def due(i: int) -> float:
+        r = requests[i]
+        return r.arrival_time + (0.0 if r.follows is None else finished_at[r.follows])
+
     def ready(i: int, now: float, step: int) -> bool:
         r = requests[i]
-        return (r.arrival_step <= step and r.arrival_time <= now
-                and (r.follows is None or r.follows in done))
+        return (r.arrival_step <= step and (r.follows is None or r.follows in done)
+                and due(i) <= now)
 
     with engine.trace() as steps:
         while pending or engine.has_unfinished_requests():
@@ -349,17 +359,17 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
             step = num_steps() - start_step
             if not engine.has_unfinished_requests() and not any(ready(i, now, step)
                                                                 for i in pending):
-                nxt = min((requests[i] for i in pending if requests[i].follows is None
-                           or requests[i].follows in done), key=lambda r: r.arrival_time)
-                time.sleep(max(0.0, nxt.arrival_time - now))      # idle until it arrives
-                now, step = max(now, nxt.arrival_time), max(step, nxt.arrival_step)
+                nxt = min((i for i in pending if requests[i].follows is None
+                           or requests[i].follows in done), key=due)
+                time.sleep(max(0.0, due(nxt) - now))              # idle until it arrives
+                now, step = max(now, due(nxt)), max(step, requests[nxt].arrival_step)
             for i in [i for i in pending if ready(i, now, step)]:
                 r = requests[i]
                 prompt = r.prompt
                 if r.follows is not None:       # the chat so far, then this message
                     prev = done[r.follows]
                     prompt = prev.prompt_token_ids + prev.outputs[0].token_ids + list(prompt)
-                arrival_time[i] = (t0 + r.arrival_time if r.arrival_time and r.follows is None
+                arrival_time[i] = (t0 + due(i) if r.arrival_time
                                    else time.perf_counter())     # due then, or added now
                 arrival_step[i] = num_steps() - start_step
                 engine.add_request(f"{tag}{i}", prompt, r.params)
@@ -373,6 +383,7 @@ def serve(llm, requests: list[Request], tag: str = "req-") -> ServeResult:
                 token_steps[i] += [k] * new_tokens
                 if out.finished:
                     done[i] = out
+                    finished_at[i] = time.perf_counter() - t0
                     finish_step[i] = k
     return ServeResult(outputs=[done[i] for i in range(len(requests))], steps=steps,
                        elapsed=time.perf_counter() - t0,
