@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 
 import numpy as np
@@ -448,3 +449,15 @@ def test_validate_reports_the_error_per_kind_of_step(calibrated):
     assert all(f"{k.upper()} p{q}" in report for k in ("ttft", "e2e") for q in (50, 90))
     assert all(kind in report for kind in kinds)
     print(report)
+
+
+def test_routing_policies_at_scale(capsys):
+    """`minivllm simulate --compare-routing -dp 8` (docs/benchmarks.md): on eight simulated
+    replicas, prefix-aware routing computes exactly each chat's first prompt and every later
+    turn's new message; the score and round-robin compute more than twice that."""
+    main(["simulate", "--compare-routing", "-dp", "8"])
+    out = capsys.readouterr().out
+    computed = {policy: int(n) for policy, n in re.findall(
+        r"^(round_robin|score|prefix)\s+\d+\s+(\d+)", out, re.MULTILINE)}
+    assert computed["prefix"] == 128 * (512 + 128) + 128 * 3 * 128, out
+    assert min(computed["score"], computed["round_robin"]) > 2 * computed["prefix"], out

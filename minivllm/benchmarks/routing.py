@@ -9,6 +9,7 @@ its chat's whole history; a chat's next turn arrives when its last answer is don
 
     uv run minivllm bench routing
     uv run minivllm bench routing --dp 2 --conversations 8 --turns 4
+    uv run minivllm simulate --compare-routing -dp 8     # the same policies at scale, simulated
 
 Per policy: prompt tokens, tokens computed in prefill, prompt tokens found in the prefix cache
 (RequestOutput.num_cached_tokens, summed) and the hit rate, TTFT p50 and p90 (ms and steps),
@@ -35,9 +36,6 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--think-time", type=float, default=0.0,
                         help="seconds a user waits after an answer before the next turn")
-    parser.add_argument("--simulate-replicas", type=int, default=0, metavar="N",
-                        help="also: N simulated H100 replicas of Llama-3-8B under each policy, "
-                             "on 128 chats of 4 turns (workloads.chat_turns)")
 
 
 def rotating_chats(llm, num_chats: int = 3, num_turns: int = 3, max_tokens: int = 4) -> dict:
@@ -64,28 +62,6 @@ def rotating_chats(llm, num_chats: int = 3, num_turns: int = 3, max_tokens: int 
             history[c] = history[c] + sent[-1][1] + tok.encode(f" And {turn}?")
     hits = sum(s.prefix_cache_hit_tokens for s in client.replica_stats(fresh=True))
     return {"where": where, "expected": expected, "sent": sent, "hits": hits}
-
-
-def simulated(num_replicas: int) -> None:
-    """Each policy on `num_replicas` simulated H100s (Llama-3-8B, data-sheet profile): the
-    engine's own cores and router on a virtual clock (minivllm/simulator/)."""
-    import numpy as np
-
-    from minivllm.benchmarks.workloads import chat_turns
-    from minivllm.simulator import simulate
-    print(f"\nsimulated: {num_replicas} x H100 (data sheet, assumed efficiencies), Llama-3-8B, "
-          "128 chats x 4 turns (512-token system prompts, 128-token messages, 64-token "
-          "answers, a chat every 0.25 s, a turn every 5 s)")
-    print(f"{'policy':<12} {'prompt':>8} {'computed':>9} {'hit':>5} {'TTFT p50':>9} {'p90':>8}")
-    for policy in POLICIES:
-        requests = chat_turns(128, 4)
-        res = simulate(requests, model="Llama-3-8B", profile="H100",
-                       data_parallel_size=num_replicas, data_parallel_balance=policy,
-                       kv_events_config={"enable_kv_cache_events": True})
-        prompt = sum(len(r.prompt) for r in requests)
-        computed = sum(s.num_prefill_tokens for s in res.steps)
-        print(f"{policy:<12} {prompt:>8} {computed:>9} {1 - computed / prompt:>5.0%} "
-              f"{1000 * np.median(res.ttft):>7.0f}ms {1000 * np.percentile(res.ttft, 90):>6.0f}ms")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -132,5 +108,3 @@ def run(args: argparse.Namespace) -> None:
         llm.engine.shutdown()
     same = all(t == tokens[POLICIES[0]] for t in tokens.values())
     print(f"identical outputs under every policy: {same}")
-    if args.simulate_replicas:
-        simulated(args.simulate_replicas)

@@ -7,6 +7,7 @@ does, and nothing in benchmarks/ imports the simulator back.
         --request-rate 10 --slo-ttft 2 --slo-itl 0.1 --plot sim.png
     minivllm simulate --model path/to/config.json --profile L4 --capacity   # the highest rate
     minivllm simulate --model Llama-3-70B -tp 4 --disaggregated 1 1   # prefill + decode engines
+    minivllm simulate --compare-routing -dp 8   # DP routing policies on multi-turn chats
     minivllm simulate --calibrate         # fit this CPU's profile from real engine steps
 
 Every number printed is simulated, on the profile its first line names (data-sheet profiles
@@ -239,6 +240,9 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
                    help="serve held-out workloads for real and simulated (each after a fresh "
                    "calibration) and print the error per kind of step and of TTFT / E2E p50 "
                    "and p90")
+    p.add_argument("--compare-routing", action="store_true",
+                   help="round-robin vs load score vs prefix-aware routing on -dp simulated "
+                   "H100 replicas of Llama-3-8B, 128 multi-turn chats (workloads.chat_turns)")
     p.add_argument("--calibrate", action="store_true",
                    help="fit this CPU's profile from real steps of the packaged model, store it")
     add_engine_args(p)
@@ -315,7 +319,29 @@ def validate(llm, profile, workloads: dict[str, list],
     return "\n".join(lines), numbers
 
 
+def compare_routing(num_replicas: int) -> None:
+    """Each policy on `num_replicas` simulated H100s (Llama-3-8B, data-sheet profile): the
+    engine's own cores and router on a virtual clock (minivllm/simulator/)."""
+    from minivllm.benchmarks.routing import POLICIES
+    from minivllm.benchmarks.workloads import chat_turns
+    print(f"\nsimulated: {num_replicas} x H100 (data sheet, assumed efficiencies), Llama-3-8B, "
+          "128 chats x 4 turns (512-token system prompts, 128-token messages, 64-token "
+          "answers, a chat every 0.25 s, a turn every 5 s)")
+    print(f"{'policy':<12} {'prompt':>8} {'computed':>9} {'hit':>5} {'TTFT p50':>9} {'p90':>8}")
+    for policy in POLICIES:
+        requests = chat_turns(128, 4)
+        res = simulate(requests, model="Llama-3-8B", profile="H100",
+                       data_parallel_size=num_replicas, data_parallel_balance=policy,
+                       kv_events_config={"enable_kv_cache_events": True})
+        prompt = sum(len(r.prompt) for r in requests)
+        computed = sum(s.num_prefill_tokens for s in res.steps)
+        print(f"{policy:<12} {prompt:>8} {computed:>9} {1 - computed / prompt:>5.0%} "
+              f"{1000 * np.median(res.ttft):>7.0f}ms {1000 * np.percentile(res.ttft, 90):>6.0f}ms")
+
+
 def run(args: argparse.Namespace) -> None:
+    if args.compare_routing:
+        return compare_routing(args.data_parallel_size)
     if args.calibrate or args.validate:
         from minivllm import LLM
         from minivllm.simulator.calibrate import (calibrate, calibration_workloads,
