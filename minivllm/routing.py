@@ -125,7 +125,8 @@ class Router:
                lora_request=None) -> int:
         """The replica for this request, given each replica's load score now."""
         extra_keys = (lora_request.lora_int_id,) if lora_request else ()   # Request.extra_keys
-        hashes = block_hashes(token_ids, self.block_size, extra_keys)
+        # Without events every index is empty: no prompt is hashed for nothing.
+        hashes = block_hashes(token_ids, self.block_size, extra_keys) if self.events else []
         cached = [index.num_cached_blocks(hashes) for index in self.indexes]
         if self.balance == "round_robin":
             rank = next(self._cycle)

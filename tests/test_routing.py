@@ -10,7 +10,7 @@ from conftest import engine_config
 from minivllm import LoRARequest, SamplingParams
 from minivllm.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from minivllm.engine.core import EngineCoreRequest
-from minivllm.routing import PREFIX_WEIGHT, PrefixIndex, Router, block_hashes
+from minivllm.routing import PrefixIndex, Router, block_hashes
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 EVENTS = {"enable_kv_cache_events": True}
@@ -75,7 +75,6 @@ def test_the_policies_choose_as_their_formulas_say():
     assert router.indexes[2].num_cached_blocks(block_hashes(prompt, 4)) == 1
     with pytest.raises(ValueError, match="balance must be one of"):
         router.balance = "random"
-    assert PREFIX_WEIGHT == 8
 
 
 def test_prefix_routing_needs_the_replicas_events():
