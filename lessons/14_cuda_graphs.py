@@ -16,24 +16,27 @@ def _():
 
     from minivllm import LLM, SamplingParams
     from minivllm.benchmarks.compile import decode_step_seconds, profile_decode_step
+    from minivllm.benchmarks.host import decode_steps, summarize
     from minivllm.worker.compilation import capture_sizes
     from torch._dynamo.utils import counters as dynamo_counters
-    return (LLM, SamplingParams, capture_sizes, decode_step_seconds, dynamo_counters, mo, plt,
-            profile_decode_step, time, torch)
+    return (LLM, SamplingParams, capture_sizes, decode_step_seconds, decode_steps,
+            dynamo_counters, mo, plt, profile_decode_step, summarize, time, torch)
 
 
 @app.cell
 def _(mo):
     mo.md(r"""
-    # 14 · CUDA graphs and torch.compile: the cost of asking
+    # 14 · The host's share of a step: torch.compile, CUDA graphs, async scheduling
 
     After this lesson you can say where a decode step's time goes besides arithmetic: the
     hundreds of small operations a forward pass issues one by one, each with its fixed cost
     of being asked for (Python, the dispatcher, on a GPU a kernel launch), and why that
-    cost dominates at small batch. You will count those operations in a real decode step,
-    measure what share of the step they leave to Python on this device, compile the parts
-    around attention with `torch.compile` and measure the difference, and see how CUDA
-    graphs (record once, replay every step) pad a batch to a captured size.
+    cost dominates at small batch; then the engine's own work around the forward
+    (scheduling, building inputs, sampling, applying tokens). You will count those
+    operations in a real decode step, measure what share of the step they leave to Python on
+    this device, compile the parts around attention with `torch.compile`, see how CUDA graphs
+    (record once, replay every step) pad a batch to a captured size, and time each phase of
+    a step with and without V1's async scheduling.
 
     Lesson 13 made a decode step read fewer bytes; but at batch 1 a step's time is not only
     bytes and arithmetic. It also pays for every operation the forward pass issues, one at a
@@ -134,9 +137,11 @@ def _(mo):
     mo.md(r"""
     ## Remedy 1, live here: torch.compile around attention
 
-    `LLM(compilation_config=3)` (vLLM's level) hands the model's whole forward to
-    TorchDynamo and TorchInductor, with a dynamic token count: the embedding, every layer's
-    norms, projections, rotary, residual adds and MLP, and the final norm become one graph.
+    `LLM(compilation_config=3)` (3 is vLLM's `CompilationMode.VLLM_COMPILE`: vLLM 0.33
+    calls the setting `mode`, minivllm keeps its older name, level) hands the model's whole
+    forward to TorchDynamo and TorchInductor, with a dynamic token count: the embedding,
+    every layer's norms, projections, rotary, residual adds and MLP, and the final norm
+    become one graph.
     Attention alone stays outside, as one opaque op, `minivllm::unified_attention`: its batch
     layout is Python that changes every step, so instead of being a graph input (whose ints
     would force a recompile whenever a sequence grows) the step's metadata waits in a
@@ -177,8 +182,9 @@ def _(BATCHES, SamplingParams, dynamo_counters, llm, profiled, time):
     llm.reconfigure(compilation_config=0)
     same_tokens = compiled_tokens == eager_tokens
     compiled_ops = {_b: _r["ops"] for _b, _r in compiled.items()}
-    print(f"Dynamo compiled {graphs_compiled} graph(s) for steps of "
-          f"{len(token_counts_seen)} different token counts: {token_counts_seen}")
+    # How many graphs that took is the exercise's answer below: not printed before it.
+    print(f"compiled steps of {len(token_counts_seen)} different token counts: "
+          f"{token_counts_seen}")
     return (compile_s, compiled, compiled_ops, graphs_compiled, same_tokens,
             token_counts_seen)
 
@@ -324,6 +330,156 @@ def v1_capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 @app.cell
+def _(mo):
+    mo.md(r"""
+    ## Remedy 3: the engine's own work, and async scheduling
+
+    Graphs and compilation make the forward cheaper to ask for. A step is more than its
+    forward: the scheduler decides who runs (`schedule`), the runner flattens that into
+    input tensors (`prepare`), the sampler draws the tokens (`sample`) and the scheduler
+    applies them, checks stops and frees blocks (`update`); then the front end detokenizes.
+    On the first GPU run of this course (an H200, Qwen3-0.6B's shapes, docs/benchmarks.md)
+    a graph-replayed decode step took 4.4 ms and the batch-1 inter-token latency was 26.4 ms:
+    about 20 ms a token on the host, with the GPU idle. Every `StepRecord` of
+    `engine.trace()` now has each phase's seconds (`phases`, from
+    `minivllm/worker/phase_timer.py`; on CUDA the forward's lap waits for the device).
+
+    **vLLM V0's answer, multi-step scheduling** (`--num-scheduler-steps n`): schedule and
+    prepare once, then run n forward passes back to back, feeding each step's tokens to the
+    next on the GPU. The price: stops are checked only every n steps (a request that ends
+    mid-window computes the rest of the window for nothing), and no new request joins for
+    n steps. **V1's answer, async scheduling** (`LLM(async_scheduling=True)`,
+    `--async-scheduling`, `minivllm/core/async_scheduler.py`): the core schedules step N + 1
+    while step N runs; a request decoding in step N is scheduled again before its token is
+    back, as a *placeholder* that the worker fills from its own sample. The price: one step
+    per request computed after its stop, and nothing else: stops are seen a step late, new
+    requests join at once.
+
+    Below, the same decode at batch 1 and 4, synchronous and async, on this device.
+    """)
+    return
+
+
+@app.cell
+def _(SamplingParams, decode_steps, llm, summarize):
+    HOST_BATCHES, HOST_TOKENS = [1, 4], 12
+    host_rows = {}
+    for _mode in ("sync", "async"):
+        llm.reconfigure(compilation_config=0, async_scheduling=_mode == "async")
+        for _b in HOST_BATCHES:
+            print(f"{_mode} scheduling, batch {_b}: {HOST_TOKENS} tokens each ...", flush=True)
+            _trace, _tokens = decode_steps(llm, _b, HOST_TOKENS)
+            host_rows[(_mode, _b)] = {
+                **summarize(_trace, _b), "tokens": _tokens,
+                "computed": sum(r.num_tokens for _s in _trace for r in _s.scheduled)}
+    llm.reconfigure(async_scheduling=False)
+    # Four answers that stop at EOS, for V0's multi-step below: how long each ran.
+    _chats = [[{"role": "user", "content": _q}] for _q in
+              ("Say hello.", "Name a color.", "What is 2 + 2?", "Name a fruit.")]
+    stop_lengths = [len(_o.outputs[0].token_ids) for _o in llm.chat(
+        _chats, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)]
+    async_same = all(host_rows[("async", _b)]["tokens"] == host_rows[("sync", _b)]["tokens"]
+                     for _b in HOST_BATCHES)
+    # Tokens computed that nobody reads: the async run's computed tokens beyond the sync run's.
+    dropped = {_b: host_rows[("async", _b)]["computed"] - host_rows[("sync", _b)]["computed"]
+               for _b in HOST_BATCHES}
+    print({k: {n: round(v, 2) for n, v in r.items() if n != "tokens"}
+           for k, r in host_rows.items()})
+    return HOST_BATCHES, HOST_TOKENS, async_same, dropped, host_rows, stop_lengths
+
+
+@app.cell
+def _(HOST_BATCHES, async_same, device, host_rows, mo, plt, stop_lengths):
+    _fig, _ax = plt.subplots(figsize=(6.5, 3.0))
+    _keys = [(_m, _b) for _b in HOST_BATCHES for _m in ("sync", "async")]
+    _fwd = [host_rows[_k]["forward"] for _k in _keys]
+    _host = [host_rows[_k]["host"] for _k in _keys]
+    _ax.bar(range(len(_keys)), _fwd, label="forward (until the device is done)")
+    _ax.bar(range(len(_keys)), _host, bottom=_fwd, label="host: the rest of the ITL")
+    _ax.set_xticks(range(len(_keys)), [f"{_m}\nbatch {_b}" for _m, _b in _keys])
+    _ax.set_ylabel("ms per decode step (median)")
+    _ax.legend(fontsize=8)
+    _fig.tight_layout()
+    _rows = "\n    ".join(
+        f"| {_b} | {_m} | {_r['itl']:.1f} | {_r['forward']:.1f} | {_r['host']:.2f} | "
+        f"{_r['schedule']:.2f} | {_r['prepare']:.2f} | {_r['sample']:.2f} | "
+        f"{_r['update']:.2f} |" for (_m, _b), _r in host_rows.items())
+    _multi = {_n: sum(-(_l - 1) % _n for _l in stop_lengths) for _n in (2, 4, 8)}
+    _where = ("is kernels queued on the GPU: while they run, the host schedules the next "
+              "step, so under async scheduling its phases hide behind the device"
+              if device != "CPU" else
+              "runs on the same cores as the host's work: under async scheduling it runs on "
+              "a thread of its own while the core schedules the next step, and the two "
+              "compete for the cores. The host's share of a step is small here, so there is "
+              "little to hide, and the contention can cost more than it saves "
+              "(docs/benchmarks.md measures both ways)")
+    mo.vstack([_fig, mo.md(f"""
+    | batch | scheduling | ITL ms | forward | host | schedule | prepare | sample | update |
+    |---|---|---|---|---|---|---|---|---|
+    {_rows}
+
+    Tokens **{'identical' if async_same else 'DIFFERENT'}** between the two modes. On
+    {device} the forward {_where}. What async scheduling saves is the host's time per step,
+    so it matters where that time is a large share: a GPU step of a few milliseconds,
+    graph-replayed.
+
+    **V0's multi-step, counted.** Four chat answers stopped at EOS after
+    {", ".join(map(str, stop_lengths))} tokens. Their first token comes from the prefill
+    step; under multi-step the rest come in windows of n decode steps, and a stop is seen
+    only when its window ends: {_multi[2]}, {_multi[4]} and {_multi[8]} tokens computed past
+    the stops for n = 2, 4 and 8 (and a request arriving mid-window waits up to n - 1 steps
+    to start). Async scheduling computes one per request past its stop, {len(stop_lengths)}
+    here, and admits new requests every step.
+    """)])
+    return
+
+
+@app.cell
+def _(HOST_BATCHES, HOST_TOKENS, mo):
+    mo.md(f"""
+    ### Predict: how many tokens does async scheduling compute for nothing?
+
+    The async run at batch {HOST_BATCHES[-1]} had {HOST_BATCHES[-1]} requests, each asked
+    for exactly {HOST_TOKENS} tokens (EOS ignored). Counted over the whole run, how many
+    more tokens did the async engine compute than the synchronous one? The engine's traces
+    decide.
+    """)
+    dropped_guess = mo.ui.text(value="", label="tokens computed for nothing")
+    dropped_guess
+    return (dropped_guess,)
+
+
+@app.cell
+def _(HOST_BATCHES, dropped):
+    def check_dropped(text, truth=dropped[HOST_BATCHES[-1]], batch=HOST_BATCHES[-1]):
+        """The learner's count against the two traces'."""
+        try:
+            guess = int(text)
+        except ValueError:
+            return "Enter a whole number, e.g. 3."
+        if guess == truth:
+            return (f"Correct: {truth}. Each request's last step was followed by one the core "
+                    "had already scheduled for it, a placeholder for a token it did not need: "
+                    "computed, then dropped when the stop was seen.")
+        if guess == 0:
+            return (f"It computed {truth} more: the step after each request's last was "
+                    "scheduled before its stop was known.")
+        return (f"It computed {truth} more, not {guess}: one placeholder step for each of the "
+                f"{batch} requests after its last token.")
+    return (check_dropped,)
+
+
+@app.cell
+def _(check_dropped, dropped, dropped_guess, HOST_BATCHES, mo):
+    _headless = mo.app_meta().mode == "script" or "headless" in mo.cli_args()
+    _answer = dropped_guess.value or (str(dropped[HOST_BATCHES[-1]]) if _headless else "")
+    _msg = check_dropped(_answer)
+    print(f"exercise: answered {_answer!r} - {_msg}")
+    mo.callout(mo.md(_msg), kind="success" if _msg.startswith("Correct") else "neutral")
+    return
+
+
+@app.cell
 def _(mo, token_counts_seen):
     mo.md(f"""
     ## Exercise: how many graphs did torch.compile build?
@@ -376,8 +532,8 @@ def _(check_graphs, graphs_compiled, graphs_guess, mo):
 
 
 @app.cell
-def _(BATCHES, check_graphs, compiled_ops, graphs_compiled, llm, ops_per_step, same_tokens,
-      token_counts_seen):
+def _(BATCHES, HOST_BATCHES, async_same, check_dropped, check_graphs, compiled_ops, dropped,
+      graphs_compiled, llm, ops_per_step, same_tokens, token_counts_seen):
     def test_op_count_hardly_depends_on_batch():
         counts = sorted(ops_per_step[_b] for _b in BATCHES if _b > 1)   # > 10 ops per layer,
         assert counts[0] > 30 * 10 and counts[-1] <= 1.05 * counts[0]   # the same at each batch
@@ -409,12 +565,21 @@ def _(BATCHES, check_graphs, compiled_ops, graphs_compiled, llm, ops_per_step, s
         assert not check_graphs(str(graphs_compiled - 1)).startswith("Correct")
         assert "per token count" in check_graphs(str(len(token_counts_seen)))
         assert "whole number" in check_graphs("seven")
+
+    def test_async_scheduling_same_tokens_one_dropped_step_each():
+        # Counted by the engine: the same tokens, and exactly one placeholder step computed
+        # after each request's last token (the batch's size in tokens).
+        assert async_same
+        assert dropped == {_b: _b for _b in HOST_BATCHES}
+        assert check_dropped(str(dropped[HOST_BATCHES[-1]])).startswith("Correct")
+        assert not check_dropped("0").startswith("Correct")
     return
 
 
 @app.cell
-def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, graphs_compiled, mo, ops_per_step,
-      same_tokens, token_counts_seen):
+def _(BATCHES, async_same, breakdown, compile_s, compiled, compiled_ops, dropped,
+      graphs_compiled, host_rows, mo, ops_per_step, same_tokens, stop_lengths,
+      token_counts_seen):
     findings = {
         "ops_per_decode_step": ops_per_step[BATCHES[0]],
         "ops_per_decode_step_compiled": compiled_ops[BATCHES[0]],
@@ -429,6 +594,11 @@ def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, graphs_compiled, mo
         "dynamo_graphs_compiled": graphs_compiled,
         "token_counts_compiled_for": len(token_counts_seen),
         "gpu_graph_numbers": "none recorded yet",
+        "async_tokens_identical": async_same,
+        "async_tokens_dropped": {str(b): n for b, n in dropped.items()},
+        "eos_stop_lengths": stop_lengths,
+        "itl_ms": {f"{m} {b}": round(r["itl"], 2) for (m, b), r in host_rows.items()},
+        "host_ms": {f"{m} {b}": round(r["host"], 2) for (m, b), r in host_rows.items()},
     }
     print("findings:", findings)
     mo.md(f"""
@@ -445,9 +615,18 @@ def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, graphs_compiled, mo
       ratios above, for **{compile_s:.0f} s** of compiling at start-up: off by default here.
       Dynamo compiled **{graphs_compiled}** graph(s) for steps of {len(token_counts_seen)}
       different token counts (torch's own counter).
-    * CUDA graphs need a GPU; no GPU timing of them has been recorded for this course yet.
+    * CUDA graphs need a GPU: on the one H200 run so far (docs/benchmarks.md, not this page)
+      they took a decode step from 27-38 ms eager to 4.4-5.3 ms.
       minivllm's are full graphs of decode steps only, V0's scheme; V1 defaults to full
       graphs for decode and piecewise graphs for everything else.
+
+    * Async scheduling kept the tokens **{'identical' if async_same else 'different'}** and
+      computed **{dropped[max(dropped)]}** token(s) for nothing at batch {max(dropped)} (one
+      placeholder step per request after its last token); the batch-1 ITL went from
+      **{host_rows[("sync", 1)]["itl"]:.1f}** ms to **{host_rows[("async", 1)]["itl"]:.1f}**
+      ms here, of which the host's share (outside the forward) was
+      **{host_rows[("sync", 1)]["host"]:.2f}** and **{host_rows[("async", 1)]["host"]:.2f}**
+      ms.
 
     All of this makes one device's step cheaper; none of it fits a model larger than one
     device. Next, lesson 15: how is each layer cut across N GPUs, and what do its two
@@ -466,6 +645,11 @@ def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, graphs_compiled, mo
       kernel's grid the same every step; `kernels/write_kv.py` skips slot -1.
     * `minivllm/benchmarks/compile.py` (`minivllm bench compile`) and `minivllm/benchmarks/gpu.py
       --decode-modes` (the GPU measurement).
+    * `minivllm/core/async_scheduler.py` (`AsyncScheduler`: the computed count advanced at
+      schedule, `num_output_placeholders`), `EngineCore.step_with_batch_queue` in
+      `minivllm/engine/core.py` (two batches in flight), `UniProcExecutor.execute_model` (the
+      step's thread), `minivllm/worker/phase_timer.py` and `minivllm/benchmarks/host.py`
+      (`minivllm bench host`).
     """)
     return (findings,)
 
@@ -473,7 +657,7 @@ def _(BATCHES, breakdown, compile_s, compiled, compiled_ops, graphs_compiled, mo
 @app.cell
 def _(mo):
     mo.callout(mo.md(r"""
-    **In vLLM V1.** Start at `vllm/config/compilation.py`: `CUDAGraphMode` (`NONE`,
+    **In vLLM V1** (as of vLLM 0.33). Start at `vllm/config/compilation.py`: `CUDAGraphMode` (`NONE`,
     `PIECEWISE`, `FULL`, `FULL_DECODE_ONLY`, `FULL_AND_PIECEWISE`), and in
     `CompilationConfig` the fields `cudagraph_mode`, `cudagraph_capture_sizes`,
     `max_cudagraph_capture_size` and `splitting_ops`. Then `vllm/compilation/backends.py`
@@ -486,6 +670,12 @@ def _(mo):
     a custom Dynamo backend that splits and wraps the graph. Its `torch.compile` already
     leaves attention opaque (`minivllm::unified_attention`), the same cut V1's piecewise
     graphs make.
+
+    For async scheduling: `vllm/v1/core/sched/async_scheduler.py` (`AsyncScheduler`,
+    `_update_after_schedule`, `num_output_placeholders`), `step_with_batch_queue` in
+    `vllm/v1/engine/core.py`, and in `gpu_model_runner.py` the sampled ids kept on the GPU
+    for the next step's inputs. minivllm's worker brings each sampled id to the host and
+    appends it to its own state; on a CPU its step runs on a thread of its own.
     """), kind="info")
     return
 

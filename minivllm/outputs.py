@@ -85,6 +85,8 @@ class ModelRunnerOutput:
     draft_token_ids[req_id]   speculative decoding: the drafts the runner's drafter proposed
                       for its next step, from its tokens with this step's appended (vLLM's
                       DraftTokenIds); the core hands them to Scheduler.update_draft_token_ids
+    timings           seconds in each of the runner's phases: prepare, forward (until the
+                      device is done), sample (worker/phase_timer.py)
 
     A request that ran a prefill chunk short of its prompt's end samples nothing: it is in
     none of the dicts.
@@ -93,6 +95,7 @@ class ModelRunnerOutput:
     sampled: dict[str, list[Draw]] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -254,3 +254,16 @@ def test_in_process_is_the_default(monkeypatch):
     assert not multiprocessing_enabled()
     monkeypatch.setenv("MINIVLLM_ENABLE_MULTIPROCESSING", "1")
     assert multiprocessing_enabled()
+
+
+def test_async_scheduling_in_the_core_process(inproc, mp):
+    """The core in its own process schedules ahead too (issue 65): the same tokens as the
+    synchronous in-process engine."""
+    want = [o.outputs[0].token_ids for o in inproc.generate(PROMPTS[:3], GREEDY,
+                                                              use_tqdm=False)]
+    mp.reconfigure(**SETTINGS, async_scheduling=True)
+    try:
+        got = [o.outputs[0].token_ids for o in mp.generate(PROMPTS[:3], GREEDY, use_tqdm=False)]
+    finally:
+        mp.reconfigure(**SETTINGS, async_scheduling=False)
+    assert got == want

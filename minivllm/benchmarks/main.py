@@ -19,7 +19,8 @@ import argparse
 
 import minivllm.platforms  # noqa: F401, I001  (first: Triton's interpreter switch, before kernels/)
 import kernels.bench as kernels_bench
-from minivllm.benchmarks import ablation, beam, cpu, disagg, gpu, guided, latency, load, lora
+from minivllm.benchmarks import (ablation, beam, cpu, disagg, gpu, guided, host, latency, load,
+                                 lora)
 from minivllm.benchmarks import compile as compile_bench     # (not the builtin `compile`)
 from minivllm.benchmarks import (offload, parallel, prefix_caching, quant, routing, serve,
                                  spec)
@@ -55,6 +56,8 @@ BENCHMARKS = {
     "routing": (routing, "data parallelism's routing: round-robin vs V1's load score vs "
                          "prefix-aware (the replicas' KV events) on multi-turn chats",
                 ("model",)),
+    "host": (host, "the host's share of a decode step: sync vs async scheduling, a tiny model "
+                   "and the default", ()),
     "compile": (compile_bench, "decode step: op time vs Python, eager vs torch.compile",
                 ("model",)),
     "guided": (guided, "guided decoding: grammar compile time, bitmask cost per step at batch 1 "

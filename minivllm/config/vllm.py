@@ -85,6 +85,15 @@ INCOMPATIBLE = (
      "(a preempted request loads its offloaded blocks back); use preemption_mode='recompute'"),
     ("kv_transfer_config", "kv_offloading_size", "kv_offloading_size with kv_transfer_config "
      "is not supported by minivllm: one KV connector at a time (no MultiConnector)"),
+    # Async scheduling (core/async_scheduler.py) needs the one sampling worker to fill in
+    # the tokens the core has not seen, and a step's inputs to depend on no unseen token.
+    *(("async_scheduling", option, f"async_scheduling with {option} is not supported by "
+       f"minivllm: {why}") for option, why in (
+        (TP, "only the driver samples, the other ranks would miss the tokens"),
+        (PP, "the stages' batch queue is the one async scheduling uses"),
+        ("speculative_config", "the drafts would follow a token not yet sampled"),
+        ("kv_transfer_config", "a transferred request's first token comes from the core"),
+        ("kv_offloading_size", "a block is stored by the hash of tokens not yet sampled"))),
     (PER_REQUEST, "speculative_config",
      "guided_decoding, penalties and min_tokens are not supported with speculative decoding "
      "(drafts are verified against the unprocessed distribution); use an engine without "
@@ -103,7 +112,8 @@ def check_compatibility(config: VllmConfig) -> None:
           "kv_transfer_config": config.kv_transfer_config is not None,
           "kv_layout='contiguous'": config.cache_config.kv_layout == "contiguous",
           "preemption_mode='swap'": config.scheduler_config.preemption_mode == "swap",
-          "kv_offloading_size": config.cache_config.kv_offloading_size is not None}
+          "kv_offloading_size": config.cache_config.kv_offloading_size is not None,
+          "async_scheduling": config.scheduler_config.async_scheduling}
     for a, b, message in INCOMPATIBLE:
         if on.get(a) and on[b]:                 # PER_REQUEST is not an engine setting: skipped
             raise ValueError(message)

@@ -77,6 +77,7 @@ class Request:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
+        self.num_output_placeholders = 0  # async scheduling: tokens sampled, not yet seen
         self.num_cached_tokens = 0       # tokens found cached (either tier) when first admitted
         self.block_table: list[int] = []
         self.spec_token_ids: list[int] = []
@@ -127,13 +128,13 @@ class Request:
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        return len(self.token_ids) + self.num_output_placeholders - self.num_computed_tokens
 
     @property
     def is_prefill(self) -> bool:
         """Are prompt tokens (or, after a recompute preemption, any tokens but the newest)
         still without K/V? Then its next step is a prefill chunk, not a one-token decode."""
-        num_tokens = len(self.token_ids)
+        num_tokens = len(self.token_ids) + self.num_output_placeholders
         return num_tokens - self.num_computed_tokens > 1 or num_tokens == self.num_prompt_tokens
 
     @property
@@ -159,8 +160,7 @@ class Request:
         that it samples? A prefill chunk short of the prompt's end does not. The one copy of
         this rule: the scheduler records it in the step's ScheduledRequest and in
         SchedulerOutput.sampling, the runner's message."""
-        return (self.num_computed_tokens + num_new_tokens
-                >= len(self.token_ids) + len(self.spec_token_ids))
+        return num_new_tokens >= self.num_uncomputed_tokens + len(self.spec_token_ids)
 
     def append_token(self, token_id: int, logprobs: dict[int, float] | None) -> None:
         self.token_ids.append(token_id)

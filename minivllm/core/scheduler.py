@@ -33,15 +33,18 @@ vLLM V0's mechanisms (parallel sampling forked in the core, beam search on forks
 preemption, the static baseline) live beside this class, in core/v0/: a subclass that
 overrides the named steps of this one (`_schedule_waiting`, `_preempt`, `_append`, ...).
 
+V1's async scheduling is a subclass too (core/async_scheduler.py): it schedules a request
+whose batch is in flight (`_waits_for_batch`) and counts its tokens at schedule time
+(`_update_after_step` then has nothing to add).
+
 Left out, compared with vLLM: priority scheduling, V1's single token-level schedule (V1 treats
-prefill and decode alike as "tokens to compute"), async scheduling, and V1's token-level
-budget for drafts.
+prefill and decode alike as "tokens to compute"), and V1's token-level budget for drafts.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 from minivllm.config import VllmConfig
@@ -79,7 +82,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}   # request id -> the request (unfinished)
         self.runner_holds: dict[str, int] = {}   # request id -> tokens the runner has of it
-        self.in_flight: set[str] = set()   # request ids scheduled, their batch not back (PP)
+        self.in_flight: Counter[str] = Counter()   # request id -> its batches not back yet
         self.finished_req_ids: set[str] = set()  # since the last schedule: the runner forgets
         self.num_preemptions = 0
         self.spec_decoding_stats = SpecDecodingStats()
@@ -102,8 +105,10 @@ class Scheduler:
         to the budget by the caller); returns the budget left."""
         num_tokens = min(request.num_uncomputed_tokens, budget)     # of its own, drafts aside
         n = num_tokens + len(request.spec_token_ids)
-        # Full blocks enter the prefix cache now (vLLM V1): later admissions this step reuse them.
-        self.block_manager.cache_computed_blocks(request, request.num_computed_tokens + num_tokens)
+        # Full blocks enter the prefix cache now (vLLM V1): later admissions this step reuse
+        # them (their tokens known: an async placeholder's block is named when it is seen).
+        self.block_manager.cache_computed_blocks(
+            request, min(request.num_computed_tokens + num_tokens, len(request)))
         record = ScheduledRequest(request.request_id, n, request.is_prefill,
                                   len(request.spec_token_ids), request.lora_int_id,
                                   request.num_computed_tokens, request.samples_after(n))
@@ -125,6 +130,7 @@ class Scheduler:
         else:
             out.scheduled_new_reqs.append(NewRequestData.from_request(request))
         self.runner_holds[req_id] = len(request.token_ids)
+        self.in_flight[req_id] += 1
         return budget - n
 
     # --8<-- [start:schedule]
@@ -136,7 +142,6 @@ class Scheduler:
         self._schedule_waiting(out, budget)
         if self.kv_connector is not None:    # disaggregation: which blocks' K/V move this step
             out.kv_connector_metadata = self.kv_connector.build_connector_meta(out, self.requests)
-        self.in_flight.update(out.req_ids)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -146,7 +151,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            if request.request_id in self.in_flight:     # pipeline: its last batch is not back
+            if self._waits_for_batch(request):
                 i += 1
                 continue
             if request.spec_token_ids:
@@ -156,14 +161,20 @@ class Scheduler:
                 drafts = request.spec_token_ids
                 if drafts and not bm.can_append_slots(request, len(drafts)):
                     drafts.clear()
-            while not self._can_append(request):
-                self._preempt(self._pop_victim(), out)
-                if request.status is not RequestStatus.RUNNING:    # it was the newest
+            fits = self._can_append(request)
+            while not fits and request.status is RequestStatus.RUNNING:
+                victim = self._pop_victim()
+                if victim is None:              # async: the others' batches are in flight
                     break
-            else:
-                out.blocks_to_copy += bm.append_slots(request, len(request.spec_token_ids))
+                self._preempt(victim, out)
+                fits = self._can_append(request)
+            if request.status is not RequestStatus.RUNNING:    # it was the newest
+                continue
+            if fits:                            # (else it waits for a batch to come back)
+                out.blocks_to_copy += bm.append_slots(
+                    request, len(request.spec_token_ids) + request.num_output_placeholders)
                 budget = self._run(request, out, budget)
-                i += 1
+            i += 1
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
@@ -198,12 +209,12 @@ class Scheduler:
         new tokens or was failed, for the front end."""
         so = scheduler_output
         errors, sampled = runner_output.errors, runner_output.sampled
-        self.in_flight.difference_update(so.req_ids)
+        self.in_flight -= Counter(so.req_ids)
         self.spec_decoding_stats.num_accepted_this_step = 0
         requests = [self.requests.get(s.request_id) for s in so.scheduled]  # None: finished since
         for request, record in zip(requests, so.scheduled):
-            if request is not None:               # its drafts count once accepted, below
-                request.num_computed_tokens += record.num_tokens - record.num_draft_tokens
+            if request is not None:
+                self._update_after_step(request, record)
         outputs = []
         for request in requests:
             if request is None or request.is_finished:
@@ -228,6 +239,10 @@ class Scheduler:
                                             {request_id: error})
         return outputs
     # --8<-- [end:update_from_output]
+
+    def _update_after_step(self, request: Request, record: ScheduledRequest) -> None:
+        """Its computed tokens advance by the step's (its drafts count once accepted)."""
+        request.num_computed_tokens += record.num_tokens - record.num_draft_tokens
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
         """The drafts the runner proposed for the next step, by request id (vLLM V1's name);
@@ -288,15 +303,19 @@ class Scheduler:
         active = {s.lora_int_id for s in self.running} - {0}
         return request.lora_int_id in active or len(active) < self.lora_config.max_loras
 
+    def _waits_for_batch(self, request: Request) -> bool:
+        """Pipeline parallelism: a request in a batch in flight waits for it to come back."""
+        return request.request_id in self.in_flight
+
     def _can_append(self, request: Request) -> bool:
         """Room for its next tokens."""
-        return self.block_manager.can_append_slots(request)
+        return self.block_manager.can_append_slots(request, request.num_output_placeholders)
 
-    def _pop_victim(self) -> Request:
-        """The newest running request whose batch is back (pipeline parallelism: one in flight
-        has its blocks being written); the one being scheduled always is."""
-        return self.running.pop(max(i for i, r in enumerate(self.running)
-                                    if r.request_id not in self.in_flight))
+    def _pop_victim(self) -> Request | None:
+        """The newest running request with no batch in flight (one in flight has its blocks
+        being written, or scheduled this step); None if there is none."""
+        back = [i for i, r in enumerate(self.running) if r.request_id not in self.in_flight]
+        return self.running.pop(back[-1]) if back else None
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Recompute: drop its KV, keep its tokens, requeue it first."""

@@ -110,6 +110,7 @@ class SchedulerOutput:
     swapped_out: list[str] = field(default_factory=list)   # of those, swapped out
     swapped_in: list[str] = field(default_factory=list)
     grammar_errors: dict[str, str] = field(default_factory=dict)   # they fail with the step
+    schedule_time: float = 0.0           # seconds the core took to make it (the trace's)
 
     def for_workers(self) -> SchedulerOutput:
         """The messages alone, what crosses to another process: the core's view emptied."""

@@ -50,6 +50,7 @@ class EngineArgs:
     preemption_mode: str = "recompute"
     scheduling: str = "continuous"
     scheduler_cls: str = V1_SCHEDULER
+    async_scheduling: bool = False
     block_size: int = 16                  # CacheConfig
     num_kv_blocks: int | None = None
     kv_cache_memory: int | None = None
@@ -124,7 +125,7 @@ class EngineArgs:
                 max_model_len=model_config.max_model_len,
                 enable_chunked_prefill=self.enable_chunked_prefill,
                 preemption_mode=self.preemption_mode, scheduling=self.scheduling,
-                scheduler_cls=self.scheduler_cls),
+                scheduler_cls=self.scheduler_cls, async_scheduling=self.async_scheduling),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,
                 pipeline_parallel_size=self.pipeline_parallel_size,
@@ -206,6 +207,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    default=None, help="uni: one process; mp: a process per rank (default with "
                                       "-tp or -pp > 1); ray: a Ray actor per rank")
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
+    g.add_argument("--async-scheduling", action="store_true",
+                   help="schedule step N + 1 while step N runs (V1's AsyncScheduler)")
     g.add_argument("--kv-offloading-size", type=float, default=None,
                    help="GiB of host memory for the CPU tier of the KV cache (off: unset)")
     g.add_argument("--kv-offloading-backend", choices=("native",), default="native",
@@ -221,8 +224,9 @@ CLI_FIELDS = ("dtype", "device", "max_model_len", "max_num_seqs", "block_size",
               "enable_prefix_caching", "gpu_memory_utilization", "tensor_parallel_size",
               "pipeline_parallel_size", "data_parallel_size", "data_parallel_balance",
               "data_parallel_size_local", "data_parallel_address", "data_parallel_rpc_port",
-              "nnodes", "master_addr", "master_port", "enforce_eager", "kv_offloading_size",
-              "kv_offloading_backend", "kv_events_config", "distributed_executor_backend")
+              "nnodes", "master_addr", "master_port", "enforce_eager", "async_scheduling",
+              "kv_offloading_size", "kv_offloading_backend", "kv_events_config",
+              "distributed_executor_backend")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -41,6 +41,9 @@ batch while there is room in the queue, else wait for the oldest and apply it. A
 batch in flight is not scheduled again until that batch is back (Scheduler.in_flight), so the
 batches in flight are different requests: micro-batches.
 
+Async scheduling (core/async_scheduler.py) runs on the same queue, two batches deep: the
+executor runs a step on a thread of its own while the core schedules the next one.
+
 Left out, compared with vLLM: splitting the running requests into pp micro-batches when they
 would all fit in one (V0's virtual engines did; here, as in V1, micro-batches form when the
 token budget or arrivals split the work, and a decode-only batch of everything waits alone).
@@ -201,7 +204,8 @@ class EngineCore:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests, or a batch in flight (async scheduling: one may follow a stop)."""
+        return self.scheduler.has_unfinished() or bool(self.batch_queue)
 
     # ---------------------------------------------------------------- one iteration
     # --8<-- [start:step]
@@ -221,6 +225,7 @@ class EngineCore:
 
     def _update(self, scheduler_output: SchedulerOutput, runner_output, t0: float
                 ) -> EngineCoreOutputs:
+        t_update = self.clock()
         # 3. Update: append, accept drafts, stop on tokens and length, free blocks.
         runner_output.errors.update(scheduler_output.grammar_errors)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
@@ -228,7 +233,9 @@ class EngineCore:
         self.scheduler.update_draft_token_ids(runner_output.draft_token_ids)
         self.num_steps += 1
         if self._traces:
-            self._record(scheduler_output, outputs, runner_output.errors, t0)
+            phases = {"schedule": scheduler_output.schedule_time, **runner_output.timings,
+                      "update": self.clock() - t_update}
+            self._record(scheduler_output, outputs, runner_output.errors, t0, phases)
         return EngineCoreOutputs(outputs, timestamp=self.clock())
     # --8<-- [end:step]
 
@@ -251,12 +258,18 @@ class EngineCore:
         if not queue:
             return self._nothing_to_run()
         pending, scheduler_output, t0 = queue.popleft()
-        return self._update(scheduler_output, pending.result(), t0)
+        outputs = self._update(scheduler_output, pending.result(), t0)
+        while queue and not self.scheduler.has_unfinished():   # async: a step after the last
+            pending, scheduler_output, t0 = queue.popleft()     # stop, for nothing: drained
+            self._update(scheduler_output, pending.result(), t0)
+        return outputs
 
     def _schedule(self) -> SchedulerOutput:
+        t0 = self.clock()
         scheduler_output = self.scheduler.schedule()
         if self.structured_output is not None:      # the guided rows' allowed tokens
             self.structured_output.grammar_bitmask(scheduler_output, self.requests)
+        scheduler_output.schedule_time = self.clock() - t0
         self.last_scheduler_output = scheduler_output
         for callback in self.schedule_callbacks:    # a long prefill shows as running meanwhile
             callback()
@@ -306,7 +319,7 @@ class EngineCore:
     last_record: StepRecord | None = None
 
     def _record(self, batch: SchedulerOutput, outputs: list[EngineCoreOutput],
-                errors: dict[str, str], t0: float) -> None:
+                errors: dict[str, str], t0: float, phases: dict[str, float]) -> None:
         finished = [o.request_id for o in outputs
                     if o.finish_reason is not None and o.request_id not in self.requests]
         record = StepRecord(
@@ -315,7 +328,8 @@ class EngineCore:
             num_blocks_copied=len(batch.blocks_to_copy),
             finished=list(dict.fromkeys(finished)), duration=self.clock() - t0,
             stats=self.stats(), start_time=t0, errors=dict(errors),
-            num_accepted_tokens=self.scheduler.spec_decoding_stats.num_accepted_this_step)
+            num_accepted_tokens=self.scheduler.spec_decoding_stats.num_accepted_this_step,
+            phases=phases)
         self.last_record = record
         for steps in self._traces:
             steps.append(record)

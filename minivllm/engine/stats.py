@@ -31,11 +31,20 @@ class StepRecord:
     swapped_in: list[str]
     num_blocks_copied: int                      # copy-on-write copies this step
     finished: list[str]                         # requests that finished this step
-    duration: float                             # seconds, schedule to outputs
+    duration: float                             # seconds, schedule to outputs (async
+                                                # scheduling: the step before it runs between)
     stats: EngineStats
     start_time: float = 0.0                     # time.perf_counter() when the step began
     errors: dict[str, str] = field(default_factory=dict)   # request id -> why it failed
     num_accepted_tokens: int = 0                # draft tokens the target accepted this step
+    # Seconds in each phase: the core's schedule and update, the runner's prepare, forward
+    # (until the device is done with it) and sample (worker/phase_timer.py).
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def host_time(self) -> float:
+        """Seconds of the step outside the forward: the host's share."""
+        return self.duration - self.phases.get("forward", 0.0)
 
     @property
     def num_seqs(self) -> int:

@@ -8,11 +8,9 @@ method on every rank, the driver's answer returned. `executor_class`
 (minivllm/executor/__init__.py) picks the executor from `distributed_executor_backend` (vLLM:
 Executor.get_class).
 
-Pipeline parallelism: `max_concurrent_batches` (pp; 1 otherwise) says how many steps the
-core may keep in flight, and `execute_model(so, non_block=True)` starts one and returns what
-its `.result()` finishes (MultiprocExecutor).
-
-Left out, compared with vLLM: the Ray executor, and non-blocking steps on one process.
+Pipeline parallelism and async scheduling: `max_concurrent_batches` (pp, or 2; 1 otherwise)
+says how many steps the core may keep in flight, and `execute_model(so, non_block=True)`
+starts one and returns what its `.result()` finishes (MultiprocExecutor, UniProcExecutor).
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from minivllm.core.kv_cache import KVCacheConfig
 
 class Executor:
     driver_worker = None                     # the sampling rank's Worker, in the core's process
-    max_concurrent_batches = 1               # steps in flight at once (pp under pipelining)
+    max_concurrent_batches = 1               # steps in flight at once (pp, async scheduling)
 
     def collective_rpc(self, method: str, *args):
         """Run Worker.method(*args) on every worker; the driver's result."""

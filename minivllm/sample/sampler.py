@@ -128,3 +128,19 @@ class Sampler:
             if num_logprobs is not None:
                 logprobs[i] = logprobs_entry(raw_logprobs[i], token_ids[i], num_logprobs)
         return token_ids, logprobs
+
+    def draw(self, logits: torch.Tensor, seqs: list, errors: dict[str, str]) -> list:
+        """Every row at once, as (token id, logprobs) pairs; if that fails, row by row, to find
+        the rows at fault (their requests go into `errors`, their draws are None)."""
+        try:
+            return list(zip(*self(logits, seqs)))
+        except Exception:                                           # noqa: BLE001
+            draws = []
+            for i, seq in enumerate(seqs):
+                try:
+                    token_ids, logprobs = self(logits[i:i + 1], [seq])
+                    draws.append((token_ids[0], logprobs[0]))
+                except Exception as e:                              # noqa: BLE001
+                    draws.append(None)
+                    errors.setdefault(seq.req_id, f"sampling failed: {e!r}")
+            return draws

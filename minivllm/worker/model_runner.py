@@ -4,10 +4,8 @@
 `execute_model(scheduler_output)` is one step's work on the device:
 
     0. state          its own state of each request (worker/input_batch.py) brought up to date
-                      from the scheduler's messages, finished ones forgotten: it reads no
-                      scheduler object
-    1. block copies   copy-on-write, as the scheduler decided (the Worker moves blocks to and
-                      from host memory: V0's swap pool, the CPU offloading tier)
+                      from the scheduler's messages (it reads no scheduler object)
+    1. block copies   copy-on-write (the Worker moves blocks to and from host memory)
     2. prepare        flatten the scheduled requests into the four tensors every paged engine
                       builds:
                         input_ids     (T,)   the new tokens of every request, concatenated
@@ -15,15 +13,14 @@
                         slot_mapping  (T,)   where each new token's K/V goes in the pool
                         block_tables  (B, max_blocks)   where each request's earlier K/V is
     3. forward        the model once, and logits only for the last token of each request that
-                      samples this step (a prefill chunk short of its prompt's end samples
-                      nothing); k + 1 rows for a request verifying k draft tokens
+                      samples (k + 1 rows for a request verifying k draft tokens)
     4. sample         the Sampler draws each row; the rejection sampler keeps the accepted
-                      drafts
-    5. draft          speculative decoding: the drafter (minivllm/spec_decode/) proposes the
-                      next step's drafts from the runner's state and the tokens just sampled
+                      drafts; the drafter (minivllm/spec_decode/) proposes the next step's
 
-and returns a ModelRunnerOutput (minivllm/outputs.py) that Scheduler.update_from_output applies;
-its drafts go to Scheduler.update_draft_token_ids.
+and returns a ModelRunnerOutput (minivllm/outputs.py) for Scheduler.update_from_output, with
+each phase's seconds (worker/phase_timer.py). Under async scheduling (core/async_scheduler.py)
+the runner appends its own samples to its state: the core schedules the next step before it
+has them, and the runner reads the new tokens' ids from there (V1 keeps them on the device).
 
 The weights are loaded once. The Worker (worker/worker.py) then sets what a configuration owns,
 one method a thing: the weights' format (`set_weight_format`), the per-configuration state
@@ -36,7 +33,7 @@ same execute_model on the same messages (minivllm/executor/); collectives and th
 sends keep them in step, and only the driver (tensor rank 0 of the last stage) samples.
 Decode steps on CUDA replay CUDA graphs; torch.compile is an option (worker/compilation.py).
 
-Left out, compared with vLLM: the persistent InputBatch, async scheduling, multi-modal inputs.
+Left out, compared with vLLM: the persistent InputBatch, multi-modal inputs.
 """
 
 from __future__ import annotations
@@ -64,6 +61,7 @@ from minivllm.sample.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 from minivllm.worker.compilation import CUDAGraphRunner, set_compilation, use_cuda_graphs
 from minivllm.worker.input_batch import CachedRequestState, StepInputs
+from minivllm.worker.phase_timer import PhaseTimer
 
 logger = logging.getLogger("minivllm")
 
@@ -260,20 +258,25 @@ class ModelRunner:
         the block copies, one forward pass, the sampled tokens, and the drafts for the next
         step. Under tensor parallelism every rank runs this on the same messages and meets
         the others in the forward's collectives; only rank 0 samples and drafts."""
-        so = scheduler_output
+        so, timer = scheduler_output, PhaseTimer(self.device)    # the host's share (issue 65)
         self._update_states(so)
         copy_blocks(so.blocks_to_copy, self.kv_cache, self.kv_cache)
         if not so.req_ids:
             return ModelRunnerOutput()
         states = [self.requests[req_id] for req_id in so.req_ids]
         num_tokens = [so.num_scheduled_tokens[req_id] for req_id in so.req_ids]
-        sampling, logits = self.run(states, num_tokens, so.sampling)
+        sampling, logits = self.run(states, num_tokens, so.sampling, timer)
         if not self.is_driver:               # split: the driver samples for all
             return ModelRunnerOutput()
         sampled = [states[i] for i in sampling]
         output = self.sample(sampled, logits)
         if self.drafter is not None:         # drafts for the next step (speculative decoding)
             output.draft_token_ids = self.drafter.propose(sampled, output)
+        if self.vllm_config.scheduler_config.async_scheduling:    # the core learns them later
+            for req_id, draws in output.sampled.items():
+                self.requests[req_id].token_ids += [token_id for token_id, _ in draws]
+        timer.lap("sample")
+        output.timings = timer.times
         return output
 
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -305,10 +308,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, seqs: list[CachedRequestState], num_new_tokens: list[int],
-            sampling: list[bool] | None = None):
+            sampling: list[bool] | None = None, timer: PhaseTimer | None = None):
         """One forward pass. Returns the indices (into seqs) of the sequences that sample
         (`sampling`; None: Request.samples_after) and their logits, (S, vocab) float32: a
-        row per sequence, its last, or k + 1 rows for one verifying k drafts, the last last."""
+        row per sequence, its last, or k + 1 rows for one verifying k drafts, the last last.
+        timer: laps "prepare" and "forward" (worker/phase_timer.py)."""
+        timer = timer or PhaseTimer(self.device)
         input_ids, positions, md = self.prepare(seqs, num_new_tokens)
         if sampling is None:
             sampling = [s.samples_after(n) for s, n in zip(seqs, num_new_tokens)]
@@ -318,7 +323,9 @@ class ModelRunner:
         if any(drafts):                     # the rows that verify each draft, then the last
             rows = torch.cat([torch.arange(r - k, r + 1, device=rows.device)
                               for r, k in zip(rows.tolist(), drafts)])
+        timer.lap("prepare")
         logits = self.forward(input_ids, positions, md, rows)   # (S + drafts, vocab)
+        timer.lap("forward", device=True)
         return sampling, logits
 
     def forward(self, input_ids, positions, md, rows) -> torch.Tensor | None:
@@ -357,7 +364,7 @@ class ModelRunner:
                 draft_rows[seq.req_id] = logits[start:start + k]
             last.append(start + k)
             start += k + 1
-        draws = self._draw(logits[last], seqs, out.errors)
+        draws = self.sampler.draw(logits[last], seqs, out.errors)
         for seq, draw in zip(seqs, draws):
             if seq.req_id in out.errors:
                 continue
@@ -372,22 +379,6 @@ class ModelRunner:
                 out.sampled[seq.req_id] = [draw]
         return out
     # --8<-- [end:sample]
-
-    def _draw(self, logits, seqs, errors: dict[str, str]) -> list:
-        """The Sampler over every row at once; if that fails, row by row, to find the rows at
-        fault (their requests go into `errors`, their draws are None)."""
-        try:
-            return list(zip(*self.sampler(logits, seqs)))
-        except Exception:                                           # noqa: BLE001
-            draws = []
-            for i, seq in enumerate(seqs):
-                try:
-                    token_ids, logprobs = self.sampler(logits[i:i + 1], [seq])
-                    draws.append((token_ids[0], logprobs[0]))
-                except Exception as e:                              # noqa: BLE001
-                    draws.append(None)
-                    errors.setdefault(seq.req_id, f"sampling failed: {e!r}")
-            return draws
 
     @torch.inference_mode()
     def prompt_logits(self, token_ids: list[int], block_table: list[int]) -> torch.Tensor:
