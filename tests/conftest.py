@@ -9,6 +9,7 @@ import json
 import shutil
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,6 +105,23 @@ def count_weight_loads():
     model_runner.load_weights = counting
     yield
     model_runner.load_weights = real
+
+
+# `uv run pytest -m quick`: a contributor's loop, about 3 minutes on a 2-core CPU (issue 67,
+# part 7): equivalence with transformers, the scheduler and the block manager, async
+# scheduling, the configuration's checks and the server's contract. `uv run pytest` (what CI
+# runs) is everything, the lessons and the site included.
+QUICK = {"test_correctness.py", "test_scheduler.py", "test_block_manager.py",
+         "test_block_manager_properties.py", "test_sampling_params.py", "test_config.py",
+         "test_async_scheduling.py", "test_paged.py", "test_engine_core.py",
+         "test_import_graph.py", "test_line_budget.py", "test_server.py"}
+assert QUICK <= {p.name for p in Path(__file__).parent.glob("test_*.py")}, "QUICK names a file"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in QUICK:
+            item.add_marker(pytest.mark.quick)
 
 
 def pytest_terminal_summary(terminalreporter):
