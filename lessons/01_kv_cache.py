@@ -37,14 +37,18 @@ def _(mo):
 
 
 @app.cell
-def _(LLM, mo, torch):
+def _(LLM, kv_bytes_per_token, mo, torch):
     # The packaged SmolLM2-135M-Instruct. SLABS is the baseline this lesson dissects: every
     # request reserves MAX_MODEL_LEN slots the moment it starts. The decode measurement
     # below reconfigures the same loaded model to the paged layout.
     MAX_MODEL_LEN = 2048
-    SLABS = dict(kv_layout="contiguous", kv_cache_memory=8 * MAX_MODEL_LEN * 46080,
-                 max_num_seqs=64)                                  # 8 slabs: 8 requests
-    llm = LLM(max_model_len=MAX_MODEL_LEN, **SLABS)
+    # Loaded with a placeholder pool of one slab; the engine then says what one token of
+    # K and V costs in the dtype it picked (fp32 on a CPU, 46,080 bytes; bf16 on a GPU, half).
+    llm = LLM(max_model_len=MAX_MODEL_LEN, kv_layout="contiguous", num_kv_blocks=1)
+    _per_token = kv_bytes_per_token(llm.engine.model_config.hf_config, llm.engine.dtype)
+    SLABS = dict(kv_layout="contiguous", kv_cache_memory=8 * MAX_MODEL_LEN * _per_token,
+                 num_kv_blocks=None, max_num_seqs=64)              # 8 slabs: 8 requests
+    llm.reconfigure(**SLABS)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     mo.md(f"**running on:** {device} · **model:** SmolLM2-135M-Instruct "
           f"({str(llm.engine.dtype).removeprefix('torch.')})  \n`{llm.engine!r}`")
@@ -523,17 +527,24 @@ def _(check_steps_guess, mo, steps_guess):
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** The bytes of one block are `page_size_bytes` of the layer's
-    `KVCacheSpec` (`vllm/v1/kv_cache_interface.py`: 2 x block_size x KV heads x head size x
-    dtype bytes, this lesson's formula per block). `Worker.determine_available_memory`
+    **In vLLM V1** (as of vLLM 0.33). The bytes of one block are `page_size_bytes` of the
+    layer's `AttentionSpec`, a `KVCacheSpec` (`vllm/v1/kv_cache_interface.py`): block_size x KV
+    heads x (K head size + V head size) x dtype bytes, this lesson's formula per block when K
+    and V have the same width. `Worker.determine_available_memory`
     (`vllm/v1/worker/gpu_worker.py`) profiles a forward pass and gives the KV cache what
-    `gpu_memory_utilization` leaves; `get_kv_cache_config` (`vllm/v1/core/kv_cache_utils.py`)
-    turns those bytes into a number of blocks, which `GPUModelRunner.initialize_kv_cache`
-    (`vllm/v1/worker/gpu_model_runner.py`) allocates. Blocks are then handed out by
-    `KVCacheManager.allocate_slots` (`vllm/v1/core/kv_cache_manager.py`). V1 has no slab
-    layout: it is paged from the start. minivllm keeps `kv_layout="contiguous"` only as this
-    lesson's "before", and sizes its pool from `kv_cache_memory` or `num_kv_blocks` rather
-    than by profiling, so that a CPU run and a lesson get the same pool every time.
+    `gpu_memory_utilization` leaves, unless `kv_cache_memory_bytes` fixes the budget outright.
+    `EngineCore._initialize_kv_caches` (`vllm/v1/engine/core.py`) hands those bytes to
+    `get_kv_cache_configs` (`vllm/v1/core/kv_cache_planning.py`; it no longer lives in
+    `kv_cache_utils.py`), which turns them into one block count shared by every worker; each
+    worker's model runner then allocates it in `initialize_kv_cache` (Model Runner V2's
+    `GPUModelRunner`, `vllm/v1/worker/gpu/model_runner.py`, the default where Triton is
+    available; the older `vllm/v1/worker/gpu_model_runner.py` otherwise). Blocks are then
+    handed out by `KVCacheManager.allocate_slots` (`vllm/v1/core/kv_cache_manager.py`). V1
+    has no slab layout: it is paged from the start. minivllm keeps `kv_layout="contiguous"`
+    only as this lesson's "before". Its `kv_cache_memory` is the twin of
+    `kv_cache_memory_bytes`, and its lessons size their pools that way (or by
+    `num_kv_blocks`) rather than by profiling, so that a CPU run and a lesson get the same
+    pool every time.
     """), kind="info")
     return (v1_box,)
 

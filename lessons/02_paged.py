@@ -567,12 +567,12 @@ def _(mo):
     block when each writes to it. This is vLLM V0's design, run by minivllm's V0 scheduler
     (`minivllm/core/v0/beam_group.py`, through `llm.beam_search(..., method="fork")`).
 
-    vLLM V1 took beam search out of the engine (`vllm/beam_search.py`): each beam becomes a
-    one-token request whose prompt is its whole history, and the sharing comes back from the
-    prefix cache (lesson 05), a full block at a time; each beam recomputes its last, partly
-    filled block every step. minivllm has that too (`method="v1"`, the default). Both pick
-    beams by the same rules (transformers' `generate(num_beams=k)`, token for token), so
-    they return the same beams; what differs is what the engine computes and holds.
+    vLLM V1 took beam search out of the engine, into `LLM.beam_search` (in 0.33,
+    `vllm/entrypoints/generate/beam_search/offline.py`): each beam is a one-token request whose
+    prompt is its history; the sharing comes back from the prefix cache (lesson 05), a full block
+    at a time, and each beam recomputes its last, partly filled block every step. minivllm has
+    that too (`method="v1"`, the default). Both return transformers' beams
+    (`generate(num_beams=k)`); what differs is what the engine computes and holds.
     """)
     return
 
@@ -870,18 +870,17 @@ def _(blocks_answer, check_blocks_answer, mo):
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** The pool is `BlockPool` (`vllm/v1/core/block_pool.py`): each `KVCacheBlock`
-    (`vllm/v1/core/kv_cache_utils.py`) carries its own `ref_cnt`; free blocks wait in
-    `free_block_queue`, in eviction order. The scheduler calls `KVCacheManager`
-    (`vllm/v1/core/kv_cache_manager.py`): `get_computed_blocks` at admission (lesson 05's
-    prefix cache), `allocate_slots` for each step's new tokens. On the worker, `BlockTable`
-    (`vllm/v1/worker/block_table.py`) keeps each request's row of block ids between steps, is
-    sent only the new ids, and fills `slot_mapping` on the GPU. V1 has no fork and no
-    copy-on-write: `n > 1` fans out into one-sample requests at the front end, which share
-    only full blocks, through the prefix cache. minivllm's `LLMEngine` does the same; its V0
-    scheduler (`core/v0/`) keeps the fork to show reference counts and copy-on-write. It keeps
-    the counts in one list (`BlockManager.ref_counts`) and rebuilds block tables and
-    `slot_mapping` in Python every step (`ModelRunner.prepare`): slower, easy to follow.
+    **In vLLM V1** (as of vLLM 0.33). The pool is `BlockPool` (`vllm/v1/core/block_pool.py`):
+    each `KVCacheBlock` (`vllm/v1/core/kv_cache_utils.py`) has its own `ref_cnt`; free blocks
+    wait in `free_block_queue`, in eviction order. The scheduler calls `KVCacheManager`
+    (`vllm/v1/core/kv_cache_manager.py`): `get_computed_blocks` at admission, `allocate_slots`
+    for each step's new tokens. The worker's `BlockTables` (`vllm/v1/worker/gpu/block_table.py`,
+    Model Runner V2) keeps each request's row of block ids, takes only new ids
+    (`append_block_ids`) and fills the slot mapping on the GPU. V1 has no fork and no
+    copy-on-write: `n > 1` fans out into one-sample requests that share full blocks through the
+    prefix cache; so does minivllm's `LLMEngine`. Its V0 scheduler keeps the fork to show
+    reference counts (`BlockManager.ref_counts`) and copy-on-write; `ModelRunner.prepare`
+    rebuilds block tables and `slot_mapping` in Python every step: slower, easy to follow.
     """), kind="info")
     return (v1_box,)
 

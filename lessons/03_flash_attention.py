@@ -796,17 +796,19 @@ def _(kernel_errors, mo, traffic_ratio_4k):
 @app.cell
 def _(mo):
     mo.callout(mo.md(r"""
-    **In vLLM V1.** The attention backends are in `vllm/v1/attention/backends/`: on NVIDIA
-    GPUs the default is `flash_attn.py` (`FlashAttentionImpl.forward`), which calls
-    `flash_attn_varlen_func` from vLLM's fork of Dao's FlashAttention, a CUDA kernel that
-    reads K/V through the block table as ours does. The Triton twin of our kernel is
-    `triton_attn.py` over `vllm/attention/ops/triton_unified_attention.py`:
-    `unified_attention` runs prefill, chunks over cached context and decode in one kernel,
-    and for long decodes splits the context into segments whose partials `reduce_segments`
-    merges with this lesson's rescaling. minivllm keeps two kernels (FlashAttention for
-    prefill and chunks, flash-decoding in `kernels/paged_attention.py`) because each is one
-    idea a reader can hold; it has no CUDA kernel, so every kernel also runs under Triton's
-    interpreter on a CPU, where this page counts its loads.
+    **In vLLM V1** (as of vLLM 0.33). The attention backends are in
+    `vllm/v1/attention/backends/`: on most NVIDIA GPUs the first choice is `flash_attn.py`
+    (`FlashAttentionImpl.forward`), which calls `flash_attn_varlen_func` from vLLM's fork of
+    Dao's FlashAttention, a CUDA kernel that reads K/V through the block table as ours does; on
+    data-centre Blackwell (compute capability 10.x) `flashinfer.py` is tried first. The Triton
+    twin of our kernel is `triton_attn.py` over
+    `vllm/v1/attention/ops/triton_unified_attention.py` (it moved there from
+    `vllm/attention/ops/`): `unified_attention` runs prefill, chunks over cached context and
+    decode in one kernel, and for long decodes splits the context into segments whose partials
+    `reduce_segments` merges with this lesson's rescaling. minivllm keeps two kernels
+    (FlashAttention for prefill and chunks, flash-decoding in `kernels/paged_attention.py`)
+    because each is one idea a reader can hold; it has no CUDA kernel, so every kernel also runs
+    under Triton's interpreter on a CPU, where this page counts its loads.
     """), kind="info")
     return
 

@@ -644,14 +644,15 @@ def _(
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** `EngineCore.step` (`vllm/v1/engine/core.py`) calls `Scheduler.schedule`
-    (`vllm/v1/core/sched/scheduler.py`), runs the model, and passes the result to
-    `update_from_output`, which appends the tokens and frees finished requests' slots and blocks.
-    The schedule is one token-level pass, running requests first, then waiting ones: each gets a
-    number of new tokens (its `num_computed_tokens` catching up with its tokens) under one budget,
-    `max_num_batched_tokens`, with at most `max_num_seqs` running (both in `SchedulerConfig`).
-    There is no static mode and no prefill or decode phase. minivllm keeps V0's three queues with a
-    pass each, easier to watch, and the one `scheduling="static"` line, so both policies share it.
+    **In vLLM V1** (as of vLLM 0.33). `EngineCore.step` (`vllm/v1/engine/core.py`) calls
+    `Scheduler.schedule` (`vllm/v1/core/sched/scheduler.py`), runs the model through the
+    executor, and passes the result to `update_from_output`, which appends the tokens and frees
+    finished requests' slots and blocks. The schedule is one token-level pass, running requests
+    first, then waiting ones: each gets a number of new tokens (its `num_computed_tokens`
+    catching up with its tokens) under one budget, `max_num_batched_tokens`, with at most
+    `max_num_seqs` running (both in `SchedulerConfig`). There is no static mode and no prefill
+    or decode phase. minivllm keeps V0's three queues with a pass each, easier to watch, and the
+    one `scheduling="static"` line, so both policies share it.
     """), kind="info")
     return (v1_box,)
 

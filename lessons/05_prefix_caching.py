@@ -761,18 +761,20 @@ def _(check_hits_answer, check_tier_answer, conv_cached, conv_computed_cached,
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** At admission `KVCacheManager.get_computed_blocks`
+    **In vLLM V1** (as of vLLM 0.33). At admission `KVCacheManager.get_computed_blocks`
     (`vllm/v1/core/kv_cache_manager.py`) walks the request's block hashes, chained by
     `hash_block_tokens` (`vllm/v1/core/kv_cache_utils.py`), to the first miss; `allocate_slots`
     adds the new blocks, and `BlockPool.cache_full_blocks` (`vllm/v1/core/block_pool.py`) names
-    each block a step fills. A freed block keeps its hash in the pool's `free_block_queue`, oldest
-    at the head, until `get_new_blocks` hands it out again: the free list is the LRU, as here.
-    minivllm also checks a hit's tokens and parent, not only its hash, and puts unnamed blocks at
-    the front of its free list, so that named ones are the last reused. The second tier is a KV
-    connector, `OffloadingConnector` (`vllm/distributed/kv_transfer/kv_connector/v1/
-    offloading_connector.py`, over `vllm/v1/kv_offload/`): `get_num_new_matched_tokens` counts
-    the tier's hits after the GPU's, and the copies run on a CUDA stream while the request waits
-    in `WAITING_FOR_REMOTE_KVS`; minivllm's copies run before the step's forward.
+    each block a step fills. A freed block keeps its hash in the pool's `free_block_queue`,
+    oldest at the head, until `get_new_blocks` hands it out again: the free list is the LRU, as
+    here. minivllm also checks a hit's tokens and parent, not only its hash, and puts unnamed
+    blocks at the front of its free list, so that named ones are the last reused. The second
+    tier is a KV connector, `OffloadingConnector`
+    (`vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py`, with its scheduler
+    and worker halves in `offloading/` beside it, over `vllm/v1/kv_offload/`):
+    `get_num_new_matched_tokens` counts the tier's hits after the GPU's, and by default the
+    copies run on a CUDA stream while the request waits in `WAITING_FOR_REMOTE_KVS`; minivllm's
+    copies run before the step's forward.
     """), kind="info")
     return (v1_box,)
 

@@ -600,19 +600,28 @@ def _(
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** The server is `vllm/entrypoints/openai/api_server.py`, with the
-    completions endpoint in `serving_completion.py` beside it. It hands requests to `AsyncLLM`
+    **In vLLM V1** (as of vLLM 0.33). `vllm serve` starts the HTTP server from
+    `vllm/entrypoints/launchers/api_server/` (`run_server` in `entry.py`, the routes wired up
+    by `register_api_routers` in `routers.py`); the old `vllm/entrypoints/openai/api_server.py`
+    is now only a deprecated shim that re-exports them. Each OpenAI endpoint has a folder of
+    its own under `vllm/entrypoints/openai/`: completions is `OpenAIServingCompletion` in
+    `completion/serving.py`, with its route in `completion/api_router.py` (chat sits in
+    `chat_completion/`). The handlers hand requests to `AsyncLLM`
     (`vllm/v1/engine/async_llm.py`): `generate` yields one stream per request, and its
     `output_handler` task reads the core's `EngineCoreOutputs` through `AsyncMPClient`
     (`vllm/v1/engine/core_client.py`, ZMQ sockets) and passes them to
     `OutputProcessor.process_outputs` (`vllm/v1/engine/output_processor.py`, detokenizing
     with `vllm/v1/engine/detokenizer.py`) in the front-end process. The core runs
     `EngineCoreProc.run_busy_loop` (`vllm/v1/engine/core.py`) in its own process: drain the
-    input queue, `step()`, send outputs. minivllm splits the same way (AsyncLLMEngine's queues,
-    LLMEngine's OutputProcessor, the EngineCore behind a client) but by default keeps the
-    core on a thread of the same process: one copy of everything and no serialization, which
-    a lesson can step and look into; `minivllm serve` uses the process split
-    (`minivllm/engine/multiproc/`), as V1 always does.
+    input queue, take one step, send outputs. With async scheduling, on by default where the
+    setup allows it, that step is `step_with_batch_queue`, which schedules the next batch
+    while the current one is still running on the GPU; otherwise it is plain `step`.
+    minivllm splits the same way (AsyncLLMEngine's queues, LLMEngine's OutputProcessor, the
+    EngineCore behind a client) but by default keeps the core on a thread of the same
+    process, and steps one batch at a time unless its own `async_scheduling` option (off by
+    default) is set: one copy of everything and no serialization, which a lesson can step
+    and look into; `minivllm serve` uses the process split
+    (`minivllm/engine/multiproc/`), as V1's `AsyncLLM` always does.
     """), kind="info")
     return (v1_box,)
 

@@ -643,18 +643,27 @@ def _(
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** Prompt lookup is `NgramProposer.propose` in
-    `vllm/v1/spec_decode/ngram_proposer.py` (draft models and EAGLE sit beside it in
-    `vllm/v1/spec_decode/`); `GPUModelRunner` (`vllm/v1/worker/gpu_model_runner.py`) asks the
-    proposer for drafts after sampling and hands them back to the scheduler. The
-    scheduler (`vllm/v1/core/sched/scheduler.py`) puts a request's drafts into the next step,
-    reserves their slots through `KVCacheManager.allocate_slots`, and in `update_from_output`
-    keeps the accepted ones and records `SpecDecodingStats`
-    (`vllm/v1/spec_decode/metrics.py`). The acceptance rule is `RejectionSampler` in
-    `vllm/v1/sample/rejection_sampler.py`. minivllm follows the same path (proposer in the
-    runner, drafts scheduled as lookahead slots, one rejection sampler) in plain torch on
-    Python lists, with n-gram and draft-model proposers only, and it counts the drafts judged
-    at each position, which vLLM does not, so that the conditional alpha above can be read.
+    **In vLLM V1** (as of vLLM 0.33). Two GPU model runners live side by side. The default
+    one, Model Runner V2, is `GPUModelRunner` in `vllm/v1/worker/gpu/model_runner.py`; its
+    speculators sit in `vllm/v1/worker/gpu/spec_decode/`, where prompt lookup is
+    `NgramGPUSpeculator.propose` (`ngram/speculator.py`, the n-gram match run as Triton
+    kernels on the GPU), beside EAGLE, MTP and draft-model speculators, and the acceptance
+    rule is `RejectionSampler` in `spec_decode/rejection_sampler.py`. The older runner,
+    which vLLM falls back to for features V2 lacks (or with `VLLM_USE_V2_MODEL_RUNNER=0`), is
+    `vllm/v1/worker/gpu_model_runner.py`, with `NgramProposer.propose` in
+    `vllm/v1/spec_decode/ngram_proposer.py` and `RejectionSampler` in
+    `vllm/v1/sample/rejection_sampler.py`. Either way the runner proposes drafts after
+    sampling, the engine core collects them (`take_draft_token_ids`) and hands them to the
+    scheduler (`Scheduler.update_draft_token_ids`, `vllm/v1/core/sched/scheduler.py`), which
+    puts a request's drafts into the next step, reserves their slots through
+    `KVCacheManager.allocate_slots`, and in `update_from_output` keeps the accepted ones and
+    records `SpecDecodingStats` (`vllm/v1/spec_decode/metrics.py`). minivllm follows the
+    same path (proposer in the runner, drafts scheduled as lookahead slots, one rejection
+    sampler) in plain torch on Python lists, with n-gram and draft-model proposers only.
+    `SpecDecodingStats` now also counts the drafts *proposed* at each position
+    (`num_draft_tokens_per_pos`), but a draft proposed after a rejected one is counted there
+    too, and nothing logs that count; minivllm counts the drafts *judged* at each position,
+    so that the conditional alpha above can be read.
     """), kind="info")
     return (v1_box,)
 

@@ -265,9 +265,11 @@ def _(mo):
     - **SLO** (in steps and tokens, glossary terms): TTFT within 4 engine steps of arrival,
       and ITL: no decode step larger than 64 tokens.
     - **Goodput per device**: requests meeting both, over the devices (1, 2, 1).
-    - **The transfer**: the split pair's first token is sampled by the producer, so its TTFT
-      does not include sending the KV; the transfer delays the *second* token instead. It is
-      no engine step, so the step counts leave it out: its seconds are measured beside them.
+    - **The transfer**: in minivllm's split pair the first token is sampled by the producer,
+      so its TTFT does not include sending the KV; the transfer delays the *second* token
+      instead. It is no engine step, so the step counts leave it out: its seconds are measured
+      beside them. (vLLM V1 does it the other way round, and its TTFT does include the
+      transfer: see the box at the end.)
     """)
     return
 
@@ -722,8 +724,9 @@ def _(
     * The connector sent **{measured_bytes_per_token:,.0f} bytes per prompt token**, exactly
       the KV of the prompt tokens the consumer did not already cache, in **{split_transfers}**
       transfers that took **{1e3 * split_transfer_s:.0f} ms** here (loopback, on this
-      machine): time that falls between each request's first and second token, not in its
-      TTFT. For a 70B model in bf16 a 4,096-token prompt's KV is 1.3 GB; on four H100s
+      machine): in minivllm's pair, time that falls between each request's first and second
+      token, not in its TTFT (in vLLM V1 it falls inside the TTFT: see the box below). For
+      a 70B model in bf16 a 4,096-token prompt's KV is 1.3 GB; on four H100s
       (TP=4), each sending its quarter over its own 100 GbE link, about
       **{findings['llama70b_tp4_4k_100gbe_transfer_ms']:.0f} ms**, a few ms over NVLink
       (computed from data sheets).
@@ -754,18 +757,36 @@ def _(
 @app.cell
 def _(mo):
     mo.callout(mo.md(r"""
-    **In vLLM V1.** Open `vllm/distributed/kv_transfer/kv_connector/v1/base.py`:
-    `KVConnectorBase_V1`, with a scheduler side (`get_num_new_matched_tokens`,
+    **In vLLM V1** (as of vLLM 0.33). Open
+    `vllm/distributed/kv_transfer/kv_connector/v1/base.py`: `KVConnectorBase_V1`, with a
+    scheduler side (`get_num_new_matched_tokens`,
     `update_state_after_alloc`, `build_connector_meta`, `request_finished`) and a worker
     side (`start_load_kv`, `wait_for_layer_load`, `save_kv_layer`, `wait_for_save`,
     `get_finished`); ours keeps four of those names (`update_state_after_alloc`,
-    `build_connector_meta`, `start_load_kv`, `wait_for_save`). Then `nixl_connector.py`
-    beside it, the connector used in production, and `vllm/v1/core/sched/scheduler.py`,
-    where the scheduler calls them. minivllm differs in how the bytes move: the producer
-    pushes the whole prompt's KV as one tensor over `torch.distributed` after the last
-    layer, where vLLM can save layer by layer and NIXL lets the decode side read the
-    prefill GPU's blocks over RDMA with no copy through the host. One tensor over a plain
-    socket is something a reader can count byte for byte on a CPU; the layer-by-layer
+    `build_connector_meta`, `start_load_kv`, `wait_for_save`). The NIXL connector, the one
+    used in production, is no longer one `nixl_connector.py` file but a package beside
+    `base.py`, `kv_connector/v1/nixl/`: `NixlConnector` (in `connector.py`) is now another name
+    for `NixlPullConnector`, where the decode side reads the prefill GPU's blocks over RDMA,
+    and `NixlPushConnector` has the prefill side write them instead; each has its scheduler
+    and worker halves in files of their own (`pull_scheduler.py`, `pull_worker.py`, ...).
+    `vllm/v1/core/sched/scheduler.py` is where the scheduler calls them.
+
+    The first token is where V1 differs most from this page. A request carries
+    `kv_transfer_params`: on the prefill instance `do_remote_decode` is set, and the token that
+    instance samples is not handed on; when it finishes, `request_finished` keeps its blocks
+    alive and returns where they are. The decode instance gets the same prompt with
+    `do_remote_prefill` set: `get_num_new_matched_tokens` answers that the prompt's KV will
+    arrive asynchronously, so the scheduler parks the request as `WAITING_FOR_REMOTE_KVS`
+    until the worker reports the blocks received. Then, with the whole prompt counted as
+    computed, it steps `num_computed_tokens` back by one, recomputes the last prompt token and
+    samples the first output token on the decode instance. So in V1 the transfer sits inside
+    the TTFT (prefill, transfer, then one decode-side step), and the first token is the
+    decode instance's own; in minivllm the producer samples the first token and the transfer
+    lands between the first and second token, as measured above.
+    minivllm also differs in how the bytes move: the producer pushes the whole prompt's KV as
+    one tensor over `torch.distributed` after the last layer, where vLLM's interface allows
+    saving layer by layer and NIXL moves the blocks GPU to GPU over RDMA. One tensor over a
+    plain socket is something a reader can count byte for byte on a CPU; the layer-by-layer
     overlap only pays on a GPU.
     """), kind="info")
     return

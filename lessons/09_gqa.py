@@ -557,9 +557,12 @@ def _(
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** `LlamaAttention` (`vllm/model_executor/models/llama.py`) reads `num_kv_heads`
-    from the config, projects Q, K and V with one `QKVParallelLinear`, and builds an `Attention`
-    layer (`vllm/attention/layer.py`) with `num_heads` and `num_kv_heads`. That layer's
+    **In vLLM V1** (as of vLLM 0.33). In `vllm/model_executor/models/llama.py`,
+    `LlamaDecoderLayer` reads `num_key_value_heads` from the model's config and passes it to
+    `LlamaAttention`, which projects Q, K and V with one `QKVParallelLinear` and builds an
+    `Attention` layer with `num_heads` and `num_kv_heads`. That layer now lives in
+    `vllm/model_executor/layers/attention/attention.py` (the old `vllm/attention/` package is
+    gone; the attention backends that run the kernels are under `vllm/v1/attention/`). Its
     `get_kv_cache_spec` returns a `FullAttentionSpec` (`vllm/v1/kv_cache_interface.py`) whose page
     size counts KV heads only: the pool is sized by them, as here. Under tensor parallelism each
     GPU holds `num_kv_heads / tp` heads, and when tp exceeds the KV heads each head is replicated

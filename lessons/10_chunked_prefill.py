@@ -697,17 +697,24 @@ def _(BUDGET, knee_tokens, mo, predicted_chunks, sweep, with_chunks, without):
 @app.cell
 def _(mo):
     mo.callout(mo.md(r"""
-    **In vLLM V1.** Open `vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`: one
-    `token_budget` (`max_num_batched_tokens`) spent first on the running requests, each
-    given `num_tokens_with_spec - num_computed_tokens` capped by what is left, then on
-    waiting ones. A prefill is simply a request with many tokens still to compute, so
-    chunking is no special mode: it is on by default, and the knobs in
-    `vllm/config/scheduler.py` (`long_prefill_token_threshold`,
-    `max_num_partial_prefills`) only limit how much of the budget long prompts may take.
-    minivllm's `Scheduler.schedule` (`minivllm/core/scheduler.py`) spends its budget by the
-    same rule, running requests first, then waiting ones; it differs in marking each
-    scheduled request as prefill or decode (`is_prefill` in the `SchedulerOutput`), which V1
-    does not need, so that a page like this one can colour the steps and count the chunks.
+    **In vLLM V1** (as of vLLM 0.33). Open `vllm/v1/core/sched/scheduler.py`,
+    `Scheduler.schedule`: one `token_budget` (`max_num_batched_tokens`) spent first on the
+    running requests, each given `num_tokens_with_spec - num_computed_tokens` capped by what
+    is left, then on waiting ones. A prefill is simply a request with many tokens still to
+    compute, so chunking is no special mode: `enable_chunked_prefill` is on by default for
+    models that support it. The one knob left in `vllm/config/scheduler.py` that shapes it is
+    `long_prefill_token_threshold`: when set, it caps the tokens a long prompt may take in
+    one step (and only when other requests are there to be starved), with
+    `long_prefill_token_threshold_adaptive` to keep that cap at least a fair share of the
+    budget. `max_num_partial_prefills`, which limited how many prompts could be mid-prefill
+    at once, is gone from the config. minivllm's `Scheduler.schedule`
+    (`minivllm/core/scheduler.py`) spends its budget by the same rule, running requests
+    first, then waiting ones; it differs in marking each scheduled request as prefill or
+    decode (`is_prefill` in the `SchedulerOutput`). V1's `SchedulerOutput` carries no such
+    mark (its scheduler only notes on each `Request` whether it is in the middle of its
+    prompt, `is_prefill_chunk`, to decide what to defer and whether drafts are worth
+    proposing); minivllm needs the mark so that a page like this one can colour the steps and
+    count the chunks.
     """), kind="info")
     return
 

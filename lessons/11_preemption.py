@@ -656,15 +656,16 @@ def _(
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** Preemption is by recompute only. When `KVCacheManager.allocate_slots` finds no
-    free block, `Scheduler.schedule` (`vllm/v1/core/sched/scheduler.py`) pops the newest running
-    request (the lowest priority one under priority scheduling) and calls
-    `Scheduler._preempt_request`: its blocks are freed, `num_computed_tokens` goes back to 0, its
-    status becomes `RequestStatus.PREEMPTED`, and it goes to the front of the waiting queue. There
-    is no swap space and no swapped queue; with prefix caching on, the freed blocks keep their
-    hashes, so the recompute may find part of its own prefix still cached. With
-    `--kv-offloading-size` the engine gets the `OffloadingConnector`
-    (`vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py`, over
+    **In vLLM V1** (as of vLLM 0.33). Preemption is by recompute only. When
+    `KVCacheManager.allocate_slots` finds no free block, `Scheduler.schedule`
+    (`vllm/v1/core/sched/scheduler.py`) pops the newest running request (the lowest priority
+    one under priority scheduling) and calls `Scheduler._preempt_request`: its blocks are
+    freed, `num_computed_tokens` goes back to 0, its status becomes `RequestStatus.PREEMPTED`,
+    and it goes to the front of the waiting queue. There is no swap space and no swapped
+    queue; with prefix caching on, the freed blocks keep their hashes, so the recompute may
+    find part of its own prefix still cached. With `--kv-offloading-size` the engine gets the
+    `OffloadingConnector` (`vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py`,
+    its two halves in `offloading/scheduler.py` and `offloading/worker.py` beside it, over
     `vllm/v1/kv_offload/`): its scheduler side stores computed blocks in a CPU tier and, when a
     request (a preempted one too) is admitted, counts the tier's hits as tokens to load; its
     worker side copies on a CUDA stream while the request waits in `WAITING_FOR_REMOTE_KVS`.

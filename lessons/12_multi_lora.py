@@ -384,14 +384,16 @@ def _(
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** `LoRAModelManager` (`vllm/lora/model_manager.py`; `vllm/lora/models.py` in
-    older releases) wraps each target linear in a layer of `vllm/lora/layers/` that stacks
-    `max_loras` GPU slots, and keeps up to `max_cpu_loras` adapters in host memory, both LRU. The
-    model runner's `LoRAModelRunnerMixin` (`vllm/v1/worker/lora_model_runner_mixin.py`) sets each
-    step's adapters and token-to-slot map; the punica wrapper then runs the Triton kernels
-    `lora_shrink` and `lora_expand` (`vllm/lora/ops/triton_ops/`), and the scheduler lets at most
-    `max_loras` adapters into a step. minivllm has the same slots, LRU and check, but keeps the
-    older kernel pair, BGMV for decode and SGMV for prefill segments, to show both batch shapes.
+    **In vLLM V1** (as of vLLM 0.33). `LoRAModelManager` (`vllm/lora/model_manager.py`;
+    `vllm/lora/models.py` in older releases) wraps each target linear in a layer of
+    `vllm/lora/layers/` that stacks `max_loras` GPU slots, and keeps up to `max_cpu_loras`
+    adapters in host memory, both LRU. The model runner's `LoRAModelRunnerMixin`
+    (`vllm/v1/worker/lora_model_runner_mixin.py`) sets each step's adapters and token-to-slot
+    map; the punica wrapper (`vllm/lora/punica_wrapper/punica_gpu.py`) then runs the Triton
+    kernels `lora_shrink` and `lora_expand` (`vllm/lora/ops/triton_ops/`), and the scheduler
+    lets at most `max_loras` adapters into a step. minivllm has the same slots, LRU and check,
+    but keeps the older kernel pair, BGMV for decode and SGMV for prefill segments, to show
+    both batch shapes.
     """), kind="info")
     return (v1_box,)
 

@@ -315,13 +315,13 @@ def _(POOL, capacity, mo):
     With `kv_cache_dtype="int8"` (or `"fp8"`) minivllm's pool stores each token's K and V
     row per head as 64 one-byte values plus its own fp32 scale: 68 bytes instead of 256 in
     fp32 (or 128 in bf16). Rows are quantized when written and dequantized inside attention
-    (the torch backend after its gather, the Triton kernels tile by tile). That per-row int8
-    is minivllm's format, not vLLM's. vLLM's quantized KV cache is fp8
-    (`kv_cache_dtype="fp8"`, which means e4m3, or `"fp8_e4m3"` / `"fp8_e5m2"`) with
-    per-tensor scales: one `k_scale` and one `v_scale` per attention layer, read from the
-    checkpoint, computed once (`calculate_kv_scales`) or left at 1.0, so a K/V element costs
-    exactly one byte. A scale per row costs 4 bytes in 68 here and needs no calibration,
-    which is why minivllm chose it. The same {POOL >> 20} MiB:
+    (the torch backend after its gather, the Triton kernels tile by tile). vLLM 0.33 has the
+    same layout under the name `kv_cache_dtype="int8_per_token_head"` (and `fp8_` / `int4_`
+    variants), an fp32 scale after each head's values, set when the row is written. Its
+    older fp8 cache (`"fp8"`, meaning e4m3, or `"fp8_e4m3"` / `"fp8_e5m2"`) has per-tensor
+    scales instead: one `k_scale` and one `v_scale` per attention layer, read from the
+    checkpoint or left at 1.0, so a K/V element costs exactly one byte. A scale per row costs
+    4 bytes in 68 here and needs no calibration. The same {POOL >> 20} MiB:
 
     | KV cache | tokens in the pool | peak running sequences | engine steps | preemptions |
     |---|---|---|---|---|
@@ -492,17 +492,20 @@ def _(
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** Weight formats live in `vllm/model_executor/layers/quantization/`: a
-    `QuantizationConfig` per format (`fp8.py`, `gptq_marlin.py`, `awq_marlin.py`, `gguf.py`,
-    ...) gives each linear layer of `vllm/model_executor/layers/linear.py` a quant method
-    whose `create_weights` shapes the stored tensors and whose `apply` runs the matmul. The
-    KV cache's format is `cache_dtype` in `vllm/config/cache.py`; its per-layer `k_scale` and
-    `v_scale` are set up by `BaseKVCacheMethod`
-    (`vllm/model_executor/layers/quantization/kv_cache.py`) and used by the attention backend
-    when it writes and reads the cache. vLLM mostly loads checkpoints that were quantized
-    offline (GPTQ, AWQ, llm-compressor), with fp8 also quantized at load time. minivllm
-    quantizes the float weights at load time for every format (`quantize_model`), so one
-    checkpoint shows them all side by side, and its KV formats carry a scale per row.
+    **In vLLM V1** (as of vLLM 0.33). Weight formats live in
+    `vllm/model_executor/layers/quantization/`: a `QuantizationConfig` per format (`fp8.py`,
+    `auto_gptq.py`, `auto_awq.py`, `compressed_tensors/`, ...; the GPTQ and AWQ Marlin
+    variants are now served by the same `AutoGPTQConfig` / `AutoAWQConfig`, and GGUF has no
+    config there any more) gives each linear layer of `vllm/model_executor/layers/linear.py`
+    a quant method whose `create_weights` shapes the stored tensors and whose `apply` runs the
+    matmul. The KV cache's format is `cache_dtype` in `vllm/config/cache.py`; for the fp8
+    formats the per-layer `k_scale` and `v_scale` are set up by `BaseKVCacheMethod`
+    (`vllm/model_executor/layers/quantization/kv_cache.py`), while the `*_per_token_head`
+    formats keep their scales inside the cache, written by the Triton attention backend
+    (`vllm/v1/attention/backends/triton_attn.py`). vLLM mostly loads checkpoints that were
+    quantized offline (GPTQ, AWQ, llm-compressor), with fp8 and a few others also quantized
+    at load time (`online/`). minivllm quantizes the float weights at load time for every
+    format (`quantize_model`), so one checkpoint shows them all side by side.
     """), kind="info")
     return (v1_box,)
 

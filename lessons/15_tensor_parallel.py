@@ -512,9 +512,9 @@ def _(TP, all_reduce_bytes, all_reduce_per_step, gloo_us_small, kv_heads_per_ran
 @app.cell
 def _(mo):
     mo.callout(mo.md(r"""
-    **In vLLM V1.** Open `vllm/v1/executor/multiproc_executor.py`: `MultiprocExecutor`
-    starts a `WorkerProc` for every rank, and `collective_rpc` enqueues each call on
-    `rpc_broadcast_mq`, a shared-memory `MessageQueue`
+    **In vLLM V1** (as of vLLM 0.33). Open `vllm/v1/executor/multiproc_executor.py`:
+    `MultiprocExecutor` starts a `WorkerProc` for every rank, and `collective_rpc` enqueues
+    each call on `rpc_broadcast_mq`, a shared-memory `MessageQueue`
     (`vllm/distributed/device_communicators/shm_broadcast.py`); `execute_model` waits only
     for the output rank's `ModelRunnerOutput`. The split layers are in
     `vllm/model_executor/layers/linear.py` (`ColumnParallelLinear`, `QKVParallelLinear`,

@@ -435,10 +435,10 @@ def _(mo):
 @app.cell
 def _(mo):
     mo.md(r"""
-    ## Exercise: the first mask of a choice
+    ## Exercise: which tokens the first mask lets through
 
-    `GuidedDecodingParams(choice=["yes", "no"])` allows exactly two outputs. Which tokens may
-    the first step choose? Fill in `allowed_first_tokens`: given the text of every token
+    You predicted *how many* tokens that first mask lets through; now write the rule that
+    picks *which*. Fill in `allowed_first_tokens`: given the text of every token
     (`token_texts[i]` is token i decoded on its own) and the choices, return the set of ids
     the grammar allows first. The checker compares it with xgrammar's real bitmask. (Hint: a
     token is allowed if it begins some choice; EOS is not, the output may not be empty.)
@@ -578,20 +578,24 @@ def _(
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** `StructuredOutputManager` (`vllm/v1/structured_output/__init__.py`)
-    compiles each request's grammar on a thread pool while the request waits in the
-    scheduler (status `WAITING_FOR_FSM`), with one backend per library
-    (`backend_xgrammar.py`, `backend_guidance.py`, `backend_outlines.py` beside it). The
-    scheduler (`vllm/v1/core/sched/scheduler.py`) lists the step's guided requests in its
-    output, the manager fills their rows of one bitmask (`grammar_bitmask`), and the model
-    runner (`vllm/v1/worker/gpu_model_runner.py`) applies it to the logits before sampling;
-    `update_from_output` advances each request's matcher with its new tokens. minivllm keeps
-    the same shape with xgrammar only: `AsyncLLMEngine` compiles in a child process bounded in
-    CPU time and memory (a schema can take minutes and gigabytes), the core fills the bitmask
-    (`StructuredOutputManager.grammar_bitmask`, the matcher on the core's `Request`) and sends
-    it in the `SchedulerOutput`, and the sampler applies it through
-    `apply_logits_processors`; the core fills it before the forward pass, where vLLM's async
-    scheduling fills it while the GPU is busy.
+    **In vLLM V1** (as of vLLM 0.33). A request asks for a constraint with
+    `SamplingParams.structured_outputs`, a `StructuredOutputsParams` (`vllm/sampling_params.py`):
+    vLLM's new name for what it used to call `GuidedDecodingParams` / `guided_decoding`, the
+    names minivllm still uses. `StructuredOutputManager` (`vllm/v1/structured_output/__init__.py`)
+    compiles each request's grammar on a thread pool while the request waits in the scheduler
+    (status `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`), with one backend per library
+    (`backend_xgrammar.py`, `backend_guidance.py`, `backend_outlines.py`,
+    `backend_lm_format_enforcer.py` beside it). The engine core hands the step to the
+    executor without waiting, then asks `Scheduler.get_grammar_bitmask` for a `GrammarOutput`
+    (the guided requests' ids and their rows of one bitmask) while the forward pass runs, and
+    passes it to the model runner's `sample_tokens` (`vllm/v1/worker/gpu_model_runner.py`),
+    which masks the logits before sampling; `update_from_output` advances each request's
+    matcher with its new tokens. minivllm keeps the same shape with xgrammar only:
+    `AsyncLLMEngine` compiles in a child process bounded in CPU time and memory (a schema can
+    take minutes and gigabytes), the core fills the bitmask
+    (`StructuredOutputManager.grammar_bitmask`, the matcher on the core's `Request`) before the
+    forward pass and sends it in the `SchedulerOutput`, and the sampler applies it through
+    `apply_logits_processors`.
     """), kind="info")
     return (v1_box,)
 
@@ -656,7 +660,8 @@ def _(
     * `minivllm/sample/sampler.py`: `Sampler.__call__` calls the seam after reading raw logprobs
       and before temperature, top-k and top-p.
     * `minivllm/sampling_params.py`: `GuidedDecodingParams` (json, regex, choice, grammar,
-      json_object), vLLM's shape; `minivllm/entrypoints/openai/protocol.py`: `response_format` and the
+      json_object), vLLM's shape under its older name (vLLM now calls it
+      `StructuredOutputsParams`); `minivllm/entrypoints/openai/protocol.py`: `response_format` and the
       `guided_*` extras of the OpenAI server.
     * `minivllm/benchmarks/guided.py`: `minivllm bench guided`, compile time and mask cost at
       batch 1 and 32.

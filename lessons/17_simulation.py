@@ -71,14 +71,14 @@ def _(mo):
 
     `calibrate` first times the model's linear layers alone at every row count from 1 to
     64, because a CPU's matrix multiply is nowhere near linear in its rows. MKL works in
-    blocks of 8 columns: on a 2-core AMD EPYC (Zen 3) 15 rows took 139 ms and 16 rows 70,
-    until the engine's `linear` learned to pad a step's rows with zeros to a multiple of 8
-    (15 rows: 77 ms). What is left is a staircase (the plot below is this machine's): a step
-    of 15 sequences is charged what 15 rows cost, there 2.2 times as much per row as in a
-    step of 128 rows (16 rows: 1.9 times; 17, a new block: 2.5 times). Next it serves five
-    small workloads of different shapes (long prompts alone, a crowd of short ones decoding
-    together, a mix, prompts arriving every other step, and long prompts decoding
-    together), rebuilds each step's FLOPs, bytes
+    blocks of 8 columns: on one 2-core VM, 15 rows once cost about twice what 16 did, until
+    the engine's `linear` learned to pad a step's rows with zeros to a multiple of 8. What is
+    left is a staircase whose steps vary by CPU, library and load (the plot below is this
+    machine's; docs/benchmarks.md names the machine behind each number it records): a step of
+    15 sequences costs far more per row than one of 128, and one of 17, which opens a new
+    block of 8, more still. Next it serves five small workloads of different shapes (long prompts
+    alone, a crowd of short ones decoding together, a mix, prompts arriving every other
+    step, and long prompts decoding together), rebuilds each step's FLOPs, bytes
     and sequence count from its `StepRecord`, and fits seconds per step by least squares: a
     per-step overhead, a cost per sequence, one more for a step that computes a prompt
     chunk, and seconds per FLOP of the linear layers, of prefill attention and of decode
@@ -955,7 +955,7 @@ def _(real_preemptions, sim_small):
 @app.cell
 def _(mo):
     mo.callout(mo.md(r"""
-    **In vLLM V1.** vLLM has no simulator: its scheduler is the code to read,
+    **In vLLM V1** (as of vLLM 0.33). vLLM has no simulator: its scheduler is the code to read,
     `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`, `update_from_output`) over
     `vllm/v1/core/kv_cache_manager.py`, the twins of what ours drives on a virtual clock.
     The measuring side is `vllm/benchmarks/serve.py` (`vllm bench serve`): Poisson arrivals

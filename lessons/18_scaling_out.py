@@ -75,13 +75,12 @@ def _(mo):
     Llama-3-70B's weights are 141 GB in bf16; an H100 has 80 GB. Tensor parallelism
     (lesson 15) splits each layer over 8 GPUs, but pays two all-reduces per layer, every
     step: fine over NVLink inside one node, slow across nodes. And a model that fits can
-    still have more users than one copy serves. Three knobs, as in vLLM:
-    `tensor_parallel_size` (tp), every layer split across tp ranks;
-    `pipeline_parallel_size` (pp), the layers split into pp **stages** of consecutive layers,
-    each sending its hidden states to the next; `data_parallel_size` (dp), dp **replicas**,
-    each a whole engine with its own KV pool, behind one front end that picks a replica.
-
-    A deployment uses `tp x pp x dp` GPUs. (Sizes above: published, not measured here.)
+    still have more users than one copy serves. Three knobs, as in vLLM: `tensor_parallel_size`
+    (tp), every layer split across tp ranks; `pipeline_parallel_size` (pp), the layers split
+    into pp **stages** of consecutive layers, each sending its hidden states to the next;
+    `data_parallel_size` (dp), dp **replicas**, each a whole engine with its own KV pool,
+    behind one front end that picks a replica. A deployment uses `tp x pp x dp` GPUs. (Sizes
+    above: published, not measured here.)
     """)
     return
 
@@ -298,9 +297,11 @@ def _(mo):
     stays on its replica, so its stop strings and aborts reach it. Which one? Round-robin is
     blind: below, long (20 tokens) and short (3) requests alternate, each a few front-end
     steps after the last one's first token, and round-robin sends every long one to replica
-    0. vLLM V1 picks the lowest **4 x waiting + running**, from the stats each replica sends
-    with its outputs, the requests sent since and not answered counted as waiting (hence the
-    wait for a first token: on a loaded CPU a slow replica looks four times as busy).
+    0. minivllm picks the lowest **4 x waiting + running** (vLLM V1's score in earlier
+    releases), from the stats each replica sends with its outputs, the requests sent since
+    and not answered counted as waiting (hence the wait for a first token: on a loaded CPU a
+    slow replica looks four times as busy). vLLM 0.33 scores waiting + running, and weighs
+    waiting requests more only on a replica whose KV cache is over half full.
     """)
     return
 
@@ -423,9 +424,8 @@ def _(MODEL_SHAPES, mo):
 
     Pick a model and `tp x pp x dp`. The table uses the engine's own split (`get_pp_indices`)
     and checks (`check_tensor_parallel`, `check_pipeline_parallel`): an impossible split
-    shows the error the engine would raise.
-    Weights and traffic are bf16, per GPU of 80 GB. Find a setting that does not fit, one
-    the engine refuses, and the cheapest one that fits Llama-3-70B with room for KV.
+    shows the engine's error. Weights and traffic are bf16, per GPU of 80 GB. Find a setting
+    that does not fit, one the engine refuses, and the cheapest fitting Llama-3-70B with KV room.
     """), mo.hstack([plan_model, plan_tp, plan_pp, plan_dp])])
     return plan_dp, plan_model, plan_pp, plan_tp
 
@@ -504,7 +504,7 @@ def _(mo):
     of ~180, 4 a second) on both: the engine's own scheduler on a virtual clock, each step
     timed by the cost model. **Every number in this section and the next is simulated** on
     data-sheet peaks with assumed efficiencies (`minivllm/simulator/cost_model.py`); the
-    counts of bytes, blocks and requests are not.
+    counts of bytes, blocks and requests are not, and bytes marked *formula* are computed.
     """)
     return
 
@@ -695,14 +695,14 @@ def _(NODE_LINK, big_runs, big_workload, mo, model_config):
     def _cell(n: float, bandwidth: float = NODE_LINK) -> str:
         return f"{n / 1e6:,.1f} MB ({1000 * n / bandwidth:,.2f} ms)"
 
-    _head = ("| counted from the shapes | TP8 x PP2: across the node link, in all | "
+    _head = ("| *formula*, from the shapes | TP8 x PP2: across the node link, in all | "
              "TP16: through each GPU's link | TP8 x PP2: over NVLink, each GPU of stage 1 |\n"
              "|---|---|---|---|")
     _rows = "\n".join(f"| {_k} | {_cell(_b['TP8 x PP2'])} | {_cell(_b['TP16'])} | "
                       f"{_cell(_b['NVLink'], 450e9)} |" for _k, _b in step_bytes.items())
     _decode, _prefill = (_b["TP16"] / NODE_LINK for _b in step_bytes.values())
     mo.md(f"""
-    ## The count: bytes across the node link
+    ## Bytes across the node link: a formula, then the simulator's count
 
     {_head}
     {_rows}
@@ -719,7 +719,7 @@ def _(NODE_LINK, big_runs, big_workload, mo, model_config):
     Over the whole run the simulator's executor counted **{pp_sim_sent:,} bytes** in
     {_executor.num_sends:,} sends for the {pp_sim_tokens:,} tokens stage 0 computed
     (x {big_hidden_bytes:,} = {pp_sim_tokens * big_hidden_bytes:,}): the prompts plus the
-    answers less one token each ({big_tokens_expected:,}). The TP16 count is a flat ring's;
+    answers less one token each ({big_tokens_expected:,}). The TP16 figure is a flat ring's;
     NCCL would reduce inside each node first, still 254 collectives a step across the link to
     the pipeline's one send. vLLM's advice follows: tensor parallel inside a node, pipeline
     stages across nodes.
@@ -802,12 +802,12 @@ def _(SLO, latency_table, mo, model_config, np, plan, plt, sim_workload, simulat
     _gb = {_k: f"{_p['stages'][0]['weights_gb']:.1f} GB" for _k, _p in _weights.items()}
     _ar = {_k: f"{_b / 1e9:,.0f} GB" for _k, _b in gpu_all_reduce_bytes.items()}
     _counts = "\n".join([
-        "| counted | TP8 | DP4 x TP2 |", "|---|---|---|",
-        f"| weights a GPU holds (the planner) | {_gb['TP8']} | {_gb['DP4 x TP2']} |",
+        "| counted in the run, except rows marked *formula* | TP8 | DP4 x TP2 |", "|---|---|---|",
+        f"| weights a GPU holds (*formula*: the planner) | {_gb['TP8']} | {_gb['DP4 x TP2']} |",
         f"| KV pool per engine, blocks of 16 tokens | {_per('kv_blocks')} |",
         f"| requests each engine served | {_per('requests')} |",
         f"| tokens each engine computed | {_per('tokens')} |",
-        f"| bytes a GPU all-reduced (DP4: busiest engine) | {_ar['TP8']} | {_ar['DP4 x TP2']} |"])
+        f"| bytes a GPU all-reduced (formula; DP4: busiest) | {_ar['TP8']} | {_ar['DP4 x TP2']} |"])
     mo.vstack([_fig, mo.md(f"""
     {_table}
 
@@ -865,20 +865,20 @@ def _(mo):
 @app.cell
 def _(mo):
     mo.callout(mo.md(r"""
-    **In vLLM V1.** Open `vllm/distributed/utils.py` (`get_pp_indices`),
-    `vllm/model_executor/models/utils.py` (`PPMissingLayer`, `make_layers`),
-    `vllm/sequence.py` (`IntermediateTensors`: the hidden states *and* the residual cross a
-    stage, because vLLM's fused add-norm keeps the residual apart; minivllm's model adds it
-    in place, so one tensor crosses), `vllm/v1/engine/core.py` (`step_with_batch_queue`,
-    `max_concurrent_batches`), `vllm/v1/executor/multiproc_executor.py` and
-    `ray_distributed_executor.py`, and `vllm/v1/engine/core_client.py`
-    (`DPLBAsyncMPClient`, the `waiting * 4 + running` score). vLLM's output rank is the
-    last stage's first tensor rank, in a worker process; minivllm's driver is the same rank
-    in the engine core's process. vLLM's DP coordinator process publishes the replicas'
-    queue lengths and keeps MoE replicas in lockstep ("waves"; minivllm: dense models only,
-    stats with the outputs). Its KV events (`vllm/distributed/kv_events.py`) go out on a ZMQ
-    socket to routers outside vLLM (llm-d, the production-stack router): its own DP client
-    balances by load alone.
+    **In vLLM V1** (as of vLLM 0.33). Open `vllm/distributed/utils.py` (`get_pp_indices`),
+    `vllm/model_executor/models/utils.py` (`PPMissingLayer`, `make_layers`), `vllm/sequence.py`
+    (`IntermediateTensors`: the hidden states *and* the residual cross a stage, because vLLM's
+    fused add-norm keeps the residual apart; minivllm's model adds it in place, so one tensor
+    crosses), `vllm/v1/engine/core.py` (`step_with_batch_queue`, `max_concurrent_batches`),
+    `vllm/v1/executor/multiproc_executor.py` and `ray_executor_v2.py` (`RayExecutorV2`: the
+    same message queues, workers as Ray actors), and `vllm/v1/engine/core_client.py`
+    (`DPLBAsyncMPClient`: waiting + running, waiting weighed more once a replica's KV cache is
+    over half full). vLLM's output rank is the last stage's first tensor rank, in a worker
+    process; minivllm's driver is the same rank in the engine core's process. vLLM's DP
+    coordinator process publishes the replicas' queue lengths and keeps MoE replicas in
+    lockstep ("waves"; minivllm: dense models only, stats with the outputs). Its KV events
+    (`vllm/distributed/kv_events.py`) go out on a ZMQ socket to routers outside vLLM (llm-d,
+    the production-stack router): its own DP client balances by load, not by prefix.
     """), kind="info")
     return
 

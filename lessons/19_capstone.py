@@ -73,11 +73,12 @@ def _(LLM, mo, torch):
 def _(HardwareProfile, StepTimer, kv_bytes_per_token, llm, mixed_requests, mo,
       poisson_arrivals, torch):
     # The clock the grade reads: each step of the real engine's schedule timed by a step-time
-    # model that calibrate() (lesson 17) fitted to this engine's real steps on a 2-core Intel
-    # Xeon (AMX), fp32, on 2026-11-27: 88 steps, least squares. Stored here, so that a busy
-    # machine or a faster laptop grades the same schedule the same way; the wall-clock
-    # milliseconds of your machine are shown beside. (The fit found attention's FLOPs too
-    # small to see at these lengths: its efficiency came out infinite.)
+    # model that calibrate() (lesson 17) fitted to this engine's real steps on one machine, a
+    # 2-core Intel Xeon (AMX) VM, fp32, on 2026-11-27: 88 steps, least squares. Its numbers
+    # are that machine's; they are stored here so that a busy machine or a faster laptop
+    # grades the same schedule the same way; the wall-clock milliseconds of your machine are
+    # shown beside. (The fit found attention's FLOPs too small to see at these lengths: its
+    # efficiency came out infinite.)
     REF_CPU = HardwareProfile(
         name="2-core Xeon", kind="measured fit", source="calibrate(), 88 engine steps",
         dtype="float32", peak_flops=8.95e10, bandwidth=1.12e10, memory_bytes=25.3e9,
@@ -114,12 +115,13 @@ def _(HardwareProfile, StepTimer, kv_bytes_per_token, llm, mixed_requests, mo,
       answers in JSON under a schema, and documents of 256 to 320 tokens, in a seeded order.
       Every live run below serves **the grader's traffic**, drawn from a seed the page does
       not show; the map in the next section uses a sample you can see (seed 1).
-    * **The clock**: the reference clock is a fit of real steps on a busy machine; a fit
-      moves by tens of percent from one calibration to the next (lesson 17), and this
-      machine's wall clock, printed beside, can run slower or faster. The grade reads the
-      reference clock so that it is the same wherever the page runs. It was fitted with an
-      fp32 cache, so it does not charge what an int8 cache costs to dequantize on a CPU: the
-      wall clock does (compare the two ITLs of the solution below).
+    * **The clock**: the reference clock is lesson 17's calibration, run once on one busy
+      machine (a 2-core Intel Xeon VM; its numbers are that machine's, not general). Step
+      times vary by CPU and load, a fit moves by tens of percent from one calibration to the
+      next (lesson 17), and this machine's wall clock, printed beside, can run slower or
+      faster. The grade reads the reference clock so that it is the same wherever the page
+      runs. It was fitted with an fp32 cache, so it does not charge what an int8 cache costs
+      to dequantize on a CPU: the wall clock does (compare the two ITLs of the solution below).
     """)
     return DECODE_MS, KV_BUDGET, NUM_REQUESTS, REF_CPU, SLO_MS, hf, timer, workload
 
@@ -835,11 +837,13 @@ def _(
 def _(mo):
     # Shown at the end, under "Where the code lives".
     v1_box = mo.callout(mo.md(r"""
-    **In vLLM V1.** The knobs are fields of `EngineArgs` (`vllm/engine/arg_utils.py`), which builds
-    the engine's config: `max_num_seqs`, `max_num_batched_tokens` and `enable_chunked_prefill` land
-    in `SchedulerConfig` (`vllm/config/scheduler.py`); `block_size`, `enable_prefix_caching`,
-    `kv_cache_dtype` and `gpu_memory_utilization` in `CacheConfig` (`vllm/config/cache.py`);
-    `quantization` in `ModelConfig`; `speculative_config` in `SpeculativeConfig`. The pool is no
+    **In vLLM V1** (as of vLLM 0.33). The knobs are fields of `EngineArgs`
+    (`vllm/engine/arg_utils.py`), which builds the engine's config: `max_num_seqs`,
+    `max_num_batched_tokens` and `enable_chunked_prefill` land in `SchedulerConfig`
+    (`vllm/config/scheduler.py`); `block_size`, `enable_prefix_caching`,
+    `gpu_memory_utilization` and `kv_cache_dtype` (there named `cache_dtype`) in `CacheConfig`
+    (`vllm/config/cache.py`); `quantization` in `ModelConfig` (`vllm/config/model.py`);
+    `speculative_config` in `SpeculativeConfig` (`vllm/config/speculative.py`). The pool is no
     knob (`num_gpu_blocks_override` aside): vLLM fills the memory `gpu_memory_utilization` leaves
     after the weights and a profiling run, where this lesson fixes the pool's bytes. A deployment
     measures with `vllm bench serve` (`vllm/benchmarks/serve.py`): `--goodput ttft:500 tpot:20`

@@ -8,7 +8,7 @@ dp_client.py) and the simulator's (simulator/simulator.py) are this one.
 Three policies (`data_parallel_balance`, `--data-parallel-balance`):
 
     round_robin   request i to replica i mod N: the baseline
-    score         vLLM V1's: the lowest load, 4 x waiting + running (load_score)
+    score         vLLM V1's before 0.33: the lowest load, 4 x waiting + running (load_score)
     prefix        the lowest  load - PREFIX_WEIGHT x (share of the prompt's full blocks the
                   replica holds): a whole prompt cached is worth two waiting requests, so
                   equal loads go to the replica with the longest cached prefix, and a replica
@@ -45,9 +45,9 @@ MAX_CHOICES = 10_000  # choices kept (a server runs for days)
 
 
 def load_score(stats, num_unseen: int) -> int:
-    """vLLM V1's load score of a replica: 4 x waiting + running, from its last stats snapshot
-    (an EngineStats), the requests sent to it since whose first output has not come back
-    counted as waiting."""
+    """vLLM V1's load score of a replica (before 0.33): 4 x waiting + running, from its last
+    stats snapshot (an EngineStats), the requests sent to it since whose first output has not
+    come back counted as waiting."""
     return 4 * (stats.num_waiting + num_unseen) + stats.num_running
 
 
