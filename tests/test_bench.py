@@ -173,7 +173,7 @@ def test_cpu_report(capsys):
 # Every name the docs, README and lessons use: a rename or a lost entry fails here.
 NAMES = ["serve", "throughput", "decode", "prefix", "load", "spec", "tp", "compile", "guided",
          "quant", "lora", "ablation", "disagg", "cpu", "gpu", "kernels", "beam", "parallel",
-         "offload", "routing"]
+         "offload", "routing", "host"]
 
 
 def test_every_benchmark_is_in_the_registry():
