@@ -1,8 +1,8 @@
 """Data parallelism (engine/multiproc/dp_client.py): two replicas of the engine, each an engine
 core in its own process with its own KV pool, behind one front end. Every request's tokens are
 one engine's (greedy and seeded); a request goes to the replica with the lowest
-4 x waiting + running (vLLM V1's score) or, as the baseline, round-robin; its abort and its
-stop string reach that replica; stats are the replicas' summed.
+4 x waiting + running (vLLM V1's score before 0.33) or, as the baseline, round-robin; its
+abort and its stop string reach that replica; stats are the replicas' summed.
 
 The two-replica engine starts two processes that load the weights (seconds each), so it is
 shared by the module."""

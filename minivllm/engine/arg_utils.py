@@ -182,9 +182,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="this many replicas of the engine (each -tp x -pp processes) behind "
                         "one front end, requests balanced between them")
     g.add_argument("--data-parallel-balance", choices=DP_BALANCES, default="score",
-                   help="which replica a request goes to: score (vLLM's 4 x waiting + "
-                        "running), round_robin, or prefix (its cached blocks against load; "
-                        "needs --kv-events-config)")
+                   help="which replica a request goes to: score (4 x waiting + running, "
+                        "vLLM V1's before 0.33), round_robin, or prefix (its cached blocks "
+                        "against load; needs --kv-events-config)")
     g.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None,
                    help="replicas on this host (default: all); with --headless, the ones this "
                         "host runs for a front end elsewhere")

@@ -15,10 +15,10 @@ to every replica (reconfigure, adapters) or to the first (prompt logits); stats 
 summed.
 
 Which replica: minivllm/routing.py's Router, as data_parallel_balance says: vLLM V1's rule
-("score"), the lowest `4 x waiting + running` from each replica's last stats snapshot (it
-comes with every step's outputs) plus the requests sent to it since whose first output has not
-come back (counted as waiting: the snapshot does not know them yet); "round_robin", the
-baseline it is measured against; or "prefix", the cached blocks each replica's KV events
+before 0.33 ("score"), the lowest `4 x waiting + running` from each replica's last stats
+snapshot (it comes with every step's outputs) plus the requests sent to it since whose first
+output has not come back (counted as waiting: the snapshot does not know them yet);
+"round_robin", the baseline it is measured against; or "prefix", the cached blocks each replica's KV events
 reported against that load (`client.balance` may change between requests: bench parallel,
 lesson 18).
 
