@@ -18,9 +18,9 @@ Which replica: minivllm/routing.py's Router, as data_parallel_balance says: vLLM
 before 0.33 ("score"), the lowest `4 x waiting + running` from each replica's last stats
 snapshot (it comes with every step's outputs) plus the requests sent to it since whose first
 output has not come back (counted as waiting: the snapshot does not know them yet);
-"round_robin", the baseline it is measured against; or "prefix", the cached blocks each replica's KV events
-reported against that load (`client.balance` may change between requests: bench parallel,
-lesson 18).
+"round_robin", the baseline it is measured against; or "prefix", the cached blocks each
+replica's KV events reported against that load (`client.balance` may change between
+requests: bench parallel, lesson 18).
 
 Left out, compared with vLLM: the coordinator process that publishes the replicas' queue
 lengths and runs the DP "waves" (MoE models keep idle replicas stepping in lockstep; dense
