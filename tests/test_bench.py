@@ -95,16 +95,15 @@ def test_routing_report(capsys):
 
 
 def test_host_report(capsys):
-    """`minivllm bench host` on the tiny random model: a row per batch and mode, each phase
-    timed, ITL = forward + host, and the same tokens under async scheduling."""
+    """`minivllm bench host` on the tiny random model: a row per batch and mode, the forward
+    and every other phase timed, and the same tokens under async scheduling."""
     main(["host", "--models", "tiny", "--batch-sizes", "1", "2", "--steps", "4"])
     rows = re.findall(r"^\s+tiny\s+(\d+)\s+(sync|async)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
                       r"\d+%((?:\s+[\d.]+){4})\s+(True|False)$", capsys.readouterr().out, re.M)
     assert [(r[0], r[1]) for r in rows] == [("1", "sync"), ("2", "sync"), ("1", "async"),
                                             ("2", "async")], rows
     for _, _, itl, forward, host, phases, same in rows:
-        assert float(forward) > 0                      # host = ITL - forward, or 0 (medians)
-        assert abs(float(itl) - float(forward) - float(host)) < 0.02 or float(host) == 0
+        assert float(itl) > 0 and float(forward) > 0
         assert all(float(x) > 0 for x in phases.split()) and same == "True"
 
 

@@ -24,9 +24,10 @@ class UniProcExecutor(Executor):
         self.driver_worker.load_model()
         self.initialize_cache(vllm_config)
 
-    def initialize_cache(self, vllm_config: VllmConfig) -> None:
-        super().initialize_cache(vllm_config)
-        self.max_concurrent_batches = 2 if vllm_config.scheduler_config.async_scheduling else 1
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Two under async scheduling (the config the worker holds now), else one."""
+        return 2 if self.driver_worker.vllm_config.scheduler_config.async_scheduling else 1
 
     def collective_rpc(self, method: str, *args):
         return getattr(self.driver_worker, method)(*args)

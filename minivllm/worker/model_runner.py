@@ -312,8 +312,8 @@ class ModelRunner:
         """One forward pass. Returns the indices (into seqs) of the sequences that sample
         (`sampling`; None: Request.samples_after) and their logits, (S, vocab) float32: a
         row per sequence, its last, or k + 1 rows for one verifying k drafts, the last last.
-        timer: laps "prepare" and "forward" (worker/phase_timer.py)."""
-        timer = timer or PhaseTimer(self.device)
+        timer: laps "prepare" and "forward" (worker/phase_timer.py; None: not timed, and on
+        CUDA no wait for the device: the drafter's runs, scoring)."""
         input_ids, positions, md = self.prepare(seqs, num_new_tokens)
         if sampling is None:
             sampling = [s.samples_after(n) for s, n in zip(seqs, num_new_tokens)]
@@ -323,9 +323,11 @@ class ModelRunner:
         if any(drafts):                     # the rows that verify each draft, then the last
             rows = torch.cat([torch.arange(r - k, r + 1, device=rows.device)
                               for r, k in zip(rows.tolist(), drafts)])
-        timer.lap("prepare")
+        if timer is not None:
+            timer.lap("prepare")
         logits = self.forward(input_ids, positions, md, rows)   # (S + drafts, vocab)
-        timer.lap("forward", device=True)
+        if timer is not None:
+            timer.lap("forward", device=True)
         return sampling, logits
 
     def forward(self, input_ids, positions, md, rows) -> torch.Tensor | None:
